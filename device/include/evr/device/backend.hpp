@@ -1,0 +1,143 @@
+// evr/device/backend.hpp — the seam between evr and a GPU.
+//
+// Everything above this header (pool/, reactor/, callbacks/) talks to a device only through
+// `evr::device::backend`. Two implementations exist:
+//   * cuda_backend()  — the CUDA runtime (device/src/cuda_backend.cpp); driver entry points are
+//                       fetched at run time, libcuda is never linked.
+//   * evr::sim::device — a simulated device (evr/device/sim.hpp) that models the CUDA semantics
+//                       evr relies on, so every reactor property can be tested without a GPU.
+//
+// Contract for implementers:
+//   * Every function is noexcept and reports failure through std::error_code, in cuda_category()
+//     for device errors (same values as cudaError_t) or evr_category() for misuse.
+//   * A query returns {} when the work is complete, an error equal to cuda "not ready" (600,
+//     test with evr::is_not_ready) when it is pending, and anything else on failure.
+//   * Thread safety: all functions may be called from any thread concurrently, as the CUDA runtime
+//     allows, except where a function says otherwise. Handles are plain pointers owned by the
+//     caller; using a destroyed handle is undefined (as in CUDA).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <system_error>
+
+#include <evr/device/error.hpp>
+
+// The CUDA runtime's handle types, declared without including the CUDA headers so that evr's
+// public headers compile for users without the toolkit. They are the same types as cudaStream_t
+// and cudaEvent_t.
+struct CUstream_st;
+struct CUevent_st;
+
+namespace evr::device {
+
+using native_stream = void*;  ///< cudaStream_t on the CUDA backend, an opaque pointer on sim
+using native_event = void*;   ///< cudaEvent_t on the CUDA backend, an opaque pointer on sim
+
+/// How an event is created. Values may be or-ed together.
+enum class event_flags : unsigned {
+  none = 0,           ///< cheapest: no timing, spin-waits (cudaEventDisableTiming)
+  timing = 1,         ///< records a timestamp: usable with elapsed_time; ~10x costlier to query
+  blocking_sync = 2,  ///< synchronize() sleeps instead of spinning (cudaEventBlockingSync)
+  interprocess = 4,   ///< may be exported to another process; requires !timing
+};
+constexpr event_flags operator|(event_flags a, event_flags b) noexcept {
+  return static_cast<event_flags>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
+}
+constexpr bool has_flag(event_flags set, event_flags f) noexcept {
+  return (static_cast<unsigned>(set) & static_cast<unsigned>(f)) != 0;
+}
+
+/// An exported interprocess event (64 bytes, same layout as cudaIpcEventHandle_t).
+struct ipc_event_handle {
+  unsigned char bytes[64] = {};
+};
+
+/// A block of 64-bit words in host memory that the device can write with stream memory
+/// operations (mapped, not write-combined). Words are spaced one per 64-byte line so that the
+/// reactor's reads of one word never share a line with the device's writes of another.
+struct fence_block {
+  std::uint64_t* host = nullptr;    ///< host address of word 0
+  std::uint64_t device_address = 0; ///< device address of word 0
+  std::size_t words = 0;            ///< number of words
+  static constexpr std::size_t stride_words = 8;  ///< 64 bytes between consecutive words
+  void* allocation = nullptr;       ///< backend-private: what free_fence_block releases
+
+  std::uint64_t* host_word(std::size_t i) const noexcept { return host + i * stride_words; }
+  std::uint64_t device_word(std::size_t i) const noexcept {
+    return device_address + i * stride_words * sizeof(std::uint64_t);
+  }
+};
+
+/// The device interface. See the file comment for the contract.
+class backend {
+ public:
+  virtual ~backend() = default;
+
+  /// "cuda" or "sim".
+  virtual std::string_view name() const noexcept = 0;
+  virtual bool is_simulated() const noexcept = 0;
+  /// One human-readable line: device name(s), driver and runtime versions.
+  virtual std::string describe() const = 0;
+  virtual std::error_code device_count(int& count) noexcept = 0;
+
+  // --- events --------------------------------------------------------------------------------
+  virtual std::error_code create_event(int device, event_flags flags, native_event& out) noexcept = 0;
+  /// May block in the driver (see CUDA-NOTES): never called on the reactor thread.
+  virtual void destroy_event(native_event event) noexcept = 0;
+  /// Records on `stream`; the event and the stream must belong to the same device.
+  virtual std::error_code record_event(native_event event, native_stream stream) noexcept = 0;
+  /// {} complete (also for a never-recorded event, as in CUDA), not_ready, or an error.
+  virtual std::error_code query_event(native_event event) noexcept = 0;
+  virtual std::error_code synchronize_event(native_event event) noexcept = 0;
+  virtual std::error_code elapsed_ms(native_event start, native_event end, float& ms) noexcept = 0;
+  virtual std::error_code export_event(native_event event, ipc_event_handle& out) noexcept = 0;
+  virtual std::error_code import_event(const ipc_event_handle& handle, native_event& out) noexcept = 0;
+
+  // --- streams -------------------------------------------------------------------------------
+  /// Creates a non-blocking stream (never synchronizes with the legacy default stream).
+  virtual std::error_code create_stream(int device, int priority, native_stream& out) noexcept = 0;
+  virtual void destroy_stream(native_stream stream) noexcept = 0;
+  virtual std::error_code stream_device(native_stream stream, int& device) noexcept = 0;
+  virtual std::error_code stream_priority(native_stream stream, int& priority) noexcept = 0;
+  /// {} when every operation enqueued so far is done, not_ready, or an error.
+  virtual std::error_code query_stream(native_stream stream) noexcept = 0;
+  virtual std::error_code synchronize_stream(native_stream stream) noexcept = 0;
+  /// Later work on `stream` waits until `event` completes (cudaStreamWaitEvent).
+  virtual std::error_code stream_wait_event(native_stream stream, native_event event) noexcept = 0;
+  /// Enqueues fn(arg) (cudaLaunchHostFunc). fn runs on a backend thread, must not call evr or
+  /// the device API, and is never called once the device has faulted.
+  virtual std::error_code launch_host_func(native_stream stream, void (*fn)(void*), void* arg) noexcept = 0;
+
+  // --- fences (stream memory operations) -----------------------------------------------------
+  /// Allocates `words` fence words for `device`, zero-initialised. Slow; never on the reactor.
+  virtual std::error_code allocate_fence_block(int device, std::size_t words, fence_block& out) noexcept = 0;
+  virtual void free_fence_block(fence_block& block) noexcept = 0;
+  /// Enqueues a 64-bit write of `value` to `device_address` (cuStreamWriteValue64). Once the
+  /// device faulted the write never lands.
+  virtual std::error_code write_fence(native_stream stream, std::uint64_t device_address,
+                                      std::uint64_t value) noexcept = 0;
+
+  // --- threads -------------------------------------------------------------------------------
+  /// Makes `device` current for the calling thread (cudaSetDevice).
+  virtual std::error_code set_current_device(int device) noexcept = 0;
+  virtual std::error_code current_device(int& device) noexcept = 0;
+  /// Called once by a thread that will poll: switches it to the relaxed stream-capture mode so
+  /// that its queries never invalidate a graph capture running on another thread.
+  virtual void prepare_polling_thread() noexcept = 0;
+  /// True when the calling thread is running one of this backend's host functions.
+  virtual bool in_host_func() const noexcept = 0;
+};
+
+/// True when the CUDA backend was compiled in (EVR_WITH_CUDA).
+bool cuda_compiled_in() noexcept;
+
+/// The process-wide CUDA backend. Throws evr::error(errc::unsupported) in a build without CUDA.
+/// Obtaining it never fails on a machine without a GPU; its calls then report the CUDA error.
+backend& cuda_backend();
+
+/// True when the CUDA backend is compiled in and at least one GPU is usable.
+bool cuda_device_available() noexcept;
+
+}  // namespace evr::device

@@ -1,0 +1,146 @@
+// evr/device/sim.hpp — a simulated GPU that models the CUDA semantics evr relies on.
+//
+// Model (see ../shared/CUDA-NOTES.md for the real device's rules):
+//   * A stream is an ordered queue of operations: kernels (a duration and/or a host callable that
+//     plays the kernel's body), event records, host functions, 64-bit memory writes (fences) and
+//     waits on an event. Operations of one stream complete in issue order.
+//   * An event completes when its stream passes the record that captured it. A never-recorded
+//     event queries as complete. Re-recording overwrites what the event watches.
+//   * Sticky faults: a device can be made to fault at a chosen operation (or at once). From then
+//     on every query/record/synchronize on that device returns the fault, host functions stop
+//     running and fence writes stop landing, exactly as a CUDA context after an illegal address.
+//   * Delays (a kernel's duration) and stalls (a stream stops advancing until resumed).
+//
+// Two modes:
+//   * threaded: each stream has a worker thread that runs its operations as they come.
+//   * manual: nothing runs until the test calls step()/run_until_blocked(); deterministic.
+//
+// Thread safety: every member may be called from any thread concurrently. Host functions and
+// kernel bodies run on the stream's worker thread (threaded) or on the thread calling step()
+// (manual). Destroying the device with streams alive destroys them (pending work is dropped).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <evr/device/backend.hpp>
+
+namespace evr::sim {
+
+enum class run_mode {
+  threaded,  ///< a worker thread per stream runs operations as they come
+  manual,    ///< operations run only when the test calls step()/run_until_blocked()
+};
+
+struct options {
+  int devices = 1;
+  run_mode mode = run_mode::threaded;
+};
+
+/// Counters of the calls made into the simulated device (to assert, e.g., how many queries a
+/// reactor sweep made). Read with device::counters(); reset with reset_counters().
+struct call_counters {
+  std::uint64_t event_queries = 0;
+  std::uint64_t stream_queries = 0;
+  std::uint64_t event_records = 0;
+  std::uint64_t host_funcs_launched = 0;
+  std::uint64_t host_funcs_run = 0;
+  std::uint64_t fence_writes_enqueued = 0;
+  std::uint64_t fence_writes_landed = 0;
+  std::uint64_t events_created = 0;
+  std::uint64_t events_destroyed = 0;
+};
+
+class device final : public evr::device::backend {
+ public:
+  explicit device(options opts = {});
+  ~device() override;
+  device(const device&) = delete;
+  device& operator=(const device&) = delete;
+
+  // --- work a test enqueues (what a kernel launch would be on the GPU) -----------------------
+  /// A kernel that occupies the stream for `duration` (threaded mode: the worker sleeps; manual
+  /// mode: the duration is ignored) and then runs `body` if given.
+  std::error_code launch_kernel(evr::device::native_stream stream,
+                                std::chrono::nanoseconds duration = {},
+                                std::function<void()> body = {});
+  /// A kernel that faults when it runs: the device becomes sticky-failed with `fault`
+  /// (default: cuda illegal address, 700).
+  std::error_code launch_faulting_kernel(evr::device::native_stream stream,
+                                         std::error_code fault = {});
+  /// Makes `device_index` sticky-failed now.
+  void inject_fault(int device_index, std::error_code fault = {});
+  /// Makes the device fault when it starts its n-th operation from now (n >= 1), counting the
+  /// operations of every stream of that device in the order they run.
+  void inject_fault_after(int device_index, std::uint64_t operations, std::error_code fault = {});
+  /// The sticky fault of a device, or {}.
+  std::error_code fault(int device_index) const;
+
+  /// A stalled stream runs no operation until resume().
+  void stall(evr::device::native_stream stream);
+  void resume(evr::device::native_stream stream);
+
+  // --- manual mode -----------------------------------------------------------------------------
+  /// Runs up to `n` operations of `stream` on the calling thread; returns how many ran (fewer if
+  /// the stream is empty, stalled, faulted or blocked on an event wait).
+  std::size_t step(evr::device::native_stream stream, std::size_t n = 1);
+  /// Runs every stream until each is empty or blocked; returns the number of operations run.
+  std::size_t run_until_blocked();
+  /// Operations enqueued on `stream` and not yet run.
+  std::size_t pending_operations(evr::device::native_stream stream) const;
+
+  /// Threaded mode: blocks until every stream is empty (or stalled/faulted). For test teardown.
+  void wait_idle();
+
+  call_counters counters() const;
+  void reset_counters();
+  run_mode mode() const noexcept;
+
+  // --- evr::device::backend --------------------------------------------------------------------
+  std::string_view name() const noexcept override;
+  bool is_simulated() const noexcept override;
+  std::string describe() const override;
+  std::error_code device_count(int& count) noexcept override;
+  std::error_code create_event(int device, evr::device::event_flags flags,
+                               evr::device::native_event& out) noexcept override;
+  void destroy_event(evr::device::native_event event) noexcept override;
+  std::error_code record_event(evr::device::native_event event,
+                               evr::device::native_stream stream) noexcept override;
+  std::error_code query_event(evr::device::native_event event) noexcept override;
+  std::error_code synchronize_event(evr::device::native_event event) noexcept override;
+  std::error_code elapsed_ms(evr::device::native_event start, evr::device::native_event end,
+                             float& ms) noexcept override;
+  std::error_code export_event(evr::device::native_event event,
+                               evr::device::ipc_event_handle& out) noexcept override;
+  std::error_code import_event(const evr::device::ipc_event_handle& handle,
+                               evr::device::native_event& out) noexcept override;
+  std::error_code create_stream(int device, int priority,
+                                evr::device::native_stream& out) noexcept override;
+  void destroy_stream(evr::device::native_stream stream) noexcept override;
+  std::error_code stream_device(evr::device::native_stream stream, int& device) noexcept override;
+  std::error_code stream_priority(evr::device::native_stream stream, int& priority) noexcept override;
+  std::error_code query_stream(evr::device::native_stream stream) noexcept override;
+  std::error_code synchronize_stream(evr::device::native_stream stream) noexcept override;
+  std::error_code stream_wait_event(evr::device::native_stream stream,
+                                    evr::device::native_event event) noexcept override;
+  std::error_code launch_host_func(evr::device::native_stream stream, void (*fn)(void*),
+                                   void* arg) noexcept override;
+  std::error_code allocate_fence_block(int device, std::size_t words,
+                                       evr::device::fence_block& out) noexcept override;
+  void free_fence_block(evr::device::fence_block& block) noexcept override;
+  std::error_code write_fence(evr::device::native_stream stream, std::uint64_t device_address,
+                              std::uint64_t value) noexcept override;
+  std::error_code set_current_device(int device) noexcept override;
+  std::error_code current_device(int& device) noexcept override;
+  void prepare_polling_thread() noexcept override;
+  bool in_host_func() const noexcept override;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace evr::sim

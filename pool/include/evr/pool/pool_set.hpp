@@ -1,0 +1,49 @@
+// evr/pool/pool_set.hpp — the event pools of one backend: one per device and event class,
+// created on first use.
+//
+// Thread safety: every member is thread-safe. get() is lock-free once the pool exists (an array of
+// atomic pointers, acquire/release); creating a pool takes a mutex.
+// Lifetime: pools live as long as the pool_set; events still out when it is destroyed are
+// destroyed when released (see event_pool).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include <evr/pool/event_pool.hpp>
+
+namespace evr {
+
+class pool_set {
+ public:
+  static constexpr int max_devices = 64;
+
+  explicit pool_set(device::backend& backend, pool_options options = {});
+  ~pool_set();
+  pool_set(const pool_set&) = delete;
+  pool_set& operator=(const pool_set&) = delete;
+
+  /// The pool of `device` and `klass`, created on first use. Throws evr::error(errc::no_device)
+  /// for a device index outside [0, max_devices) or beyond the backend's device count.
+  event_pool& get(int device, event_class klass = event_class::plain);
+  /// Same, never throws: nullptr and `ec` set on failure.
+  event_pool* get(int device, event_class klass, std::error_code& ec) noexcept;
+
+  /// empty_cache() on every pool.
+  void empty_cache() noexcept;
+  /// Sum of the stats of every pool.
+  pool_stats stats() const noexcept;
+
+  device::backend& backend() const noexcept { return backend_; }
+
+ private:
+  device::backend& backend_;
+  pool_options options_;
+  int device_count_ = 0;
+  std::mutex create_mutex_;
+  std::array<std::atomic<event_pool*>, max_devices * event_class_count> pools_{};
+};
+
+}  // namespace evr
