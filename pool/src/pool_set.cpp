@@ -1,1 +1,106 @@
-// work in progress
+// pool_set: one event_pool per (device, class), created on first use.
+#include <evr/pool/pool_set.hpp>
+
+#include <new>
+#include <string>
+
+namespace evr {
+namespace {
+
+std::string get_context(int device, event_class klass) {
+  return "evr::pool_set::get(device " + std::to_string(device) + ", class " + to_string(klass) + ")";
+}
+
+}  // namespace
+
+pool_set::pool_set(device::backend& backend, pool_options options)
+    : backend_(backend), options_(options) {
+  int count = 0;
+  // A backend that cannot count its devices (CUDA without a driver) leaves device_count_ at 0;
+  // get() asks again, so the error it reports is the backend's own.
+  if (!backend_.device_count(count)) device_count_ = count;
+}
+
+pool_set::~pool_set() {
+  for (auto& slot : pools_) {
+    // relaxed: destruction cannot race with get() (the caller's contract).
+    delete slot.load(std::memory_order_relaxed);
+  }
+}
+
+event_pool& pool_set::get(int device, event_class klass) {
+  std::error_code ec;
+  event_pool* pool = get(device, klass, ec);
+  if (pool == nullptr) throw error(ec, get_context(device, klass));
+  return *pool;
+}
+
+event_pool* pool_set::get(int device, event_class klass, std::error_code& ec) noexcept {
+  ec.clear();
+  if (static_cast<unsigned>(klass) >= static_cast<unsigned>(event_class_count)) {
+    ec = make_error_code(errc::invalid_argument);
+    return nullptr;
+  }
+  if (device < 0 || device >= max_devices) {
+    ec = make_error_code(errc::no_device);
+    return nullptr;
+  }
+  auto& slot = pools_[static_cast<std::size_t>(device) * event_class_count + static_cast<unsigned>(klass)];
+  // acquire: pairs with the release store below, so the pool is fully constructed when seen.
+  if (event_pool* pool = slot.load(std::memory_order_acquire)) return pool;
+
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  // relaxed: stores happen under create_mutex_, which we hold.
+  if (event_pool* pool = slot.load(std::memory_order_relaxed)) return pool;
+  if (device >= device_count_) {
+    int count = 0;
+    if (std::error_code count_ec = backend_.device_count(count)) {
+      ec = count_ec;
+      return nullptr;
+    }
+    device_count_ = count;
+    if (device >= device_count_) {
+      ec = make_error_code(errc::no_device);
+      return nullptr;
+    }
+  }
+  event_pool* pool = nullptr;
+  try {
+    pool = new event_pool(backend_, device, klass, options_);
+  } catch (const error& e) {
+    ec = e.code();
+    return nullptr;
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+    return nullptr;
+  }
+  slot.store(pool, std::memory_order_release);  // release: publishes the constructed pool
+  return pool;
+}
+
+void pool_set::empty_cache() noexcept {
+  for (auto& slot : pools_) {
+    // acquire: a pool created concurrently is seen fully constructed (or not at all).
+    if (event_pool* pool = slot.load(std::memory_order_acquire)) pool->empty_cache();
+  }
+}
+
+pool_stats pool_set::stats() const noexcept {
+  pool_stats sum;
+  for (const auto& slot : pools_) {
+    // acquire: as in empty_cache().
+    if (const event_pool* pool = slot.load(std::memory_order_acquire)) {
+      const pool_stats s = pool->stats();
+      sum.created += s.created;
+      sum.destroyed += s.destroyed;
+      sum.cached += s.cached;
+      sum.in_use += s.in_use;
+      sum.peak_in_use += s.peak_in_use;
+      sum.acquires += s.acquires;
+      sum.growths += s.growths;
+    }
+  }
+  return sum;
+}
+
+}  // namespace evr

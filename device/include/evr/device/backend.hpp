@@ -109,6 +109,9 @@ class backend {
   /// Enqueues fn(arg) (cudaLaunchHostFunc). fn runs on a backend thread, must not call evr or
   /// the device API, and is never called once the device has faulted.
   virtual std::error_code launch_host_func(native_stream stream, void (*fn)(void*), void* arg) noexcept = 0;
+  /// True while `stream` is being captured into a graph: nothing may then be enqueued on it by
+  /// anyone but the capturing code (the reactor checks before arming a doorbell).
+  virtual bool stream_is_capturing(native_stream /*stream*/) noexcept { return false; }
 
   // --- fences (stream memory operations) -----------------------------------------------------
   /// Allocates `words` fence words for `device`, zero-initialised. Slow; never on the reactor.

@@ -8,12 +8,24 @@
 //   is known to be past every record of it that anyone still observes (the reactor does so only
 //   after the event's last record completed); re-recording a pooled event overwrites it.
 // * Lifetime: the pool's state is shared by the pool object and by every event handed out. An
-//   event released after the event_pool object was destroyed (or after its acquiring thread
-//   exited) is destroyed instead of cached; the state is freed with the last of them.
+//   event released after the event_pool object was destroyed is destroyed instead of cached, and
+//   the state is freed with the last of them. Releasing on any thread is fine, including after
+//   the acquiring thread exited (the event is then cached as usual).
 //
 // Thread safety: every member is thread-safe. acquire/release never block unless a batch must be
 // created. Memory order: the queue gives release/acquire between release() and the next acquire()
 // of the same event, so whatever the releasing thread did with the event happens-before its reuse.
+//
+// How it stays fast (pool/src/event_pool.cpp has the details): every thread that uses a pool gets
+// a small per-thread record for it (a moodycamel producer token and consumer token, and its own
+// counters). A thread releases into its own sub-queue and acquires from it first, so a thread that
+// acquires and releases touches no cache line another thread writes; the counters behind stats()
+// and behind the lifetime rule are per thread and summed on demand. Consequences:
+//   * stats() walks those records under a process-wide mutex: call it for monitoring, not per event.
+//   * peak_in_use is sampled (at growth, empty_cache() and stats()), not tracked per acquire.
+//   * The backend must outlive every pool and every event taken from one.
+// Bisecting: compile pool/ with -DEVR_POOL_USE_MUTEX to replace the lock-free queue by a
+// mutex-guarded std::deque (the rest is unchanged).
 #pragma once
 
 #include <cstddef>
@@ -24,6 +36,10 @@
 
 namespace evr {
 
+namespace pool_detail {
+struct pool_state;  // the shared state of one event_pool (pool/src/event_pool.cpp)
+}  // namespace pool_detail
+
 /// The four kinds of events that never mix in one pool (their creation flags differ).
 enum class event_class : unsigned char {
   plain = 0,         ///< no timing, spin synchronize: what the reactor uses
@@ -32,7 +48,10 @@ enum class event_class : unsigned char {
   blocking = 3,      ///< blocking-sync | no timing
 };
 inline constexpr int event_class_count = 4;
+/// The creation flags of a class: plain none, timing timing, interprocess interprocess,
+/// blocking blocking_sync.
 device::event_flags flags_of(event_class c) noexcept;
+/// "plain", "timing", "interprocess", "blocking" ("invalid" for a value out of range).
 const char* to_string(event_class c) noexcept;
 
 struct pool_options {
@@ -41,13 +60,16 @@ struct pool_options {
 };
 
 /// A snapshot; fields are read without a common lock, so they are consistent only when the pool
-/// is quiescent.
+/// is quiescent. When it is, created == destroyed + cached + in_use.
+
 struct pool_stats {
   std::uint64_t created = 0;    ///< events ever created by this pool
   std::uint64_t destroyed = 0;  ///< events destroyed (empty_cache, release after owner gone, dtor)
   std::uint64_t cached = 0;     ///< events waiting in the cache (approximate under concurrency)
   std::uint64_t in_use = 0;     ///< events handed out and not yet released
-  std::uint64_t peak_in_use = 0;///< the most events handed out at once (high-water mark)
+  /// High-water mark of in_use, sampled when the cache runs dry (growth), at empty_cache() and at
+  /// stats(): never above the true peak, and below it by less than `batch` when quiescent.
+  std::uint64_t peak_in_use = 0;
   std::uint64_t acquires = 0;   ///< successful acquires
   std::uint64_t growths = 0;    ///< times a batch was created because the cache was empty
 };
@@ -66,21 +88,26 @@ class pooled_event {
 
   explicit operator bool() const noexcept { return native_ != nullptr; }
   device::native_event native() const noexcept { return native_; }
+  /// The pool's device and class; -1 and plain for an empty handle.
   int device() const noexcept;
   event_class klass() const noexcept;
-  /// Returns the event to its pool now (see the pool's contract). Idempotent.
+  /// Returns the event to its pool now (see the pool's contract). Idempotent. Thread-safe with
+  /// respect to other handles; one handle must not be used by two threads at once.
   void release() noexcept;
 
  private:
   friend class event_pool;
-  struct state_ref;
-  pooled_event(void* state, device::native_event native) noexcept : state_(state), native_(native) {}
-  void* state_ = nullptr;  // event_pool's shared state (pool/src/event_pool.cpp)
+  pooled_event(pool_detail::pool_state* state, device::native_event native) noexcept
+      : state_(state), native_(native) {}
+  pool_detail::pool_state* state_ = nullptr;  // keeps the pool's state alive while non-empty
   device::native_event native_ = nullptr;
 };
 
 class event_pool {
  public:
+  /// Creates options.initial events at once. Throws evr::error: errc::invalid_argument for
+  /// batch == 0 or a class out of range, or the backend's error when an initial event cannot be
+  /// created.
   event_pool(device::backend& backend, int device, event_class klass, pool_options options = {});
   ~event_pool();  ///< destroys the cached events; events still out are destroyed when released
   event_pool(const event_pool&) = delete;
@@ -93,6 +120,10 @@ class event_pool {
   /// Raw interface for evr's own machinery (the reactor): the same accounting as pooled_event.
   device::native_event acquire_native(std::error_code& ec) noexcept;
   void release_native(device::native_event event) noexcept;
+  /// Destroys an acquired event instead of caching it (accounted as released): for an event the
+  /// GPU may never get past (aborted at shutdown, or of a faulted device). CUDA frees a recorded
+  /// event once it completes.
+  void discard_native(device::native_event event) noexcept;
 
   /// Destroys every cached event (not those in use). Call from a thread that may block.
   void empty_cache() noexcept;
@@ -103,8 +134,7 @@ class event_pool {
   device::backend& backend() const noexcept;
 
  private:
-  struct state;
-  state* state_;
+  pool_detail::pool_state* state_;
 };
 
 }  // namespace evr

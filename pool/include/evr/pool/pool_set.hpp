@@ -26,14 +26,17 @@ class pool_set {
   pool_set& operator=(const pool_set&) = delete;
 
   /// The pool of `device` and `klass`, created on first use. Throws evr::error(errc::no_device)
-  /// for a device index outside [0, max_devices) or beyond the backend's device count.
+  /// for a device index outside [0, max_devices) or beyond the backend's device count (the
+  /// backend's own error when it cannot count its devices, e.g. CUDA without a driver;
+  /// errc::invalid_argument for a class out of range; the backend's error when options.initial
+  /// events cannot be created). The message names the device and the class.
   event_pool& get(int device, event_class klass = event_class::plain);
   /// Same, never throws: nullptr and `ec` set on failure.
   event_pool* get(int device, event_class klass, std::error_code& ec) noexcept;
 
   /// empty_cache() on every pool.
   void empty_cache() noexcept;
-  /// Sum of the stats of every pool.
+  /// Sum of the stats of every pool (peak_in_use: the sum of the pools' peaks).
   pool_stats stats() const noexcept;
 
   device::backend& backend() const noexcept { return backend_; }
@@ -41,7 +44,7 @@ class pool_set {
  private:
   device::backend& backend_;
   pool_options options_;
-  int device_count_ = 0;
+  int device_count_ = 0;  ///< guarded by create_mutex_
   std::mutex create_mutex_;
   std::array<std::atomic<event_pool*>, max_devices * event_class_count> pools_{};
 };

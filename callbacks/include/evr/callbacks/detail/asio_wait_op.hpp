@@ -1,0 +1,229 @@
+// evr/callbacks/detail/asio_wait_op.hpp — the operation behind gpu_waiter::async_wait.
+//
+// Life of one operation:
+//   1. initiation (user's thread): allocated with the handler's associated allocator (default:
+//      Asio's recycling allocator, a per-thread cache: no heap allocation in steady state); work
+//      is tracked on the I/O executor and on the handler's executor; a cancellation handler is
+//      installed in the handler's slot; then the reactor gets it (reactor::submit).
+//   2. completion (reactor thread): do_complete either runs finish() right there (inline
+//      delivery) or posts a small function to the handler's executor. The posted function carries
+//      its own allocator, which hands out a buffer inside the operation, so posting to an
+//      io_context allocates nothing.
+//   3. finish (handler's executor, or reactor thread when inline): clears the cancellation slot,
+//      moves the handler and the work out, frees the operation, then calls the handler — the
+//      operation's memory is back in the allocator's cache before the upcall, as Asio requires.
+//   A refused submission (stopped reactor, bad input) is posted the same way: a handler never
+//   runs inside the initiating call.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <new>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_allocator.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/execution.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/prefer.hpp>
+#include <asio/recycling_allocator.hpp>
+
+#include <evr/reactor/reactor.hpp>
+
+namespace evr::detail {
+
+/// Storage inside an operation for the executor's wrapper of the posted delivery function.
+struct delivery_slab {
+  static constexpr std::size_t size = 256;
+  alignas(std::max_align_t) unsigned char bytes[size];
+  bool used = false;
+};
+
+/// Hands out the slab once (then falls back to the heap): the allocator of the posted function.
+template <typename T>
+class slab_allocator {
+ public:
+  using value_type = T;
+  explicit slab_allocator(delivery_slab* slab) noexcept : slab_(slab) {}
+  template <typename U>
+  slab_allocator(const slab_allocator<U>& other) noexcept : slab_(other.slab_) {}  // NOLINT
+  T* allocate(std::size_t n) {
+    if (!slab_->used && sizeof(T) * n <= delivery_slab::size &&
+        alignof(T) <= alignof(std::max_align_t)) {
+      slab_->used = true;
+      return reinterpret_cast<T*>(slab_->bytes);
+    }
+    return std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    if (reinterpret_cast<unsigned char*>(p) == slab_->bytes) {
+      slab_->used = false;
+      return;
+    }
+    std::allocator<T>().deallocate(p, n);
+  }
+  template <typename U>
+  bool operator==(const slab_allocator<U>& o) const noexcept { return slab_ == o.slab_; }
+  template <typename U>
+  bool operator!=(const slab_allocator<U>& o) const noexcept { return slab_ != o.slab_; }
+
+ private:
+  template <typename U>
+  friend class slab_allocator;
+  delivery_slab* slab_;
+};
+
+/// The posted function: owns the operation until it runs (or is destroyed unrun, e.g. by an
+/// io_context shutting down, which then frees the operation without calling the handler).
+template <typename Op>
+class delivery_fn {
+ public:
+  using allocator_type = slab_allocator<void>;
+  delivery_fn(Op* op, std::error_code ec) noexcept : op_(op), ec_(ec) {}
+  delivery_fn(delivery_fn&& other) noexcept : op_(std::exchange(other.op_, nullptr)), ec_(other.ec_) {}
+  delivery_fn& operator=(delivery_fn&&) = delete;
+  ~delivery_fn() {
+    if (op_ != nullptr) Op::destroy(op_);
+  }
+  void operator()() { Op::finish(std::exchange(op_, nullptr), ec_); }
+  allocator_type get_allocator() const noexcept { return allocator_type(&op_->slab_); }
+
+ private:
+  Op* op_;
+  std::error_code ec_;
+};
+
+template <typename Executor>
+using tracked_executor_t = std::decay_t<decltype(asio::prefer(
+    std::declval<const Executor&>(), asio::execution::outstanding_work.tracked))>;
+
+/// Posts `f` to `ex`; when `ex` is an any_io_executor around an io_context executor, posts to
+/// the io_context executor directly so that `f`'s allocator is honoured (any_io_executor's
+/// type erasure would allocate on this thread instead).
+template <typename Executor, typename F>
+void post_honouring_allocator(const Executor& ex, F&& f) {
+  if constexpr (std::is_same_v<Executor, asio::any_io_executor>) {
+    using tracked_io = tracked_executor_t<asio::io_context::executor_type>;
+    if (const auto* io = ex.template target<tracked_io>()) {
+      asio::post(*io, std::forward<F>(f));
+      return;
+    }
+    if (const auto* io = ex.template target<asio::io_context::executor_type>()) {
+      asio::post(*io, std::forward<F>(f));
+      return;
+    }
+  }
+  asio::post(ex, std::forward<F>(f));
+}
+
+template <typename Handler, typename IoExecutor>
+class asio_wait_op final : public wait_op {
+ public:
+  using handler_executor = asio::associated_executor_t<Handler, IoExecutor>;
+  using base_allocator = asio::associated_allocator_t<Handler, asio::recycling_allocator<void>>;
+  using allocator = typename std::allocator_traits<base_allocator>::template rebind_alloc<asio_wait_op>;
+
+  /// Allocates and constructs with the handler's allocator. Throws what the allocator throws.
+  static asio_wait_op* create(Handler&& handler, const IoExecutor& io_ex, reactor& r) {
+    allocator alloc(asio::get_associated_allocator(handler, asio::recycling_allocator<void>()));
+    asio_wait_op* p = std::allocator_traits<allocator>::allocate(alloc, 1);
+    try {
+      ::new (static_cast<void*>(p)) asio_wait_op(std::move(handler), io_ex, r);
+    } catch (...) {
+      std::allocator_traits<allocator>::deallocate(alloc, p, 1);
+      throw;
+    }
+    return p;
+  }
+
+  /// Connects the handler's cancellation slot (if any) to reactor::cancel.
+  void connect_cancellation() {
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) slot.template emplace<cancel_handler>(this);
+  }
+
+  /// Completes a refused operation: posted, never inline.
+  static void reject(asio_wait_op* self, std::error_code ec) noexcept {
+    // done: a cancellation signal arriving before the posted completion runs is a no-op.
+    self->state_.store(wait_op::done, std::memory_order_release);
+    post_completion(self, ec);
+  }
+
+  delivery_slab slab_;
+
+ private:
+  template <typename>
+  friend class delivery_fn;
+
+  struct cancel_handler {
+    explicit cancel_handler(asio_wait_op* o) noexcept : op(o) {}
+    asio_wait_op* op;
+    void operator()(asio::cancellation_type_t type) const {
+      // Stopping a wait has no side effect on the GPU, so terminal, partial and total
+      // cancellation are all honoured.
+      if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
+                   asio::cancellation_type::total)) != asio::cancellation_type::none) {
+        op->reactor_.cancel(op);
+      }
+    }
+  };
+
+  asio_wait_op(Handler&& handler, const IoExecutor& io_ex, reactor& r)
+      : wait_op(&asio_wait_op::do_complete),
+        handler_(std::move(handler)),
+        io_work_(asio::prefer(io_ex, asio::execution::outstanding_work.tracked)),
+        handler_work_(asio::prefer(asio::get_associated_executor(handler_, io_ex),
+                                   asio::execution::outstanding_work.tracked)),
+        reactor_(r) {}
+
+  static void do_complete(wait_op* base, std::error_code ec) noexcept {
+    auto* self = static_cast<asio_wait_op*>(base);
+    if (self->how_ == delivery::inline_on_reactor) {
+      finish(self, ec);
+    } else {
+      post_completion(self, ec);
+    }
+  }
+
+  static void post_completion(asio_wait_op* self, std::error_code ec) noexcept {
+    try {
+      post_honouring_allocator(self->handler_work_, delivery_fn<asio_wait_op>(self, ec));
+    } catch (...) {
+      // Posting failed (out of memory): the handler cannot be run anywhere safe. Free the
+      // operation rather than leak it; the outstanding work it held is released with it.
+      destroy(self);
+    }
+  }
+
+  static void finish(asio_wait_op* self, std::error_code ec) {
+    auto slot = asio::get_associated_cancellation_slot(self->handler_);
+    if (slot.is_connected()) slot.clear();
+    allocator alloc(asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
+    Handler handler(std::move(self->handler_));
+    auto io_work = std::move(self->io_work_);
+    auto handler_work = std::move(self->handler_work_);
+    // Memory back to the handler's allocator before the upcall.
+    self->~asio_wait_op();
+    std::allocator_traits<allocator>::deallocate(alloc, self, 1);
+    std::move(handler)(ec);
+  }
+
+  static void destroy(asio_wait_op* self) noexcept {
+    allocator alloc(asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
+    self->~asio_wait_op();
+    std::allocator_traits<allocator>::deallocate(alloc, self, 1);
+  }
+
+  Handler handler_;
+  tracked_executor_t<IoExecutor> io_work_;
+  tracked_executor_t<handler_executor> handler_work_;
+  reactor& reactor_;
+};
+
+}  // namespace evr::detail

@@ -1,0 +1,148 @@
+// evr/callbacks/gpu_waiter.hpp — an Asio I/O object whose async_wait completes when the GPU work
+// queued so far on a stream (or captured by an event) is done.
+//
+//   evr::gpu_waiter waiter{io.get_executor(), reactor};
+//   kernel<<<g, b, 0, stream.native()>>>(...);
+//   co_await waiter.async_wait(stream, asio::use_awaitable);
+//
+// Completion signature: void(std::error_code).
+//   {}                              the work before the wait is done
+//   a cuda_category() error         the device failed (sticky errors fail every wait on it)
+//   asio::error::operation_aborted  cancelled (cancel(), the slot, the waiter destroyed) or the
+//                                   reactor stopped before the work was done
+//   an evr_category() error         refused: errc::reactor_stopped, backend_mismatch,
+//                                   event_never_recorded, per_thread_default_stream, ...
+//
+// Per-operation cancellation: terminal, partial and total, through the handler's associated
+// cancellation slot. Emit the signal where the handler's executor runs (Asio's usual rule). The
+// wait completes with operation_aborted exactly once, also when cancellation races completion;
+// cancelling twice is harmless. The GPU work goes on; the wait's event returns to the pool only
+// after the GPU is past it. With inline delivery the slot is cleared on the reactor thread, so
+// use cancel() there instead of a slot.
+//
+// Delivery: posted to the handler's associated executor (default: the waiter's executor), never
+// run inside async_wait. set_delivery(delivery::inline_on_reactor) runs handlers on the reactor
+// thread instead: the lowest latency, but the handler must be short and must never block (it
+// holds up every other completion), and a coroutine would resume on the reactor thread.
+//
+// Thread safety: distinct objects: safe. Shared object: async_wait and cancel may be called from
+// any thread (the reactor is thread-safe); moving or destroying needs exclusive access.
+// Lifetime: the reactor and the execution context must outlive every pending wait; destroying the
+// waiter cancels its waits (their handlers still run, with operation_aborted).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/execution.hpp>
+#include <asio/query.hpp>
+
+#include <evr/callbacks/detail/asio_wait_op.hpp>
+#include <evr/callbacks/reactor_service.hpp>
+#include <evr/reactor/reactor.hpp>
+#include <evr/reactor/wait_target.hpp>
+
+namespace evr {
+
+template <typename Executor = asio::any_io_executor>
+class basic_gpu_waiter {
+ public:
+  using executor_type = Executor;
+
+  /// Rebinds the waiter to another executor type (Asio convention).
+  template <typename OtherExecutor>
+  struct rebind_executor {
+    using other = basic_gpu_waiter<OtherExecutor>;
+  };
+
+  basic_gpu_waiter(const executor_type& ex, reactor& r) : executor_(ex), reactor_(&r) {}
+  /// Finds the reactor through the executor's context (evr::reactor_service).
+  explicit basic_gpu_waiter(const executor_type& ex)
+      : executor_(ex),
+        reactor_(&asio::use_service<reactor_service>(
+                      asio::query(ex, asio::execution::context))
+                      .get()) {}
+  template <typename ExecutionContext,
+            typename = std::enable_if_t<
+                std::is_convertible_v<ExecutionContext&, asio::execution_context&>>>
+  explicit basic_gpu_waiter(ExecutionContext& context)
+      : basic_gpu_waiter(context.get_executor()) {}
+
+  basic_gpu_waiter(basic_gpu_waiter&& other) noexcept
+      : executor_(other.executor_),
+        reactor_(other.reactor_),
+        owner_(std::exchange(other.owner_, 0)),
+        delivery_(other.delivery_) {}
+  basic_gpu_waiter& operator=(basic_gpu_waiter&& other) noexcept {
+    if (this != &other) {
+      cancel();
+      executor_ = other.executor_;
+      reactor_ = other.reactor_;
+      owner_ = std::exchange(other.owner_, 0);
+      delivery_ = other.delivery_;
+    }
+    return *this;
+  }
+  basic_gpu_waiter(const basic_gpu_waiter&) = delete;
+  basic_gpu_waiter& operator=(const basic_gpu_waiter&) = delete;
+
+  /// Cancels every pending wait of this waiter.
+  ~basic_gpu_waiter() { cancel(); }
+
+  executor_type get_executor() const noexcept { return executor_; }
+  reactor& get_reactor() const noexcept { return *reactor_; }
+
+  void set_delivery(delivery how) noexcept { delivery_ = how; }
+  delivery get_delivery() const noexcept { return delivery_; }
+
+  /// Starts a wait for `target`: a stream (the work queued on it so far), an evr::event, or a raw
+  /// cudaStream_t / cudaEvent_t on the CUDA backend. See the file comment for the completion.
+  template <typename CompletionToken = asio::default_completion_token_t<executor_type>>
+  auto async_wait(const wait_target& target,
+                  CompletionToken&& token = asio::default_completion_token_t<executor_type>()) {
+    return asio::async_initiate<CompletionToken, void(std::error_code)>(initiate_wait{this}, token,
+                                                                        target);
+  }
+
+  /// Cancels every pending wait of this waiter (each completes with operation_aborted). Safe from
+  /// any thread, at any time.
+  void cancel() noexcept {
+    if (owner_ != 0) reactor_->cancel_owner(owner_);
+  }
+
+ private:
+  struct initiate_wait {
+    basic_gpu_waiter* self;
+    using executor_type = Executor;
+    executor_type get_executor() const noexcept { return self->executor_; }
+
+    template <typename Handler>
+    void operator()(Handler&& handler, const wait_target& target) const {
+      using op_type = detail::asio_wait_op<std::decay_t<Handler>, Executor>;
+      op_type* op = op_type::create(std::forward<Handler>(handler), self->executor_, *self->reactor_);
+      op->owner_ = self->owner_;
+      op->how_ = self->delivery_;
+      // Connected before submit: once submitted, the operation may complete (and be freed) on
+      // another thread at any moment. A signal is only emitted after initiation returns.
+      op->connect_cancellation();
+      if (std::error_code ec = self->reactor_->submit(op, target)) op_type::reject(op, ec);
+    }
+  };
+
+  static std::uintptr_t next_owner() noexcept {
+    static std::atomic<std::uintptr_t> counter{0};
+    return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+
+  executor_type executor_;
+  reactor* reactor_;
+  std::uintptr_t owner_ = next_owner();
+  delivery delivery_ = delivery::post;
+};
+
+using gpu_waiter = basic_gpu_waiter<>;
+
+}  // namespace evr

@@ -1,0 +1,60 @@
+// evr/callbacks/on_complete.hpp — completions for code that does not use Asio.
+//
+//   evr::on_complete(reactor, stream, [](std::error_code ec) { ... });
+//
+// The callback runs exactly once on the reactor thread (the "delivery thread"), with the same
+// outcomes as gpu_waiter::async_wait. It must be short and must never block: it delays every other
+// completion of the reactor. Hand real work to your own thread or pool from it.
+//
+// Returns {} when the wait started. On refusal (stopped reactor, bad input, a device error putting
+// the marker on the stream) returns the error and the callback is neither called nor kept.
+// Thread safety: callable from any thread except inside a CUDA host function.
+#pragma once
+
+#include <memory>
+#include <new>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include <evr/reactor/reactor.hpp>
+
+namespace evr {
+namespace detail {
+
+template <typename Fn>
+class callback_op final : public wait_op {
+ public:
+  template <typename F>
+  explicit callback_op(F&& fn) : wait_op(&callback_op::do_complete), fn_(std::forward<F>(fn)) {
+    how_ = delivery::inline_on_reactor;
+  }
+
+ private:
+  static void do_complete(wait_op* base, std::error_code ec) noexcept {
+    std::unique_ptr<callback_op> self(static_cast<callback_op*>(base));
+    Fn fn(std::move(self->fn_));
+    self.reset();  // freed before the upcall
+    try {
+      fn(ec);
+    } catch (...) {
+      // A callback that throws on the reactor thread must not take the reactor down; there is
+      // nowhere to report it. Document: callbacks must not throw.
+    }
+  }
+  Fn fn_;
+};
+
+}  // namespace detail
+
+template <typename Fn>
+std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn) {
+  static_assert(std::is_invocable_v<std::decay_t<Fn>&, std::error_code>,
+                "on_complete needs a callable taking std::error_code");
+  auto op = std::make_unique<detail::callback_op<std::decay_t<Fn>>>(std::forward<Fn>(fn));
+  if (std::error_code ec = r.submit(op.get(), target)) return ec;  // op (and fn) destroyed here
+  op.release();  // the reactor completes and frees it
+  return {};
+}
+
+}  // namespace evr

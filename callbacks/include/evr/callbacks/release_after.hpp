@@ -1,0 +1,77 @@
+// evr/callbacks/release_after.hpp — keep a resource alive until the GPU is past this point.
+//
+//   evr::release_after(reactor, stream, std::move(buffer));            // freed on the reactor
+//   evr::release_after(reactor, stream, std::move(buffer), io.get_executor());  // freed there
+//
+// The resource is destroyed once the work queued on the stream so far is done — or failed, or the
+// reactor shut down (then after the shutdown drain: the device may still use it if it had not
+// finished; see docs/architecture.md). Never early: if the reactor refuses the wait (it is stopped,
+// or the marker could not be enqueued) release_after synchronizes the stream or event on the
+// calling thread and then destroys the resource, and returns the refusal.
+//
+// On the reactor thread the destructor must be cheap and must not synchronize with the device
+// (cudaFree does!): for device memory pass an executor, so the destructor runs there.
+#pragma once
+
+#include <optional>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include <asio/post.hpp>
+
+#include <evr/callbacks/on_complete.hpp>
+
+namespace evr {
+namespace detail {
+
+inline void synchronize_target(const wait_target& t) noexcept {
+  if (t.backend == nullptr) return;
+  if (t.what == wait_target::kind::stream) {
+    (void)t.backend->synchronize_stream(t.native);
+  } else if (t.native != nullptr) {
+    (void)t.backend->synchronize_event(t.native);
+  }
+}
+
+template <typename Resource>
+struct resource_holder {
+  Resource resource;
+};
+
+}  // namespace detail
+
+/// Destroys `resource` on the reactor thread once the GPU is past `target`.
+template <typename Resource>
+std::error_code release_after(reactor& r, const wait_target& target, Resource&& resource) {
+  using holder = detail::resource_holder<std::decay_t<Resource>>;
+  auto keep = std::make_unique<holder>(holder{std::forward<Resource>(resource)});
+  holder* raw = keep.get();
+  std::error_code ec = on_complete(r, target, [raw](std::error_code) { delete raw; });
+  if (ec) {
+    detail::synchronize_target(target);
+    return ec;  // `keep` destroys the resource now that the device is done
+  }
+  keep.release();
+  return {};
+}
+
+/// Destroys `resource` on `ex` once the GPU is past `target`.
+template <typename Resource, typename Executor>
+std::error_code release_after(reactor& r, const wait_target& target, Resource&& resource,
+                              const Executor& ex) {
+  using holder = detail::resource_holder<std::decay_t<Resource>>;
+  auto keep = std::make_unique<holder>(holder{std::forward<Resource>(resource)});
+  holder* raw = keep.get();
+  std::error_code ec = on_complete(r, target, [raw, ex](std::error_code) {
+    asio::post(ex, [raw] { delete raw; });
+  });
+  if (ec) {
+    detail::synchronize_target(target);
+    return ec;
+  }
+  keep.release();
+  return {};
+}
+
+}  // namespace evr

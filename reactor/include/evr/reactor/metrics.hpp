@@ -1,0 +1,42 @@
+// evr/reactor/metrics.hpp — a snapshot of what a reactor did.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace evr {
+
+/// Power-of-two latency buckets: bucket i counts samples in [2^i, 2^(i+1)) nanoseconds
+/// (bucket 0 also holds 0 and 1 ns).
+struct latency_histogram {
+  static constexpr int buckets = 40;
+  std::array<std::uint64_t, buckets> counts{};
+  std::uint64_t total() const noexcept;
+  /// Upper bound (ns) of the bucket holding quantile q in [0,1]; 0 when empty.
+  std::uint64_t quantile_upper_ns(double q) const noexcept;
+};
+
+/// Counters are cumulative since the reactor started. Read with reactor::metrics(); each field is
+/// read atomically but the snapshot as a whole is not (fields may be a few operations apart).
+struct reactor_metrics {
+  std::uint64_t submitted = 0;   ///< waits accepted by the reactor thread
+  std::uint64_t completed = 0;   ///< waits completed with success
+  std::uint64_t cancelled = 0;   ///< waits completed with operation_aborted (cancel or shutdown)
+  std::uint64_t failed = 0;      ///< waits completed with a device error
+  std::uint64_t rejected = 0;    ///< waits refused at submission (stopped reactor, bad input)
+  std::uint64_t in_flight = 0;   ///< submitted - (completed + cancelled + failed)
+  std::uint64_t sweeps = 0;      ///< passes over the pending streams
+  std::uint64_t event_queries = 0;
+  std::uint64_t stream_queries = 0;  ///< fault probes
+  std::uint64_t doorbells = 0;   ///< host-function doorbells armed (adaptive)
+  std::uint64_t parks = 0;       ///< times the thread slept (timed or indefinite)
+  std::uint64_t wakeups = 0;     ///< times a submission or host function woke a sleeping thread
+  std::uint64_t streams = 0;     ///< distinct streams known
+  std::uint64_t device_faults = 0;   ///< sticky faults seen (each device counted once)
+  /// Time from the sweep that saw a wait done to its handler being posted / run inline.
+  latency_histogram detect_to_deliver;
+  /// Time from submission to the handler being posted / run inline (includes GPU time).
+  latency_histogram submit_to_deliver;
+};
+
+}  // namespace evr

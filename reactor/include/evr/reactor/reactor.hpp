@@ -1,0 +1,87 @@
+// evr/reactor/reactor.hpp — the background thread that turns GPU progress into completions.
+//
+// Data path (docs/architecture.md has the long version):
+//   submit (any thread, lock-free) → timeline (reactor thread) → sweep (reactor thread) → deliver.
+//
+// * submit: the caller's thread puts a marker on the stream (a pooled event record, a fence write
+//   or a host function, by strategy) under a per-stream spin lock that keeps marker order equal to
+//   sequence order (two threads enqueueing on one stream serialize there, as they do inside the
+//   driver), then pushes the operation onto a lock-free stack; only the push that finds the
+//   reactor asleep pays for waking it.
+// * timeline: per stream, pending waits in marker order (a ring buffer, reactor thread only).
+// * sweep: per stream with pending waits, find how far the stream got (see evr::strategy), retire
+//   every wait up to there, return their events to the pool (the GPU is past them).
+// * deliver: each retired wait's complete_ runs once, after the sweep (batched).
+//
+// Guarantees: every submitted wait completes exactly once: with {} when the work before it is
+// done; with the device error when it failed (sticky errors fail every wait of that device, and
+// the reactor keeps serving other devices); with asio::error::operation_aborted when cancelled or
+// aborted at shutdown; with errc::reactor_stopped when submitted after stop().
+//
+// Thread safety: submit, cancel, cancel_owner, metrics and stop may be called from any thread.
+// Lifetime: destroying the reactor stops it (see stop()). Destroying it from one of its own inline
+// handlers is allowed: the thread then finishes the shutdown by itself and frees what it holds.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <system_error>
+
+#include <evr/device/backend.hpp>
+#include <evr/pool/pool_set.hpp>
+#include <evr/reactor/metrics.hpp>
+#include <evr/reactor/options.hpp>
+#include <evr/reactor/wait_op.hpp>
+#include <evr/reactor/wait_target.hpp>
+
+namespace evr {
+
+namespace detail {
+class reactor_core;
+}
+
+class reactor {
+ public:
+  /// A reactor on the CUDA backend with default options. Starts its thread.
+  reactor();
+  explicit reactor(device::backend& backend, reactor_options options = {});
+  ~reactor();  ///< stop() and join
+  reactor(const reactor&) = delete;
+  reactor& operator=(const reactor&) = delete;
+
+  /// Hands `op` to the reactor. Thread-safe, lock-free (see the file comment for the per-stream
+  /// marker lock). On success the reactor owns `op` and will complete it exactly once. On failure
+  /// (stopped reactor, another backend, a never-recorded evr::event, a device error putting the
+  /// marker on the stream, ...) returns the error and `op` stays with the caller, not completed.
+  /// Must not be called from a host function (errc::called_from_host_func).
+  std::error_code submit(wait_op* op, const wait_target& target) noexcept;
+
+  /// Per-operation cancellation: if `op` is still pending it completes with operation_aborted
+  /// (on the reactor thread, soon); if it already completed, nothing happens. Exactly-once is kept
+  /// by wait_op::state_. The GPU work is not affected; the wait's event returns to the pool only
+  /// once the GPU is past it. `op` must have been submitted successfully and — the caller's
+  /// contract, as with Asio's cancellation slots — must not yet have been freed by its completion.
+  void cancel(wait_op* op) noexcept;
+
+  /// Cancels every pending wait whose owner_ is `owner` (an I/O object's cancel()). Always safe.
+  void cancel_owner(std::uintptr_t owner) noexcept;
+
+  /// Stops accepting waits (later submits fail with errc::reactor_stopped), lets pending waits
+  /// complete for up to options.shutdown_drain, aborts the rest with operation_aborted, and joins
+  /// the thread. Every wait completes exactly once. Idempotent. Events still pending on the GPU
+  /// are destroyed (CUDA frees them once they complete) rather than returned to the pool.
+  void stop() noexcept;
+
+  reactor_metrics metrics() const noexcept;
+  const reactor_options& options() const noexcept;
+  device::backend& backend() const noexcept;
+  /// The pools of the reactor's own marker events (strategy::poll).
+  pool_set& pools() noexcept;
+  /// true while the calling thread is the reactor's thread (e.g. inside an inline handler).
+  bool running_in_this_thread() const noexcept;
+
+ private:
+  std::shared_ptr<detail::reactor_core> core_;
+};
+
+}  // namespace evr

@@ -1,0 +1,71 @@
+// evr/reactor/wait_op.hpp — the type-erased operation the reactor completes.
+//
+// A front end (the Asio I/O object in callbacks/, the plain-callback API) derives from wait_op,
+// allocates it with the handler's allocator and hands it to reactor::submit. The reactor owns the
+// pointer until it calls complete_ exactly once; complete_ frees the operation.
+//
+// Threads and memory order:
+//   * state_ is the exactly-once handshake between completion (reactor thread) and per-operation
+//     cancellation (any thread): whoever moves it away from `pending` decides the outcome. See
+//     reactor::cancel for the protocol.
+//   * Fields marked (reactor) are touched only by the reactor thread after submission.
+//   * next_ and cancel_next_ are links of the reactor's lock-free submission and control stacks;
+//     the push (release) / exchange (acquire) pair publishes every field written before submit.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <system_error>
+
+#include <evr/device/backend.hpp>
+
+namespace evr {
+class event_pool;
+namespace detail {
+struct stream_state;
+}
+
+/// How a completed wait reaches its handler.
+enum class delivery : unsigned char {
+  post,    ///< to the handler's associated executor (asio::post): the default
+  inline_on_reactor,  ///< run on the reactor thread: lowest latency; the handler must be short
+                      ///< and must never block (it delays every other completion)
+};
+
+class wait_op {
+ public:
+  /// Called exactly once by the reactor with the outcome. Must free the operation. Runs on the
+  /// reactor thread (or, for a wait refused at submission, on the submitting thread, which must
+  /// then not invoke the user's handler inline: front ends post).
+  using complete_fn = void (*)(wait_op* op, std::error_code ec) noexcept;
+
+  explicit wait_op(complete_fn fn) noexcept : complete_(fn) {}
+  wait_op(const wait_op&) = delete;
+  wait_op& operator=(const wait_op&) = delete;
+
+  void complete(std::error_code ec) noexcept { complete_(this, ec); }
+
+  enum : std::uint32_t { pending = 0, cancel_requested = 1, done = 2 };
+  std::atomic<std::uint32_t> state_{pending};
+
+  delivery how_ = delivery::post;
+  std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
+
+  // --- set by reactor::submit on the submitting thread, then (reactor) -----------------------
+  wait_op* next_ = nullptr;         ///< submission stack link
+  wait_op* cancel_next_ = nullptr;  ///< control stack link (per-operation cancellation)
+  detail::stream_state* stream_ = nullptr;  ///< null for a wait on a user event
+  device::native_event event_ = nullptr;    ///< pooled marker (poll) or the user's event
+  event_pool* event_pool_ = nullptr;        ///< set when event_ is pooled: return it there
+  std::uint64_t seq_ = 0;                   ///< position in its stream (marker order)
+  int device_ = -1;
+  std::chrono::steady_clock::time_point submitted_at_{};
+  // (reactor) where the operation is
+  enum class phase : unsigned char { queued, pending, retired_awaiting_cancel } phase_ = phase::queued;
+
+ private:
+  complete_fn complete_;
+};
+
+}  // namespace evr

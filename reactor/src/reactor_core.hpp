@@ -1,0 +1,122 @@
+// reactor/src/reactor_core.hpp — the reactor's machinery (the public evr::reactor holds one).
+//
+// Threads: submit / cancel / cancel_owner / stop / metrics run on any thread; everything named
+// "(reactor)" runs only on the reactor thread and needs no lock. The reactor thread holds a
+// shared_ptr to the core, so the core outlives the thread even when the reactor is destroyed from
+// one of its own inline handlers.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <evr/pool/pool_set.hpp>
+#include <evr/reactor/metrics.hpp>
+#include <evr/reactor/options.hpp>
+#include <evr/reactor/wait_op.hpp>
+#include <evr/reactor/wait_target.hpp>
+
+#include "intrusive_stack.hpp"
+#include "stream_state.hpp"
+#include "wakeup.hpp"
+
+namespace evr::detail {
+
+/// Cumulative counters written by the reactor (relaxed: they are statistics, read racily).
+struct atomic_metrics {
+  std::atomic<std::uint64_t> submitted{0}, completed{0}, cancelled{0}, failed{0}, rejected{0},
+      sweeps{0}, event_queries{0}, stream_queries{0}, doorbells{0}, parks{0}, device_faults{0};
+  std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> detect_to_deliver{};
+  std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> submit_to_deliver{};
+};
+
+class reactor_core : public std::enable_shared_from_this<reactor_core> {
+ public:
+  reactor_core(device::backend& backend, reactor_options options);
+  ~reactor_core();
+
+  void start();  // launches the thread (needs shared_from_this)
+  std::error_code submit(wait_op* op, const wait_target& target) noexcept;
+  void cancel(wait_op* op) noexcept;
+  void cancel_owner(std::uintptr_t owner) noexcept;
+  void stop() noexcept;
+  reactor_metrics metrics() const noexcept;
+  bool on_reactor_thread() const noexcept {
+    return thread_id_.load(std::memory_order_acquire) == std::this_thread::get_id();
+  }
+
+  device::backend& backend_;
+  const reactor_options options_;
+  pool_set pools_;
+
+ private:
+  using clock = std::chrono::steady_clock;
+  static constexpr int max_devices = pool_set::max_devices;
+
+  // --- submit side ---------------------------------------------------------------------------
+  std::error_code find_stream(const wait_target& target, stream_state*& out) noexcept;
+  std::error_code put_marker(stream_state& st, wait_op& op) noexcept;
+  static void host_func_done(void* state) noexcept;  // host_func strategy marker
+  static void doorbell_rang(void* state) noexcept;   // adaptive doorbell
+
+  // --- reactor thread ------------------------------------------------------------------------
+  void run(std::shared_ptr<reactor_core> self);
+  bool take_inputs(clock::time_point now);          // (reactor) controls + submissions
+  void accept(wait_op* op, clock::time_point now);  // (reactor)
+  void handle_cancel(wait_op* op);                  // (reactor)
+  void handle_owner_cancel(std::uintptr_t owner);   // (reactor)
+  bool sweep(clock::time_point now);                // (reactor) all active streams + loose
+  bool sweep_poll(stream_state& st);
+  bool sweep_word(stream_state& st, std::uint64_t word);
+  bool probe(stream_state& st, clock::time_point now);
+  bool sweep_loose();
+  void arm_doorbell(stream_state& st);
+  void retire_front(stream_state& st, std::error_code ec);
+  void retire_op(wait_op* op, std::error_code ec);
+  void fail_stream(stream_state& st, std::error_code ec);
+  void fail_device(int device, std::error_code ec);
+  void abort_everything();
+  void deliver_batch(clock::time_point detected);
+  void idle(clock::time_point now, bool progress);
+  bool has_inputs() const noexcept;
+  std::error_code select_device(int device) noexcept;
+
+  std::shared_ptr<wakeup> wake_ = std::make_shared<wakeup>();
+  stream_table streams_;
+  fence_allocator fences_;
+  intrusive_stack<wait_op, &wait_op::next_> submissions_;
+  intrusive_stack<wait_op, &wait_op::cancel_next_> cancels_;
+  std::mutex owner_cancel_mutex_;
+  std::vector<std::uintptr_t> owner_cancels_;  // guarded by owner_cancel_mutex_
+  std::atomic<bool> owner_cancel_pending_{false};
+  std::atomic<bool> stopping_{false};
+  std::mutex stop_mutex_;  // serializes stop() callers (join once)
+  std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};
+  atomic_metrics m_;
+
+  // (reactor) state
+  std::vector<stream_state*> active_;  // streams with entries
+  std::vector<wait_op*> loose_;        // waits on user events
+  std::size_t loose_cursor_ = 0;
+  std::vector<std::pair<wait_op*, std::error_code>> ready_;  // retired, to deliver
+  std::vector<std::pair<event_pool*, device::native_event>> abandoned_;  // pending at abort
+  std::array<std::error_code, max_devices> device_fault_{};
+  std::size_t pending_ops_ = 0;       // ops in timelines or loose_ (not ghosts)
+  std::size_t awaiting_cancel_ = 0;   // retired while a cancel request is in flight
+  int current_device_ = -1;
+  bool closed_ = false;
+  bool aborted_fences_ = false;
+  clock::time_point drain_deadline_{};
+  clock::time_point last_progress_{};
+  std::chrono::nanoseconds sleep_step_{};
+};
+
+}  // namespace evr::detail

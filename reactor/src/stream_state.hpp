@@ -1,0 +1,121 @@
+// reactor/src/stream_state.hpp — what the reactor knows of one stream, and the lock-free table
+// that finds it from any submitting thread.
+//
+// A stream_state is created by the first submission on its stream (on the submitting thread:
+// allocation and fence-word allocation never happen on the reactor thread) and lives as long as
+// the reactor (a stream's identity is its handle; see docs/architecture.md). Fields:
+//   * submit side, any thread: marker_lock_ orders markers; next_seq_ is guarded by it.
+//   * device side: fence_host_ is written by the GPU (fence strategy); host_done_, doorbell_rang_
+//     and host_funcs_outstanding_ by host functions on a driver thread.
+//   * reactor side (reactor thread only): the timeline and the sweep's bookkeeping.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <vector>
+
+#include <evr/device/backend.hpp>
+
+#include "timeline.hpp"
+#include "wakeup.hpp"
+
+namespace evr::detail {
+
+struct stream_state {
+  // --- identity: immutable once published in the table ---------------------------------------
+  device::native_stream native = nullptr;
+  int key_device = -1;  // the current device for the legacy default stream, else -1
+  int device = -1;
+
+  // --- submit side ---------------------------------------------------------------------------
+  std::atomic_flag marker_lock_ = ATOMIC_FLAG_INIT;
+  std::uint64_t next_seq_ = 0;  // guarded by marker_lock_
+
+  void lock_markers() noexcept {
+    // acquire: the previous holder's next_seq_ update and marker enqueue happen-before ours.
+    while (marker_lock_.test_and_set(std::memory_order_acquire)) {
+      while (marker_lock_.test(std::memory_order_relaxed)) {
+      }
+    }
+  }
+  void unlock_markers() noexcept { marker_lock_.clear(std::memory_order_release); }
+
+  // --- device side ---------------------------------------------------------------------------
+  std::uint64_t* fence_host = nullptr;  // read with acquire loads (std::atomic_ref)
+  std::uint64_t fence_device = 0;
+  /// host_func strategy: host functions run so far on this stream (release by the host function,
+  /// acquire by the reactor: makes the GPU's progress visible with the count).
+  std::atomic<std::uint64_t> host_done{0};
+  std::atomic<bool> doorbell_rang{false};
+  std::atomic<std::int64_t> host_funcs_outstanding{0};
+  std::shared_ptr<wakeup> wake;  // shared: a host function may outlive the reactor
+
+  // --- reactor side --------------------------------------------------------------------------
+  timeline entries;
+  bool active = false;
+  bool doorbell_armed = false;
+  std::uint64_t completed_seq = 0;
+  std::chrono::steady_clock::time_point waiting_since{};  // since the last progress
+  std::chrono::steady_clock::time_point last_probe{};
+};
+
+/// Lock-free (insert-only) open-addressing table: native stream (+ device for the legacy default
+/// stream) → stream_state. Lookups are wait-free loads (acquire); an insert CASes a fully built
+/// state into an empty slot (release), so a reader never sees a half-built state.
+class stream_table {
+ public:
+  explicit stream_table(std::size_t max_streams);
+  ~stream_table();
+  stream_table(const stream_table&) = delete;
+  stream_table& operator=(const stream_table&) = delete;
+
+  stream_state* find(device::native_stream native, int key_device) const noexcept;
+  /// Inserts `fresh` unless an equal key won the race; returns the state in the table (fresh or
+  /// the winner: the caller deletes `fresh` if it lost), or nullptr when the table is full.
+  stream_state* insert(stream_state* fresh) noexcept;
+  std::size_t size() const noexcept { return count_.load(std::memory_order_relaxed); }
+
+  /// Every state (for teardown), not thread-safe against concurrent inserts.
+  template <typename F>
+  void for_each(F&& f) {
+    for (std::size_t i = 0; i <= mask_; ++i)
+      if (stream_state* s = slots_[i].load(std::memory_order_acquire)) f(s);
+  }
+
+ private:
+  std::size_t home(device::native_stream native, int key_device) const noexcept;
+  std::unique_ptr<std::atomic<stream_state*>[]> slots_;
+  std::size_t mask_ = 0;
+  std::size_t max_ = 0;
+  std::atomic<std::size_t> count_{0};
+};
+
+/// Fence words for the fence and adaptive strategies: blocks of 64 words per device, allocated on
+/// a submitting thread under a mutex (once per 64 streams).
+class fence_allocator {
+ public:
+  explicit fence_allocator(device::backend& backend) : backend_(backend) {}
+  ~fence_allocator();
+  std::error_code allocate(int device, std::uint64_t*& host, std::uint64_t& device_address);
+  /// Keep the blocks alive past the allocator: a fence write still queued on a stream would
+  /// otherwise land in freed memory. Used when stop() aborted fence waits.
+  void leak_on_destruction() noexcept { leak_ = true; }
+
+ private:
+  static constexpr std::size_t block_words = 64;
+  struct per_device {
+    std::vector<device::fence_block> blocks;
+    std::size_t used_in_last = block_words;
+  };
+  device::backend& backend_;
+  std::mutex mutex_;
+  std::vector<per_device> devices_;
+  bool leak_ = false;
+};
+
+}  // namespace evr::detail

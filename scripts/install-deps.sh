@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 (or Ubuntu) machine needs to build and test evr.
+#
+#   scripts/install-deps.sh            # the build + test set
+#   scripts/install-deps.sh --extras   # also the extras (wrk, python3-matplotlib: benchmarks, plots)
+#   scripts/install-deps.sh --check    # only report what is missing; exit 1 if anything is
+#
+# Environment:
+#   EVR_DEPS_EXTRAS=1  same as --extras
+#   EVR_SKIP_DEPS=1    do nothing (headers staged elsewhere, e.g. .deps/ on the GPU machine)
+#
+# Idempotent: asks dpkg first and only runs `apt-get update && apt-get install` when a package is
+# missing. Needs root, or sudo that works without a password; otherwise it names the packages and
+# exits 1. Never reads stdin (CI=true, no terminal).
+set -euo pipefail
+
+readonly base_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev doctest-dev)
+readonly extra_packages=(wrk python3-matplotlib)
+
+want_extras="${EVR_DEPS_EXTRAS:-0}"
+check_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --extras) want_extras=1 ;;
+    --check) check_only=1 ;;
+    -h | --help)
+      sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "install-deps: unknown argument '$arg' (try --help)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+if [[ "${EVR_SKIP_DEPS:-0}" == 1 ]]; then
+  echo "install-deps: EVR_SKIP_DEPS=1, skipping"
+  exit 0
+fi
+
+packages=("${base_packages[@]}")
+if [[ "$want_extras" == 1 ]]; then
+  packages+=("${extra_packages[@]}")
+fi
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "install-deps: no dpkg here (not Debian/Ubuntu); make sure these are installed:" \
+    "${packages[*]} (or stage headers with scripts/stage-deps.sh)" >&2
+  exit 0
+fi
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status="$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)"
+  if [[ "$status" != "install ok installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all present (${packages[*]})"
+  exit 0
+fi
+
+if [[ "$check_only" == 1 ]]; then
+  echo "install-deps: missing: ${missing[*]}" >&2
+  exit 1
+fi
+
+if [[ "$(id -u)" -eq 0 ]]; then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  as_root=(sudo -n)
+else
+  echo "install-deps: missing packages: ${missing[*]}" >&2
+  echo "install-deps: installing them needs root. Run:" >&2
+  echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  echo "(or set EVR_SKIP_DEPS=1 if the headers come from elsewhere)" >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+  "${missing[@]}" </dev/null
+echo "install-deps: done"

@@ -1,0 +1,382 @@
+// The reactor and the Asio front end on the device under test (sim in evr_tests, CUDA in
+// evr_gpu_tests): each strategy, ordering, every completion token, cancellation, user events,
+// release_after, shutdown.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <asio.hpp>
+#include <asio/experimental/as_tuple.hpp>
+#include <asio/experimental/deferred.hpp>
+#include <asio/experimental/parallel_group.hpp>
+
+#include <evr/evr.hpp>
+
+#include "support/device_under_test.hpp"
+#include "support/helpers.hpp"
+
+using namespace std::chrono_literals;
+using evr::test::dut;
+using evr::test::quick_options;
+using evr::test::run_until;
+
+namespace {
+
+struct fixture {
+  explicit fixture(evr::strategy s) : r(dut().backend(), quick_options(s)) {}
+  evr::reactor r;
+  asio::io_context io;
+  evr::gpu_waiter waiter{io.get_executor(), r};
+};
+
+}  // namespace
+
+TEST_CASE("every strategy completes waits in stream order after the work is done") {
+  for (evr::strategy s : evr::test::all_strategies) {
+    CAPTURE(std::string(evr::to_string(s)));
+    fixture f(s);
+    constexpr int streams = 3, per_stream = 20;
+    std::vector<evr::stream> ss;
+    for (int i = 0; i < streams; ++i) ss.emplace_back(dut().backend(), 0);
+    auto gate = dut().make_gate();
+    std::vector<std::vector<int>> order(streams);
+    int done = 0, failed = 0;
+    for (int k = 0; k < per_stream; ++k) {
+      for (int i = 0; i < streams; ++i) {
+        if (k == 0) gate->launch(ss[i].native());
+        dut().launch_busy(ss[i].native(), 5);
+        f.waiter.async_wait(ss[i], [&, i, k](std::error_code ec) {
+          if (ec) ++failed;
+          order[i].push_back(k);
+          ++done;
+        });
+      }
+    }
+    // Nothing may complete while the gate holds every stream.
+    f.io.run_for(20ms);
+    CHECK(done == 0);
+    gate->open();
+    REQUIRE(run_until(f.io, [&] { return done == streams * per_stream; }));
+    CHECK(failed == 0);
+    for (int i = 0; i < streams; ++i) {
+      std::vector<int> expected(per_stream);
+      for (int k = 0; k < per_stream; ++k) expected[k] = k;
+      CHECK(order[i] == expected);
+    }
+    auto m = f.r.metrics();
+    CHECK(m.completed == streams * per_stream);
+    CHECK(m.in_flight == 0);
+    if (s == evr::strategy::fence) CHECK(m.event_queries == 0);  // memory reads, no driver call
+  }
+}
+
+TEST_CASE("a wait on an idle stream completes, posted, never inside async_wait") {
+  fixture f(evr::strategy::adaptive);
+  evr::stream s(dut().backend(), 0);
+  bool called = false;
+  f.waiter.async_wait(s, [&](std::error_code ec) {
+    CHECK_FALSE(ec);
+    called = true;
+  });
+  CHECK_FALSE(called);  // not inline, even if the reactor was very quick
+  REQUIRE(run_until(f.io, [&] { return called; }));
+}
+
+TEST_CASE("completion tokens: use_future, use_awaitable, detached, redirect_error, as_tuple") {
+  fixture f(evr::strategy::poll);
+  evr::stream s(dut().backend(), 0);
+  std::thread runner;
+  auto work = asio::make_work_guard(f.io);
+  runner = std::thread([&] { f.io.run(); });
+
+  SUBCASE("use_future") {
+    std::future<void> fut = f.waiter.async_wait(s, asio::use_future);
+    CHECK(fut.wait_for(10s) == std::future_status::ready);
+    CHECK_NOTHROW(fut.get());
+  }
+  SUBCASE("use_future reports refusal as an exception") {
+    evr::event never(dut().backend());
+    std::future<void> fut = f.waiter.async_wait(never, asio::use_future);
+    CHECK_THROWS_AS(fut.get(), std::system_error);
+  }
+  SUBCASE("use_awaitable") {
+    std::promise<std::error_code> result;
+    asio::co_spawn(
+        f.io,
+        [&]() -> asio::awaitable<void> {
+          auto gate = dut().make_gate();
+          gate->launch(s.native());
+          gate->open();
+          co_await f.waiter.async_wait(s, asio::use_awaitable);
+          co_await f.waiter.async_wait(s, asio::use_awaitable);
+          result.set_value({});
+        },
+        [&](std::exception_ptr e) {
+          if (e) result.set_value(std::make_error_code(std::errc::io_error));
+        });
+    auto fut = result.get_future();
+    REQUIRE(fut.wait_for(10s) == std::future_status::ready);
+    CHECK_FALSE(fut.get());
+  }
+  SUBCASE("detached") {
+    f.waiter.async_wait(s, asio::detached);
+    CHECK(evr::test::wait_until([&] { return f.r.metrics().completed == 1; }));
+  }
+  SUBCASE("redirect_error and as_tuple") {
+    std::promise<std::pair<std::error_code, std::error_code>> p;
+    asio::co_spawn(
+        f.io,
+        [&]() -> asio::awaitable<void> {
+          std::error_code ec1;
+          evr::event never(dut().backend());
+          co_await f.waiter.async_wait(never, asio::redirect_error(asio::use_awaitable, ec1));
+          auto [ec2] = co_await f.waiter.async_wait(s, asio::experimental::as_tuple(asio::use_awaitable));
+          p.set_value({ec1, ec2});
+        },
+        asio::detached);
+    auto fut = p.get_future();
+    REQUIRE(fut.wait_for(10s) == std::future_status::ready);
+    auto [ec1, ec2] = fut.get();
+    CHECK(ec1 == evr::errc::event_never_recorded);
+    CHECK_FALSE(ec2);
+  }
+  work.reset();
+  runner.join();
+}
+
+TEST_CASE("deferred + make_parallel_group: a GPU wait raced against a timer") {
+  fixture f(evr::strategy::fence);
+  evr::stream s(dut().backend(), 0);
+  auto race = [&](std::chrono::milliseconds timeout) {
+    asio::steady_timer timer(f.io, timeout);
+    std::size_t winner = 99;
+    std::error_code gpu_ec;
+    asio::experimental::make_parallel_group(
+        f.waiter.async_wait(s, asio::experimental::deferred),
+        timer.async_wait(asio::experimental::deferred))
+        .async_wait(asio::experimental::wait_for_one(),
+                    [&](std::array<std::size_t, 2> order, std::error_code e1, std::error_code) {
+                      winner = order[0];
+                      gpu_ec = e1;
+                    });
+    REQUIRE(run_until(f.io, [&] { return winner != 99; }));
+    return std::make_pair(winner, gpu_ec);
+  };
+  SUBCASE("the GPU wins when the work is done") {
+    auto [winner, ec] = race(5s);
+    CHECK(winner == 0);
+    CHECK_FALSE(ec);
+  }
+  SUBCASE("the timer wins while a gate holds the stream; the wait is cancelled") {
+    auto gate = dut().make_gate();
+    gate->launch(s.native());
+    auto [winner, ec] = race(20ms);
+    CHECK(winner == 1);
+    CHECK(ec == asio::error::operation_aborted);
+    gate->open();
+    // The GPU work went on; the marker's resources are released once the GPU is past it.
+    CHECK(evr::test::wait_until([&] { return f.r.metrics().in_flight == 0; }));
+  }
+}
+
+TEST_CASE("per-operation cancellation: exactly once, twice is harmless, the GPU work goes on") {
+  for (evr::strategy s : evr::test::all_strategies) {
+    CAPTURE(std::string(evr::to_string(s)));
+    fixture f(s);
+    evr::stream st(dut().backend(), 0);
+    auto gate = dut().make_gate();
+    gate->launch(st.native());
+    asio::cancellation_signal sig;
+    int calls = 0;
+    std::error_code got;
+    f.waiter.async_wait(st, asio::bind_cancellation_slot(sig.slot(), [&](std::error_code ec) {
+                          ++calls;
+                          got = ec;
+                        }));
+    f.io.run_for(5ms);
+    CHECK(calls == 0);
+    sig.emit(asio::cancellation_type::terminal);
+    sig.emit(asio::cancellation_type::terminal);  // twice: harmless
+    REQUIRE(run_until(f.io, [&] { return calls == 1; }));
+    CHECK(got == asio::error::operation_aborted);
+    // A later wait on the same stream still completes once the gate opens.
+    bool later = false;
+    f.waiter.async_wait(st, [&](std::error_code ec) { later = !ec; });
+    gate->open();
+    REQUIRE(run_until(f.io, [&] { return later; }));
+    f.io.run_for(5ms);
+    CHECK(calls == 1);
+    auto m = f.r.metrics();
+    CHECK(m.cancelled == 1);
+    CHECK(m.completed == 1);
+    if (s == evr::strategy::poll) {
+      // The cancelled wait's event came back only once the GPU was past it.
+      CHECK(evr::test::wait_until([&] { return f.r.pools().stats().in_use == 0; }));
+    }
+  }
+}
+
+TEST_CASE("cancel racing completion: every wait completes exactly once") {
+  fixture f(evr::strategy::poll);
+  evr::stream st(dut().backend(), 0);
+  constexpr int n = evr::test::sanitized() ? 300 : 2000;
+  std::vector<int> calls(n, 0);
+  std::vector<asio::cancellation_signal> sigs(n);
+  int finished = 0, aborted = 0, ok = 0;
+  for (int i = 0; i < n; ++i) {
+    dut().launch_busy(st.native(), 1);
+    f.waiter.async_wait(st, asio::bind_cancellation_slot(sigs[i].slot(), [&, i](std::error_code ec) {
+                          ++calls[i];
+                          ++finished;
+                          if (ec == asio::error::operation_aborted) ++aborted; else if (!ec) ++ok;
+                        }));
+    if (i % 3 == 0) f.io.poll();  // let some complete before their cancel
+    if (i % 2 == 0) sigs[i].emit(asio::cancellation_type::total);
+  }
+  for (int i = 1; i < n; i += 4) sigs[i].emit(asio::cancellation_type::partial);
+  REQUIRE(run_until(f.io, [&] { return finished == n; }));
+  f.io.run_for(5ms);
+  for (int i = 0; i < n; ++i) REQUIRE(calls[i] == 1);
+  CHECK(aborted + ok == n);
+  CHECK(aborted > 0);
+  auto m = f.r.metrics();
+  CHECK(m.completed + m.cancelled == static_cast<std::uint64_t>(n));
+}
+
+TEST_CASE("waiter.cancel() and destroying the waiter abort its pending waits only") {
+  fixture f(evr::strategy::adaptive);
+  evr::stream st(dut().backend(), 0);
+  auto gate = dut().make_gate();
+  gate->launch(st.native());
+  int mine = 0, theirs = 0;
+  std::error_code theirs_ec{1, std::generic_category()};
+  for (int i = 0; i < 5; ++i)
+    f.waiter.async_wait(st, [&](std::error_code ec) { mine += ec == asio::error::operation_aborted; });
+  {
+    evr::gpu_waiter other(f.io.get_executor(), f.r);
+    other.async_wait(st, [&](std::error_code ec) { theirs += ec == asio::error::operation_aborted; });
+  }  // destroyed: its wait is aborted
+  evr::gpu_waiter keeper(f.io.get_executor(), f.r);
+  keeper.async_wait(st, [&](std::error_code ec) { theirs_ec = ec; });
+  f.waiter.cancel();
+  f.waiter.cancel();
+  REQUIRE(run_until(f.io, [&] { return mine == 5 && theirs == 1; }));
+  gate->open();
+  REQUIRE(run_until(f.io, [&] { return !theirs_ec; }));
+}
+
+TEST_CASE("waits on a user's event; a never-recorded evr::event is refused") {
+  fixture f(evr::strategy::fence);
+  evr::stream st(dut().backend(), 0);
+  evr::event ev(dut().backend());
+  std::error_code refused;
+  bool refused_called = false;
+  f.waiter.async_wait(ev, [&](std::error_code ec) {
+    refused = ec;
+    refused_called = true;
+  });
+  REQUIRE(run_until(f.io, [&] { return refused_called; }));
+  CHECK(refused == evr::errc::event_never_recorded);
+
+  auto gate = dut().make_gate();
+  gate->launch(st.native());
+  ev.record(st);
+  bool done = false;
+  f.waiter.async_wait(ev, [&](std::error_code ec) { done = !ec; });
+  f.io.run_for(10ms);
+  CHECK_FALSE(done);
+  gate->open();
+  REQUIRE(run_until(f.io, [&] { return done; }));
+}
+
+TEST_CASE("release_after keeps a resource alive until the GPU is past the point") {
+  evr::reactor r(dut().backend(), quick_options(evr::strategy::poll));
+  evr::stream st(dut().backend(), 0);
+  auto gate = dut().make_gate();
+  gate->launch(st.native());
+  auto alive = std::make_shared<int>(7);
+  std::weak_ptr<int> watch = alive;
+  CHECK_FALSE(evr::release_after(r, st, std::move(alive)));
+  std::this_thread::sleep_for(10ms);
+  CHECK_FALSE(watch.expired());
+  gate->open();
+  CHECK(evr::test::wait_until([&] { return watch.expired(); }));
+}
+
+TEST_CASE("plain callbacks (on_complete) run once on the reactor thread") {
+  evr::reactor r(dut().backend(), quick_options(evr::strategy::adaptive));
+  evr::stream st(dut().backend(), 0);
+  std::atomic<int> calls{0};
+  std::atomic<bool> on_reactor{false};
+  CHECK_FALSE(evr::on_complete(r, st, [&](std::error_code ec) {
+    on_reactor = r.running_in_this_thread();
+    calls += ec ? 100 : 1;
+  }));
+  CHECK(evr::test::wait_until([&] { return calls.load() == 1; }));
+  CHECK(on_reactor.load());
+}
+
+TEST_CASE("stop(): pending waits are aborted exactly once; later waits are refused") {
+  for (evr::strategy s : evr::test::all_strategies) {
+    CAPTURE(std::string(evr::to_string(s)));
+    auto opts = quick_options(s);
+    opts.shutdown_drain = 20ms;
+    evr::reactor r(dut().backend(), opts);
+    evr::stream st(dut().backend(), 0);
+    auto gate = dut().make_gate();
+    gate->launch(st.native());
+    std::atomic<int> aborted{0}, other{0};
+    constexpr int n = 500;
+    for (int i = 0; i < n; ++i) {
+      REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) {
+        if (ec == asio::error::operation_aborted) ++aborted; else ++other;
+      }));
+    }
+    r.stop();
+    CHECK(aborted.load() == n);
+    CHECK(other.load() == 0);
+    CHECK(evr::on_complete(r, st, [](std::error_code) {}) == evr::errc::reactor_stopped);
+    r.stop();  // idempotent
+    gate->open();
+    CHECK(r.metrics().cancelled == n);
+  }
+}
+
+TEST_CASE("stop() lets pending waits finish within the drain time") {
+  auto opts = quick_options(evr::strategy::poll);
+  opts.shutdown_drain = 5s;
+  evr::reactor r(dut().backend(), opts);
+  evr::stream st(dut().backend(), 0);
+  auto gate = dut().make_gate();
+  gate->launch(st.native());
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 10; ++i) evr::on_complete(r, st, [&](std::error_code ec) { ok += !ec; });
+  std::thread opener([&] {
+    std::this_thread::sleep_for(30ms);
+    gate->open();
+  });
+  r.stop();
+  opener.join();
+  CHECK(ok.load() == 10);
+}
+
+TEST_CASE("waits on every device complete (multi-GPU: one reactor serves all)") {
+  int count = 0;
+  REQUIRE_FALSE(dut().backend().device_count(count));
+  if (count < 2) {
+    MESSAGE("skipped: needs two devices, this one has " << count);
+    return;
+  }
+  fixture f(evr::strategy::poll);
+  std::vector<evr::stream> ss;
+  for (int d = 0; d < count; ++d) ss.emplace_back(dut().backend(), d);
+  int done = 0;
+  for (auto& s : ss)
+    for (int i = 0; i < 10; ++i) f.waiter.async_wait(s, [&](std::error_code ec) { done += !ec; });
+  REQUIRE(run_until(f.io, [&] { return done == 10 * count; }));
+}

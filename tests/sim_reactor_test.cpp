@@ -1,0 +1,355 @@
+// Reactor properties that need the simulator's control: exact query counts, manual stepping,
+// injected faults, huge numbers of pending waits, counted allocations, stress from many threads.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <asio.hpp>
+
+#include <evr/evr.hpp>
+
+#include "support/helpers.hpp"
+#include "support/instant_backend.hpp"
+
+using namespace std::chrono_literals;
+using evr::test::quick_options;
+using evr::test::run_until;
+using evr::test::wait_until;
+
+// ------------------------------------------------------------------------------------------------
+// Counting every heap allocation of the process (for the zero-allocation test).
+namespace {
+std::atomic<std::uint64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+TEST_CASE("poll: one query of the newest event retires every older wait of the stream") {
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+  auto opts = quick_options(evr::strategy::poll);
+  opts.spin_window = 0ns;  // sweep rarely, so that the queries of one sweep can be counted
+  opts.yield_window = 0ns;
+  opts.max_sleep = 20ms;
+  evr::reactor r(sim, opts);
+  evr::stream st(sim, 0);
+  constexpr int n = 1000;
+  std::atomic<int> done{0};
+  for (int i = 0; i < n; ++i) REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; }));
+  REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
+  std::this_thread::sleep_for(50ms);  // the reactor settles into its longest sleep
+  const auto before = r.metrics();
+  CHECK(sim.run_until_blocked() == static_cast<std::size_t>(n));  // the GPU passes every marker
+  REQUIRE(wait_until([&] { return done.load() == n; }));
+  const auto after = r.metrics();
+  const auto queries = after.event_queries - before.event_queries;
+  const auto sweeps = after.sweeps - before.sweeps;
+  MESSAGE("retired " << n << " waits with " << queries << " event queries in " << sweeps << " sweeps");
+  // One query (oldest: pending) per idle sweep, two (oldest, newest: done) for the sweep that
+  // retires everything.
+  CHECK(queries <= sweeps + 1);
+  CHECK(queries < 20);
+}
+
+TEST_CASE("poll: a partly done stream is bisected, not walked") {
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+  auto opts = quick_options(evr::strategy::poll);
+  opts.spin_window = 0ns;
+  opts.yield_window = 0ns;
+  opts.max_sleep = 20ms;
+  evr::reactor r(sim, opts);
+  evr::stream st(sim, 0);
+  constexpr int n = 1024;
+  std::atomic<int> done{0};
+  for (int i = 0; i < n; ++i) REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code) { ++done; }));
+  REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
+  std::this_thread::sleep_for(50ms);
+  const auto before = r.metrics();
+  sim.step(st.native(), 700);
+  REQUIRE(wait_until([&] { return done.load() == 700; }));
+  const auto after = r.metrics();
+  const auto queries = after.event_queries - before.event_queries;
+  const auto sweeps = after.sweeps - before.sweeps;
+  MESSAGE("700 of 1024 retired with " << queries << " queries in " << sweeps << " sweeps");
+  CHECK(queries <= sweeps + 2 + 11);  // log2(1024) bisection steps
+  sim.run_until_blocked();
+  REQUIRE(wait_until([&] { return done.load() == n; }));
+}
+
+TEST_CASE("fence: the sweep makes no event query and no driver call but the slow probe") {
+  auto sim = std::make_unique<evr::sim::device>(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  auto opts = quick_options(evr::strategy::fence);
+  opts.fault_probe_interval = 1s;
+  evr::reactor r(*sim, opts);
+  evr::stream st(*sim, 0);
+  std::atomic<int> done{0};
+  for (int i = 0; i < 100; ++i) {
+    sim->launch_kernel(st.native(), 10us);
+    evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; });
+  }
+  REQUIRE(wait_until([&] { return done.load() == 100; }));
+  auto m = r.metrics();
+  CHECK(m.event_queries == 0);
+  CHECK(m.stream_queries <= 1);
+  CHECK(sim->counters().fence_writes_landed >= 100);
+}
+
+TEST_CASE("host_func: one host function per wait; the reactor sleeps until one runs") {
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  auto opts = quick_options(evr::strategy::host_func);
+  opts.fault_probe_interval = 1s;  // so that completions can only come from host functions
+  evr::reactor r(sim, opts);
+  evr::stream st(sim, 0);
+  std::atomic<int> done{0};
+  for (int i = 0; i < 50; ++i) {
+    sim.launch_kernel(st.native(), 100us);
+    evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; });
+  }
+  REQUIRE(wait_until([&] { return done.load() == 50; }, 5s));
+  CHECK(wait_until([&] { return sim.counters().host_funcs_run >= 50; }));
+  CHECK(r.metrics().event_queries == 0);
+  CHECK(r.metrics().sweeps < 5000);  // woken by host functions, not spinning
+}
+
+TEST_CASE("adaptive: an old wait arms one doorbell, and the reactor sleeps until it rings") {
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  auto opts = quick_options(evr::strategy::adaptive);
+  opts.doorbell_after = 2ms;
+  opts.fault_probe_interval = 500ms;
+  evr::reactor r(sim, opts);
+  evr::stream st(sim, 0);
+  std::atomic<int> done{0};
+  sim.launch_kernel(st.native(), 100ms);
+  for (int i = 0; i < 10; ++i) evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; });
+  std::this_thread::sleep_for(50ms);
+  const auto mid = r.metrics();
+  CHECK(mid.doorbells == 1);
+  CHECK(done.load() == 0);
+  std::this_thread::sleep_for(40ms);
+  const auto later = r.metrics();
+  CHECK(later.sweeps - mid.sweeps < 10);  // parked behind the doorbell, not polling
+  REQUIRE(wait_until([&] { return done.load() == 10; }, 5s));
+}
+
+TEST_CASE("idle: with nothing pending the reactor thread is parked (no wake-ups)") {
+  evr::sim::device sim;
+  evr::reactor r(sim, quick_options(evr::strategy::adaptive));
+  evr::stream st(sim, 0);
+  std::atomic<int> done{0};
+  evr::on_complete(r, st, [&](std::error_code) { ++done; });
+  REQUIRE(wait_until([&] { return done.load() == 1; }));
+  std::this_thread::sleep_for(20ms);
+  const auto a = r.metrics();
+  std::this_thread::sleep_for(200ms);
+  const auto b = r.metrics();
+  CHECK(b.sweeps == a.sweeps);
+  CHECK(b.parks == a.parks);
+  CHECK(b.wakeups == a.wakeups);
+}
+
+TEST_CASE("a sticky fault fails every wait of that device; other devices go on") {
+  for (evr::strategy s : evr::test::all_strategies) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::sim::device sim(evr::sim::options{.devices = 2, .mode = evr::sim::run_mode::threaded});
+    evr::reactor r(sim, quick_options(s));
+    evr::stream a(sim, 0), b(sim, 0), c(sim, 1);
+    std::atomic<int> failed{0}, ok_other{0}, wrong{0};
+    const std::error_code illegal = evr::make_cuda_error(evr::cuda_value::illegal_address);
+    auto expect_fault = [&](std::error_code ec) { ec == illegal ? ++failed : ++wrong; };
+    // Stream b (device 0) is busy for long: its waits are pending when the fault hits.
+    sim.launch_kernel(b.native(), 300ms);
+    for (int i = 0; i < 20; ++i) REQUIRE_FALSE(evr::on_complete(r, b, expect_fault));
+    // Stream a faults after 2 ms; its waits come after the faulting kernel.
+    sim.launch_kernel(a.native(), 2ms);
+    sim.launch_faulting_kernel(a.native());
+    for (int i = 0; i < 20; ++i) {
+      if (std::error_code refused = evr::on_complete(r, a, expect_fault)) expect_fault(refused);
+    }
+    for (int i = 0; i < 20; ++i) {
+      sim.launch_kernel(c.native(), 50us);
+      evr::on_complete(r, c, [&](std::error_code ec) { ec ? ++wrong : ++ok_other; });
+    }
+    // Within a sweep (or a probe) of the fault, not after b's 300 ms kernel.
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(wait_until([&] { return failed + wrong + ok_other == 60; }, 10s));
+    CHECK(std::chrono::steady_clock::now() - t0 < 250ms);
+    CHECK(failed.load() == 40);
+    CHECK(ok_other.load() == 20);
+    CHECK(wrong.load() == 0);
+    CHECK(r.metrics().device_faults == 1);
+    // The reactor keeps serving: a new wait on device 1 completes, one on device 0 fails.
+    std::atomic<int> after_ok{0};
+    std::error_code after_fail;
+    std::atomic<bool> after_fail_done{false};
+    evr::on_complete(r, c, [&](std::error_code ec) { after_ok += !ec; });
+    std::error_code refused = evr::on_complete(r, a, [&](std::error_code ec) {
+      after_fail = ec;
+      after_fail_done = true;
+    });
+    REQUIRE(wait_until([&] { return after_ok.load() == 1; }));
+    if (refused) {
+      CHECK(refused == illegal);  // the marker could not be enqueued on the dead device
+    } else {
+      REQUIRE(wait_until([&] { return after_fail_done.load(); }));
+      CHECK(after_fail == illegal);
+    }
+  }
+}
+
+TEST_CASE("shutdown with 100k pending waits: each completes exactly once") {
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+  auto opts = quick_options(evr::strategy::poll);
+  opts.shutdown_drain = 10ms;
+  constexpr int n = evr::test::sanitized() ? 20000 : 100000;
+  std::vector<std::atomic<std::uint8_t>> calls(n);
+  std::atomic<int> aborted{0}, completed{0};
+  {
+    evr::reactor r(sim, opts);
+    std::vector<evr::stream> ss;
+    for (int i = 0; i < 8; ++i) ss.emplace_back(sim, 0);
+    for (int i = 0; i < n; ++i) {
+      REQUIRE_FALSE(evr::on_complete(r, ss[i % 8], [&, i](std::error_code ec) {
+        calls[i].fetch_add(1);
+        (ec == asio::error::operation_aborted ? aborted : completed)++;
+      }));
+    }
+    sim.step(ss[0].native(), 1000);  // some complete normally
+    REQUIRE(wait_until([&] { return completed.load() == 1000; }));
+  }  // ~reactor: stop, drain 10 ms, abort the rest
+  CHECK(completed.load() == 1000);
+  CHECK(aborted.load() == n - 1000);
+  int wrong = 0;
+  for (auto& c : calls) wrong += c.load() != 1;
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("refusals name the problem and never lose other waits") {
+  evr::sim::device sim, other;
+  evr::reactor r(sim, quick_options(evr::strategy::poll));
+  evr::stream mine(sim, 0), theirs(other, 0);
+  auto noop = [](std::error_code) {};
+  CHECK(evr::on_complete(r, theirs, noop) == evr::errc::backend_mismatch);
+  CHECK(evr::on_complete(r, evr::stream{}, noop) == evr::errc::empty_handle);
+  CHECK(evr::on_complete(r, evr::wait_target::of_stream(sim, reinterpret_cast<void*>(2)), noop) ==
+        evr::errc::per_thread_default_stream);
+  evr::event never(sim);
+  CHECK(evr::on_complete(r, never, noop) == evr::errc::event_never_recorded);
+  // A host function may not call evr.
+  std::atomic<int> in_host{-1};
+  struct ctx {
+    evr::reactor* r;
+    evr::stream* s;
+    std::atomic<int>* result;
+  } c{&r, &mine, &in_host};
+  REQUIRE_FALSE(sim.launch_host_func(mine.native(), [](void* p) {
+    auto* cx = static_cast<ctx*>(p);
+    cx->result->store(evr::on_complete(*cx->r, *cx->s, [](std::error_code) {}) ==
+                      evr::errc::called_from_host_func ? 1 : 0);
+  }, &c));
+  REQUIRE(wait_until([&] { return sim.query_stream(mine.native()) == std::error_code{}; }));
+  CHECK(in_host.load() == 1);
+  std::atomic<int> ok{0};
+  evr::on_complete(r, mine, [&](std::error_code ec) { ok += !ec; });
+  CHECK(wait_until([&] { return ok.load() == 1; }));
+  CHECK(r.metrics().rejected >= 5);
+}
+
+TEST_CASE("the reactor may be destroyed from one of its own inline handlers") {
+  evr::sim::device sim;
+  auto* r = new evr::reactor(sim, quick_options(evr::strategy::poll));
+  evr::stream st(sim, 0);
+  std::atomic<int> calls{0};
+  std::atomic<bool> destroyed{false};
+  for (int i = 0; i < 5; ++i) evr::on_complete(*r, st, [&](std::error_code) { ++calls; });
+  evr::on_complete(*r, st, [&, r](std::error_code) {
+    ++calls;
+    delete r;  // from the reactor thread
+    destroyed = true;
+  });
+  REQUIRE(wait_until([&] { return destroyed.load(); }));
+  CHECK(calls.load() == 6);
+  sim.wait_idle();
+}
+
+TEST_CASE("zero heap allocations per wait in steady state (Asio front end, posted delivery)") {
+  evr::test::instant_backend device;
+  for (evr::strategy s : {evr::strategy::poll, evr::strategy::fence}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::reactor r(device, quick_options(s));
+    evr::stream st = evr::stream::wrap(device, reinterpret_cast<void*>(0x1000));
+    asio::io_context io;
+    evr::gpu_waiter waiter(io.get_executor(), r);
+    constexpr int warmup = 3000, measured = 20000;
+    int done = 0;
+    std::uint64_t at_start = 0;
+    std::function<void(std::error_code)> next;  // allocated once, before measuring
+    next = [&](std::error_code ec) {
+      REQUIRE_FALSE(ec);
+      ++done;
+      if (done == warmup) at_start = g_allocations.load();
+      if (done < warmup + measured) waiter.async_wait(st, std::ref(next));
+    };
+    asio::post(io, [&] { waiter.async_wait(st, std::ref(next)); });
+    REQUIRE(run_until(io, [&] { return done == warmup + measured; }, 60s));
+    const std::uint64_t allocations = g_allocations.load() - at_start;
+    MESSAGE(evr::to_string(s) << ": " << allocations << " heap allocations in " << measured << " waits");
+    CHECK(allocations == 0);
+  }
+}
+
+TEST_CASE("stress: 16 threads x 64 streams, none lost or duplicated") {
+  evr::sim::device sim(evr::sim::options{.devices = 2, .mode = evr::sim::run_mode::threaded});
+  constexpr int threads = 16, streams = 64;
+  constexpr int total = evr::test::sanitized() ? 16000 : 100000;
+  constexpr int per_thread = total / threads;
+  for (evr::strategy s : {evr::strategy::poll, evr::strategy::adaptive}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::reactor r(sim, quick_options(s));
+    std::vector<evr::stream> ss;
+    for (int i = 0; i < streams; ++i) ss.emplace_back(sim, i % 2);
+    std::vector<std::atomic<std::uint8_t>> seen(total);
+    std::atomic<int> errors{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::mt19937 rng(t);
+        for (int i = 0; i < per_thread; ++i) {
+          const int id = t * per_thread + i;
+          evr::stream& st = ss[rng() % streams];
+          if (rng() % 8 == 0) sim.launch_kernel(st.native(), 2us);
+          if (evr::on_complete(r, st, [&, id](std::error_code ec) {
+                if (ec) ++errors;
+                seen[id].fetch_add(1, std::memory_order_relaxed);
+              })) {
+            ++errors;
+          }
+        }
+      });
+    }
+    for (auto& t : pool) t.join();
+    REQUIRE(wait_until([&] { return r.metrics().completed + r.metrics().failed == total; }, 60s));
+    int wrong = 0;
+    for (auto& c : seen) wrong += c.load() != 1;
+    CHECK(wrong == 0);
+    CHECK(errors.load() == 0);
+    auto m = r.metrics();
+    CHECK(m.submitted == total);
+    CHECK(m.in_flight == 0);
+    if (s == evr::strategy::poll) {
+      CHECK(wait_until([&] { return r.pools().stats().in_use == 0; }));
+    }
+  }
+}

@@ -1,0 +1,87 @@
+// Kernels of evr_gpu_tests (see gpu_kernels.hpp).
+#include "support/gpu_kernels.hpp"
+
+#include <cstdint>
+
+namespace evr::test::gpu {
+namespace {
+
+__device__ std::uint64_t global_timer_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void gate_kernel(const volatile int* flag) {
+  while (*flag == 0) {
+#if __CUDA_ARCH__ >= 700
+    __nanosleep(100);  // fewer PCIe reads while closed; opening is still seen within ~1 µs
+#endif
+  }
+}
+
+__global__ void fault_kernel() {
+  // Far outside anything mapped (and 4-byte aligned, so the fault is an illegal address rather
+  // than a misaligned one).
+  *reinterpret_cast<volatile int*>(std::uintptr_t{0xdead00000000}) = 1;
+}
+
+__global__ void busy_kernel(std::uint64_t nanoseconds) {
+  const std::uint64_t start = global_timer_ns();
+  while (global_timer_ns() - start < nanoseconds) {
+  }
+}
+
+/// Makes the stream's device current for a launch; restores the caller's device.
+class stream_device_scope {
+ public:
+  explicit stream_device_scope(cudaStream_t stream) {
+    int device = 0;
+    if ((status_ = cudaGetDevice(&previous_)) != cudaSuccess) return;
+    if ((status_ = cudaStreamGetDevice(stream, &device)) != cudaSuccess) return;
+    if (device != previous_) {
+      if ((status_ = cudaSetDevice(device)) != cudaSuccess) return;
+      restore_ = true;
+    }
+  }
+  ~stream_device_scope() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
+cudaError_t finish_launch(cudaError_t scope_status) {
+  if (scope_status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return scope_status;
+  }
+  return cudaGetLastError();  // the launch's status (and clears it)
+}
+
+}  // namespace
+
+cudaError_t launch_gate(cudaStream_t stream, const volatile int* flag) {
+  stream_device_scope scope(stream);
+  if (scope.status() == cudaSuccess) gate_kernel<<<1, 1, 0, stream>>>(flag);
+  return finish_launch(scope.status());
+}
+
+cudaError_t launch_fault(cudaStream_t stream) {
+  stream_device_scope scope(stream);
+  if (scope.status() == cudaSuccess) fault_kernel<<<1, 1, 0, stream>>>();
+  return finish_launch(scope.status());
+}
+
+cudaError_t launch_busy(cudaStream_t stream, unsigned microseconds) {
+  stream_device_scope scope(stream);
+  if (scope.status() == cudaSuccess)
+    busy_kernel<<<1, 1, 0, stream>>>(std::uint64_t{microseconds} * 1000u);
+  return finish_launch(scope.status());
+}
+
+}  // namespace evr::test::gpu

@@ -1,0 +1,23 @@
+// The kernels evr_gpu_tests enqueue, behind plain C++ functions: test files (built by the host
+// compiler) never see a kernel or a <<<>>> launch. Defined in gpu_kernels.cu.
+//
+// Each function launches on `stream`'s own device (it makes that device current for the launch
+// and restores the caller's) and returns the launch status (cudaSuccess = 0).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace evr::test::gpu {
+
+/// A one-thread kernel that spins until `*flag != 0`. `flag` is a device address of mapped pinned
+/// host memory (cudaHostAlloc(cudaHostAllocMapped)).
+cudaError_t launch_gate(cudaStream_t stream, const volatile int* flag);
+
+/// A kernel that writes to an unmapped address: the device's context then fails with
+/// cudaErrorIllegalAddress (sticky).
+cudaError_t launch_fault(cudaStream_t stream);
+
+/// A one-thread kernel that spins for about `microseconds` (by %globaltimer).
+cudaError_t launch_busy(cudaStream_t stream, unsigned microseconds);
+
+}  // namespace evr::test::gpu
