@@ -240,3 +240,27 @@ TEST_CASE("sim pool: pools of a device that does not exist fail to grow with the
   CHECK_FALSE(pool.acquire(ec));
   CHECK(ec);
 }
+
+TEST_CASE("sim pool: a thread's records of destroyed pools are pruned safely") {
+  evr::sim::device sim = make_sim();
+  // All on a fresh thread, so that its per-thread records start empty.
+  std::thread([&] {
+    auto a = std::make_unique<event_pool>(sim, 0, event_class::plain);
+    { pooled_event e = a->acquire(); }  // this thread now has a record for `a`, used last
+    a.reset();                          // `a`'s state is freed: the record is an orphan
+
+    auto b = std::make_unique<event_pool>(sim, 0, event_class::plain);
+    pooled_event held;
+    std::thread([&] { held = b->acquire(); }).join();  // acquired elsewhere: no record here
+    b.reset();
+    held.release();  // here: prunes the orphan, finds `b` closed, destroys the event
+
+    event_pool c(sim, 0, event_class::plain);
+    for (int i = 0; i < 3; ++i) {
+      pooled_event e = c.acquire();
+      CHECK(e);
+    }
+    CHECK(c.stats().cached == c.stats().created);
+  }).join();
+  CHECK(sim.counters().events_created == sim.counters().events_destroyed);
+}

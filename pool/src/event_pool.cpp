@@ -233,6 +233,7 @@ thread_entry* entry_slow(pool_state& s) noexcept {
     // Prune entries orphaned by freed states (their tokens are already gone).
     std::erase_if(cache.entries, [](thread_entry* e) {
       if (e->serial.load(std::memory_order_relaxed) != 0) return false;
+      if (tl_last == e) tl_last = nullptr;
       delete e;
       return true;
     });
@@ -468,7 +469,7 @@ event_pool::event_pool(device::backend& backend, int device, event_class klass, 
                     std::to_string(static_cast<unsigned>(klass)));
   }
   state_ = new pool_detail::pool_state(backend, device, klass, options.batch);
-  pool_detail::thread_entry* e = pool_detail::entry_for(*state_);
+  pool_detail::thread_entry* e = options.initial ? pool_detail::entry_for(*state_) : nullptr;
   for (std::size_t i = 0; i < options.initial; ++i) {
     device::native_event ev = nullptr;
     std::error_code ec = backend.create_event(device, state_->flags, ev);

@@ -6,6 +6,11 @@
 #include <bit>
 #include <cstdio>
 
+#if defined(__linux__)
+#include <pthread.h>
+#include <time.h>
+#endif
+
 #include <asio/error.hpp>
 
 #include "reactor_core.hpp"
@@ -82,9 +87,13 @@ reactor_core::~reactor_core() {
   for (auto& [pool, ev] : abandoned_) pool->discard_native(ev);
   if (aborted_fences_) fences_.leak_on_destruction();
   streams_.for_each([](stream_state* st) {
-    // A host function still queued would touch the state later: keep it (a deliberate, bounded
-    // leak, only after stop() aborted waits whose host functions never ran).
-    if (st->host_funcs_outstanding.load(std::memory_order_acquire) == 0) delete st;
+    // A host function still queued would touch the state later (it may never run, after a
+    // fault): keep the state for the rest of the process rather than free it under the driver.
+    if (st->host_funcs_outstanding.load(std::memory_order_acquire) == 0) {
+      delete st;
+    } else {
+      retain_for_process_lifetime(st);
+    }
   });
 }
 
@@ -222,17 +231,20 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
 
 void reactor_core::host_func_done(void* state) noexcept {
   auto* st = static_cast<stream_state*>(state);
+  // Copied first: once host_funcs_outstanding drops, a reactor being destroyed may delete `st`.
+  std::shared_ptr<wakeup> wake = st->wake;
   // release: the GPU's progress up to this host function is published with the count.
   st->host_done.fetch_add(1, std::memory_order_release);
-  st->host_funcs_outstanding.fetch_sub(1, std::memory_order_release);
-  st->wake->notify();
+  st->host_funcs_outstanding.fetch_sub(1, std::memory_order_release);  // last touch of `st`
+  wake->notify();
 }
 
 void reactor_core::doorbell_rang(void* state) noexcept {
   auto* st = static_cast<stream_state*>(state);
+  std::shared_ptr<wakeup> wake = st->wake;  // as in host_func_done
   st->doorbell_rang.store(true, std::memory_order_seq_cst);  // seq_cst: part of the wake handshake
-  st->host_funcs_outstanding.fetch_sub(1, std::memory_order_release);
-  st->wake->notify();
+  st->host_funcs_outstanding.fetch_sub(1, std::memory_order_release);  // last touch of `st`
+  wake->notify();
 }
 
 void reactor_core::cancel(wait_op* op) noexcept {
@@ -297,10 +309,30 @@ reactor_metrics reactor_core::metrics() const noexcept {
   return r;
 }
 
+std::chrono::nanoseconds reactor_core::cpu_time() const noexcept {
+#if defined(__linux__)
+  // Only while the thread lives: a thread CPU clock id is invalid once the thread has ended.
+  if (cpu_clock_valid_.load(std::memory_order_acquire) &&
+      thread_id_.load(std::memory_order_acquire) != std::thread::id{}) {
+    timespec ts{};
+    if (clock_gettime(static_cast<clockid_t>(cpu_clock_id_), &ts) == 0)
+      return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+  }
+#endif
+  return std::chrono::nanoseconds(0);
+}
+
 // ------------------------------------------------------------------------------------------------
 // reactor thread
 
 void reactor_core::run(std::shared_ptr<reactor_core> self) {
+#if defined(__linux__)
+  clockid_t cid;
+  if (pthread_getcpuclockid(pthread_self(), &cid) == 0) {
+    cpu_clock_id_ = static_cast<std::uint64_t>(cid);
+    cpu_clock_valid_.store(true, std::memory_order_release);
+  }
+#endif
   thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
   backend_.prepare_polling_thread();  // relaxed capture mode: never invalidate a user's capture
   last_progress_ = clock::now();
@@ -793,6 +825,7 @@ void reactor::cancel(wait_op* op) noexcept { core_->cancel(op); }
 void reactor::cancel_owner(std::uintptr_t owner) noexcept { core_->cancel_owner(owner); }
 void reactor::stop() noexcept { core_->stop(); }
 reactor_metrics reactor::metrics() const noexcept { return core_->metrics(); }
+std::chrono::nanoseconds reactor::cpu_time() const noexcept { return core_->cpu_time(); }
 const reactor_options& reactor::options() const noexcept { return core_->options_; }
 device::backend& reactor::backend() const noexcept { return core_->backend_; }
 pool_set& reactor::pools() noexcept { return core_->pools_; }

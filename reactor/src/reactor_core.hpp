@@ -48,6 +48,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void cancel_owner(std::uintptr_t owner) noexcept;
   void stop() noexcept;
   reactor_metrics metrics() const noexcept;
+  std::chrono::nanoseconds cpu_time() const noexcept;
   bool on_reactor_thread() const noexcept {
     return thread_id_.load(std::memory_order_acquire) == std::this_thread::get_id();
   }
@@ -100,6 +101,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::mutex stop_mutex_;  // serializes stop() callers (join once)
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_{};
+  std::atomic<bool> cpu_clock_valid_{false};
+  std::uint64_t cpu_clock_id_ = 0;  // clockid_t of the reactor thread, set before cpu_clock_valid_
   atomic_metrics m_;
 
   // (reactor) state

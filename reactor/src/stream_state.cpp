@@ -48,10 +48,37 @@ stream_state* stream_table::insert(stream_state* fresh) noexcept {
   return nullptr;
 }
 
+namespace {
+// Retained objects, reachable from a global so that leak checkers see them as kept on purpose.
+struct retained {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<stream_state>> states;
+  std::vector<device::fence_block> blocks;
+};
+retained& graveyard() {
+  static retained* g = new retained;  // never destroyed: host functions may run during exit
+  return *g;
+}
+}  // namespace
+
+void retain_for_process_lifetime(stream_state* st) {
+  retained& g = graveyard();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.states.emplace_back(st);
+}
+
+void retain_for_process_lifetime(const device::fence_block& block) {
+  retained& g = graveyard();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.blocks.push_back(block);
+}
+
 fence_allocator::~fence_allocator() {
-  if (leak_) return;
-  for (auto& d : devices_)
-    for (auto& b : d.blocks) backend_.free_fence_block(b);
+  for (auto& d : devices_) {
+    for (auto& b : d.blocks) {
+      if (leak_) retain_for_process_lifetime(b); else backend_.free_fence_block(b);
+    }
+  }
 }
 
 std::error_code fence_allocator::allocate(int device, std::uint64_t*& host,

@@ -64,6 +64,12 @@ struct stream_state {
   std::chrono::steady_clock::time_point last_probe{};
 };
 
+/// Keeps `st` alive, and reachable, for the rest of the process: for a state that a host function
+/// still queued on its stream (one that may never run, after a fault) would touch later.
+void retain_for_process_lifetime(stream_state* st);
+/// Same for fence blocks that a queued fence write may still hit.
+void retain_for_process_lifetime(const device::fence_block& block);
+
 /// Lock-free (insert-only) open-addressing table: native stream (+ device for the legacy default
 /// stream) → stream_state. Lookups are wait-free loads (acquire); an insert CASes a fully built
 /// state into an empty slot (release), so a reader never sees a half-built state.

@@ -15,6 +15,17 @@
 //   * threaded: each stream has a worker thread that runs its operations as they come.
 //   * manual: nothing runs until the test calls step()/run_until_blocked(); deterministic.
 //
+// Details that differ from, or make precise, what CUDA does:
+//   * Manual mode: synchronize_stream/synchronize_event run the stream concerned forward on the
+//     calling thread. When it is stalled or waits on work nobody steps (and no other thread runs
+//     an operation), they return std::errc::resource_deadlock_would_occur instead of hanging.
+//   * destroy_stream returns at once, as in CUDA: work already queued still runs and events
+//     recorded there still complete; the worker thread is joined later.
+//   * stream_wait_event on a never-recorded event enqueues nothing (a no-op, as in CUDA).
+//   * Counters: queries and records count every call, failed ones too; host_funcs_launched and
+//     fence_writes_enqueued count successful enqueues only.
+//   * The legacy default stream (nullptr, 1) is not modelled: errc::invalid_argument.
+//
 // Thread safety: every member may be called from any thread concurrently. Host functions and
 // kernel bodies run on the stream's worker thread (threaded) or on the thread calling step()
 // (manual). Destroying the device with streams alive destroys them (pending work is dropped).

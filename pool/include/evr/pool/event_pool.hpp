@@ -13,7 +13,8 @@
 //   the acquiring thread exited (the event is then cached as usual).
 //
 // Thread safety: every member is thread-safe. acquire/release never block unless a batch must be
-// created. Memory order: the queue gives release/acquire between release() and the next acquire()
+// created or the calling thread uses the pool for the first time (it then registers itself under a
+// process-wide mutex). Memory order: the queue gives release/acquire between release() and the next acquire()
 // of the same event, so whatever the releasing thread did with the event happens-before its reuse.
 //
 // How it stays fast (pool/src/event_pool.cpp has the details): every thread that uses a pool gets
@@ -61,7 +62,6 @@ struct pool_options {
 
 /// A snapshot; fields are read without a common lock, so they are consistent only when the pool
 /// is quiescent. When it is, created == destroyed + cached + in_use.
-
 struct pool_stats {
   std::uint64_t created = 0;    ///< events ever created by this pool
   std::uint64_t destroyed = 0;  ///< events destroyed (empty_cache, release after owner gone, dtor)
@@ -113,11 +113,15 @@ class event_pool {
   event_pool(const event_pool&) = delete;
   event_pool& operator=(const event_pool&) = delete;
 
-  /// Throws evr::error when an event cannot be created.
+  /// Throws evr::error when an event cannot be created. When growth creates fewer than `batch`
+  /// events because the backend failed part-way, acquire still succeeds with one of them.
   pooled_event acquire();
+  /// Never throws: an empty handle and `ec` set on failure.
   pooled_event acquire(std::error_code& ec) noexcept;
 
   /// Raw interface for evr's own machinery (the reactor): the same accounting as pooled_event.
+  /// nullptr and `ec` set on failure. Every event acquired must be given back exactly once,
+  /// through release_native or discard_native of this pool object (which must still exist then).
   device::native_event acquire_native(std::error_code& ec) noexcept;
   void release_native(device::native_event event) noexcept;
   /// Destroys an acquired event instead of caching it (accounted as released): for an event the
@@ -125,8 +129,10 @@ class event_pool {
   /// event once it completes.
   void discard_native(device::native_event event) noexcept;
 
-  /// Destroys every cached event (not those in use). Call from a thread that may block.
+  /// Destroys every cached event (not those in use). Call from a thread that may block. Events
+  /// released concurrently may stay cached.
   void empty_cache() noexcept;
+  /// Walks every thread's counters under a process-wide mutex (see the file comment).
   pool_stats stats() const noexcept;
 
   int device() const noexcept;

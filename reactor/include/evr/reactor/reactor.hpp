@@ -23,6 +23,7 @@
 // handlers is allowed: the thread then finishes the shutdown by itself and frees what it holds.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <system_error>
@@ -73,6 +74,8 @@ class reactor {
   void stop() noexcept;
 
   reactor_metrics metrics() const noexcept;
+  /// CPU time the reactor thread has used so far (thread CPU clock; 0 where unsupported).
+  std::chrono::nanoseconds cpu_time() const noexcept;
   const reactor_options& options() const noexcept;
   device::backend& backend() const noexcept;
   /// The pools of the reactor's own marker events (strategy::poll).

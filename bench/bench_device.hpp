@@ -1,0 +1,38 @@
+// bench/bench_device.hpp — what the benchmarks need from a device: a backend and a "gate" kernel
+// that holds a stream until the host opens it (the method of ../shared/probes/gpu_limits.cu).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include <evr/device/backend.hpp>
+
+namespace evr::bench {
+
+class bench_device {
+ public:
+  virtual ~bench_device() = default;
+  virtual device::backend& backend() = 0;
+  /// "cuda" or "sim", and a line naming the device.
+  virtual std::string name() const = 0;
+  virtual std::string describe() const = 0;
+  /// Closes the gate (and clears the ack) for the next sample.
+  virtual void close_gate() = 0;
+  /// Enqueues on `stream` a one-thread kernel spinning until open_gate(); with `ack`, the kernel
+  /// writes the ack word (host-visible) just before it exits.
+  virtual void launch_gate(device::native_stream stream, bool ack) = 0;
+  virtual void open_gate() = 0;
+  /// The ack word the gate kernel writes (floor measurement).
+  virtual bool acked() const = 0;
+  /// Enqueues a kernel that runs about `microseconds` on `stream`.
+  virtual void launch_busy(device::native_stream stream, unsigned microseconds) = 0;
+  /// Enqueues a near-empty kernel.
+  virtual void launch_tiny(device::native_stream stream) = 0;
+};
+
+/// "cuda" (needs a GPU and the kernels), "sim", or "auto" (cuda when available). Throws
+/// std::runtime_error naming what is missing.
+std::unique_ptr<bench_device> make_bench_device(const std::string& which);
+
+}  // namespace evr::bench

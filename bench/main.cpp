@@ -1,0 +1,43 @@
+// evr-bench: one binary, one subcommand per measurement (DESIGN.md, "Bench"). The table below is
+// the only place that lists them.
+#include <cstdio>
+#include <cstring>
+
+#include "subcommands.hpp"
+
+namespace {
+
+struct subcommand {
+  const char* name;
+  int (*run)(int argc, char** argv);
+  const char* summary;
+};
+
+constexpr subcommand subcommands[] = {
+    {"latency", evr_bench_latency, "GPU done -> handler: evr strategies x deliveries vs floor and baselines"},
+    {"throughput", evr_bench_throughput, "completions/s and reactor CPU ns per completion; bytes per in-flight wait"},
+    {"pool", evr_bench_pool, "acquire+release pairs/s of evr's event pool vs mutex pools, 1..16 threads"},
+    {"cpu", evr_bench_cpu, "reactor CPU while 1000 waits sit on a 100 ms kernel, and when idle"},
+};
+
+int usage(std::FILE* out, int code) {
+  std::fprintf(out,
+               "usage: evr-bench <subcommand> [options]   (evr-bench <subcommand> --help for its options)\n\n"
+               "subcommands:\n");
+  for (const subcommand& s : subcommands) std::fprintf(out, "  %-12s %s\n", s.name, s.summary);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage(stderr, 2);
+  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    return usage(stdout, 0);
+  }
+  for (const subcommand& s : subcommands) {
+    if (!std::strcmp(argv[1], s.name)) return s.run(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "evr-bench: unknown subcommand '%s'\n\n", argv[1]);
+  return usage(stderr, 2);
+}

@@ -1,0 +1,19 @@
+// bench/subcommands.hpp — the subcommands of evr-bench, one function each. A subcommand gets the
+// arguments after its name (argv[0] is the subcommand's name, argv[1..] its options) and returns
+// the process's exit code. To add one: declare it here, define it in its own file, add a row to the
+// table in main.cpp and the file to add_executable in CMakeLists.txt.
+#pragma once
+
+/// `evr-bench pool`: acquire+release pairs per second of evr's event pool and of the pools users
+/// write instead, at 1..16 threads (bench/pool_bench.cpp).
+int evr_bench_pool(int argc, char** argv);
+
+/// `evr-bench latency`: GPU done -> handler runs, per evr strategy and delivery, against the
+/// floor and the baselines a user would pick instead (bench/latency_bench.cpp).
+int evr_bench_latency(int argc, char** argv);
+/// `evr-bench throughput`: completions/s and reactor CPU per completion; memory per in-flight
+/// wait (bench/throughput_bench.cpp).
+int evr_bench_throughput(int argc, char** argv);
+/// `evr-bench cpu`: reactor CPU while waits sit on a long kernel, and when idle
+/// (bench/throughput_bench.cpp).
+int evr_bench_cpu(int argc, char** argv);

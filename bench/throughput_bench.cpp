@@ -1,0 +1,356 @@
+// evr-bench throughput — S streams x N tiny operations, waits submitted from T threads:
+// completions per second and reactor CPU time per completion, for each evr strategy and for two
+// poller baselines; then memory per in-flight wait.
+// evr-bench cpu — reactor CPU use while 1000 waits sit on a 100 ms kernel, and when idle.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <evr/evr.hpp>
+
+#include "bench_device.hpp"
+#include "stats.hpp"
+#include "subcommands.hpp"
+
+#if defined(__linux__)
+#include <time.h>
+#endif
+
+namespace evr::bench {
+namespace {
+
+struct tp_settings {
+  std::string device = "auto";
+  int streams = 64;
+  int ops = 100000;
+  int threads = 4;
+  int inflight_streams = 1024;
+  int inflight_waits = 100000;
+  std::string json;
+};
+
+double thread_cpu_ns() {
+#if defined(__linux__)
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+#else
+  return 0;
+#endif
+}
+
+long rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
+  return 0;
+}
+
+struct tp_row {
+  std::string name;
+  double seconds = 0;
+  double per_second = 0;
+  double poller_cpu_ns_per_completion = 0;
+};
+
+/// A mutex-guarded pool and a poller thread: the baselines' shared machinery.
+class baseline_poller {
+ public:
+  enum class kind { every_event, head_per_stream };
+  baseline_poller(device::backend& be, kind k, int streams) : be_(be), kind_(k), queues_(streams) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~baseline_poller() {
+    stop_ = true;
+    thread_.join();
+    for (auto e : free_) be_.destroy_event(e);
+  }
+  void submit(int stream_index, device::native_stream s) {
+    device::native_event e = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        e = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (e == nullptr) evr::throw_if(be_.create_event(0, device::event_flags::none, e), "create");
+    evr::throw_if(be_.record_event(e, s), "record");
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (kind_ == kind::every_event) all_.push_back(e); else queues_[stream_index].push_back(e);
+  }
+  std::uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
+  double cpu_ns() const { return cpu_ns_.load(std::memory_order_acquire); }
+
+ private:
+  void loop() {
+    const double start = thread_cpu_ns();
+    while (!stop_.load(std::memory_order_relaxed)) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (kind_ == kind::every_event) {
+          for (std::size_t i = 0; i < all_.size();) {
+            if (!be_.query_event(all_[i])) {
+              free_.push_back(all_[i]);
+              all_[i] = all_.back();
+              all_.pop_back();
+              completed_.fetch_add(1, std::memory_order_release);
+            } else {
+              ++i;
+            }
+          }
+        } else {
+          for (auto& q : queues_) {
+            std::size_t n = 0;
+            while (n < q.size() && !be_.query_event(q[n])) ++n;
+            for (std::size_t i = 0; i < n; ++i) free_.push_back(q[i]);
+            q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n));
+            completed_.fetch_add(n, std::memory_order_release);
+          }
+        }
+      }
+      cpu_ns_.store(thread_cpu_ns() - start, std::memory_order_release);
+      if (kind_ == kind::head_per_stream) std::this_thread::sleep_for(std::chrono::microseconds(10));
+    }
+  }
+  device::backend& be_;
+  kind kind_;
+  std::mutex mutex_;
+  std::vector<device::native_event> free_, all_;
+  std::vector<std::vector<device::native_event>> queues_;
+  std::atomic<std::uint64_t> completed_{0};
+  std::atomic<double> cpu_ns_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+tp_settings parse(int argc, char** argv, bool cpu) {
+  tp_settings s;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("missing value after " + a);
+      return argv[++i];
+    };
+    auto positive = [&]() {
+      int v = std::atoi(next().c_str());
+      if (v < 1) throw std::runtime_error(a + " takes a positive number");
+      return v;
+    };
+    if (a == "--device") s.device = next();
+    else if (a == "--json") s.json = next();
+    else if (!cpu && a == "--streams") s.streams = positive();
+    else if (!cpu && a == "--ops") s.ops = positive();
+    else if (!cpu && a == "--threads") s.threads = positive();
+    else if (!cpu && a == "--inflight-streams") s.inflight_streams = positive();
+    else if (!cpu && a == "--inflight-waits") s.inflight_waits = positive();
+    else if (cpu && a == "--waits") s.ops = positive();
+    else throw std::runtime_error("unknown argument '" + a + "'");
+  }
+  return s;
+}
+
+}  // namespace
+
+int throughput_main(int argc, char** argv) {
+  tp_settings cfg = parse(argc, argv, false);
+  auto dev = make_bench_device(cfg.device);
+  device::backend& be = dev->backend();
+  std::fprintf(stderr, "throughput on %s: %d streams x %d ops from %d threads\n", dev->describe().c_str(),
+               cfg.streams, cfg.ops, cfg.threads);
+  std::vector<evr::stream> streams;
+  for (int i = 0; i < cfg.streams; ++i) streams.emplace_back(be, 0);
+  std::vector<tp_row> rows;
+
+  // Submits cfg.ops (tiny kernel + wait) from cfg.threads threads; `wait` enqueues one wait.
+  auto drive = [&](const std::function<void(int)>& wait, const std::function<std::uint64_t()>& done) {
+    const auto t0 = bench_clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < cfg.threads; ++t) {
+      ts.emplace_back([&, t] {
+        for (int i = t; i < cfg.ops; i += cfg.threads) {
+          const int s = i % cfg.streams;
+          dev->launch_tiny(streams[s].native());
+          wait(s);
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    while (done() < static_cast<std::uint64_t>(cfg.ops)) std::this_thread::yield();
+    return std::chrono::duration<double>(bench_clock::now() - t0).count();
+  };
+
+  for (strategy strat : {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
+    reactor_options opts;
+    opts.strategy = strat;
+    reactor r(be, opts);
+    std::atomic<std::uint64_t> done{0};
+    const auto cpu0 = r.cpu_time();
+    tp_row row;
+    row.name = std::string("evr ") + to_string(strat);
+    row.seconds = drive(
+        [&](int s) {
+          evr::throw_if(on_complete(r, streams[s], [&](std::error_code) { done.fetch_add(1, std::memory_order_release); }),
+                        "on_complete");
+        },
+        [&] { return done.load(std::memory_order_acquire); });
+    row.per_second = cfg.ops / row.seconds;
+    row.poller_cpu_ns_per_completion = static_cast<double>((r.cpu_time() - cpu0).count()) / cfg.ops;
+    std::fprintf(stderr, "  %-40s %10.0f completions/s  %8.1f ns CPU each\n", row.name.c_str(),
+                 row.per_second, row.poller_cpu_ns_per_completion);
+    rows.push_back(row);
+  }
+  for (auto k : {baseline_poller::kind::every_event, baseline_poller::kind::head_per_stream}) {
+    baseline_poller poller(be, k, cfg.streams);
+    tp_row row;
+    row.name = k == baseline_poller::kind::every_event ? "poller: every event every pass"
+                                                       : "poller: head per stream + 10 us sleep";
+    row.seconds = drive([&](int s) { poller.submit(s, streams[s].native()); }, [&] { return poller.completed(); });
+    row.per_second = cfg.ops / row.seconds;
+    row.poller_cpu_ns_per_completion = poller.cpu_ns() / cfg.ops;
+    std::fprintf(stderr, "  %-40s %10.0f completions/s  %8.1f ns CPU each\n", row.name.c_str(),
+                 row.per_second, row.poller_cpu_ns_per_completion);
+    rows.push_back(row);
+  }
+
+  // Memory per in-flight wait: many waits pending behind closed gates.
+  double bytes_per_wait = 0;
+  {
+    std::vector<evr::stream> gated;
+    for (int i = 0; i < cfg.inflight_streams; ++i) gated.emplace_back(be, 0);
+    reactor_options opts;
+    opts.strategy = strategy::poll;
+    reactor r(be, opts);
+    dev->close_gate();
+    for (auto& s : gated) dev->launch_gate(s.native(), false);
+    // Warm the pools and tables with one round, then measure the rest.
+    std::atomic<std::uint64_t> done{0};
+    auto cb = [&](std::error_code) { done.fetch_add(1); };
+    for (auto& s : gated) evr::throw_if(on_complete(r, s, cb), "on_complete");
+    const long before = rss_kib();
+    const int n = cfg.inflight_waits;
+    for (int i = 0; i < n; ++i) evr::throw_if(on_complete(r, gated[i % gated.size()], cb), "on_complete");
+    while (r.metrics().submitted < static_cast<std::uint64_t>(n + cfg.inflight_streams)) std::this_thread::yield();
+    const long after = rss_kib();
+    bytes_per_wait = static_cast<double>(after - before) * 1024.0 / n;
+    dev->open_gate();
+    while (done.load() < static_cast<std::uint64_t>(n + cfg.inflight_streams)) std::this_thread::yield();
+  }
+
+  std::printf("\nthroughput: %d streams x %d ops, %d submitting threads (%s)\n", cfg.streams, cfg.ops,
+              cfg.threads, dev->describe().c_str());
+  std::printf("%-42s %14s %22s\n", "method", "completions/s", "poller CPU ns/completion");
+  for (auto& r : rows)
+    std::printf("%-42s %14.0f %22.1f\n", r.name.c_str(), r.per_second, r.poller_cpu_ns_per_completion);
+  std::printf("memory per in-flight wait (poll, %d waits on %d streams, RSS delta): %.0f bytes\n",
+              cfg.inflight_waits, cfg.inflight_streams, bytes_per_wait);
+
+  if (!cfg.json.empty()) {
+    std::FILE* f = std::fopen(cfg.json.c_str(), "w");
+    if (f == nullptr) throw std::runtime_error("cannot write " + cfg.json);
+    json_writer j(f);
+    j.raw("{\"subcommand\":\"throughput\",\"device\":" + json_writer::quote(dev->describe()) +
+          ",\"backend\":" + json_writer::quote(dev->name()) + ",\"streams\":" + std::to_string(cfg.streams) +
+          ",\"ops\":" + std::to_string(cfg.ops) + ",\"threads\":" + std::to_string(cfg.threads) + ",\"rows\":[");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(rows[i].name) +
+            ",\"seconds\":" + json_writer::number(rows[i].seconds) + ",\"completions_per_second\":" +
+            json_writer::number(rows[i].per_second) + ",\"poller_cpu_ns_per_completion\":" +
+            json_writer::number(rows[i].poller_cpu_ns_per_completion) + "}");
+    }
+    j.raw("],\"bytes_per_inflight_wait\":" + json_writer::number(bytes_per_wait) + "}\n");
+    std::fclose(f);
+  }
+  return 0;
+}
+
+int cpu_main(int argc, char** argv) {
+  tp_settings cfg = parse(argc, argv, true);
+  const int waits = cfg.ops == 100000 ? 1000 : cfg.ops;
+  auto dev = make_bench_device(cfg.device);
+  device::backend& be = dev->backend();
+  std::fprintf(stderr, "cpu on %s: %d waits on a 100 ms kernel, then 1 s idle\n", dev->describe().c_str(), waits);
+  struct cpu_row {
+    std::string name;
+    double busy_percent = 0;
+    double idle_wakeups_per_s = 0;
+    double idle_percent = 0;
+  };
+  std::vector<cpu_row> rows;
+  evr::stream s(be, 0);
+  for (strategy strat : {strategy::adaptive, strategy::fence, strategy::poll, strategy::host_func}) {
+    reactor_options opts;
+    opts.strategy = strat;
+    reactor r(be, opts);
+    cpu_row row;
+    row.name = std::string("evr ") + to_string(strat) + " (defaults)";
+    std::atomic<int> done{0};
+    dev->launch_busy(s.native(), 100000);
+    const auto t0 = bench_clock::now();
+    const auto c0 = r.cpu_time();
+    for (int i = 0; i < waits; ++i)
+      evr::throw_if(on_complete(r, s, [&](std::error_code) { done.fetch_add(1); }), "on_complete");
+    while (done.load() < waits) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const double wall = std::chrono::duration<double, std::nano>(bench_clock::now() - t0).count();
+    row.busy_percent = 100.0 * static_cast<double>((r.cpu_time() - c0).count()) / wall;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto m0 = r.metrics();
+    const auto i0 = r.cpu_time();
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const auto m1 = r.metrics();
+    row.idle_wakeups_per_s = static_cast<double>((m1.parks - m0.parks) + (m1.sweeps - m0.sweeps));
+    row.idle_percent = 100.0 * static_cast<double>((r.cpu_time() - i0).count()) / 1e9;
+    std::fprintf(stderr, "  %-30s busy %6.2f%%  idle %6.3f%%, %g wake-ups/s\n", row.name.c_str(),
+                 row.busy_percent, row.idle_percent, row.idle_wakeups_per_s);
+    rows.push_back(row);
+  }
+  std::printf("\ncpu: reactor thread CPU while %d waits sit on a 100 ms kernel, and idle (%s)\n", waits,
+              dev->describe().c_str());
+  std::printf("%-32s %18s %14s %18s\n", "strategy", "busy % of a core", "idle % core", "idle wake-ups/s");
+  for (auto& r : rows)
+    std::printf("%-32s %18.2f %14.3f %18.0f\n", r.name.c_str(), r.busy_percent, r.idle_percent, r.idle_wakeups_per_s);
+  if (!cfg.json.empty()) {
+    std::FILE* f = std::fopen(cfg.json.c_str(), "w");
+    if (f == nullptr) throw std::runtime_error("cannot write " + cfg.json);
+    json_writer j(f);
+    j.raw("{\"subcommand\":\"cpu\",\"device\":" + json_writer::quote(dev->describe()) + ",\"backend\":" +
+          json_writer::quote(dev->name()) + ",\"waits\":" + std::to_string(waits) + ",\"rows\":[");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(rows[i].name) +
+            ",\"busy_percent\":" + json_writer::number(rows[i].busy_percent) + ",\"idle_percent\":" +
+            json_writer::number(rows[i].idle_percent) + ",\"idle_wakeups_per_second\":" +
+            json_writer::number(rows[i].idle_wakeups_per_s) + "}");
+    }
+    j.raw("]}\n");
+    std::fclose(f);
+  }
+  return 0;
+}
+
+}  // namespace evr::bench
+
+int evr_bench_throughput(int argc, char** argv) {
+  try {
+    return evr::bench::throughput_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "evr-bench throughput: %s\n", e.what());
+    return 1;
+  }
+}
+
+int evr_bench_cpu(int argc, char** argv) {
+  try {
+    return evr::bench::cpu_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "evr-bench cpu: %s\n", e.what());
+    return 1;
+  }
+}

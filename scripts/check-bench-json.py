@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Checks that an evr-bench JSON file is well formed and has every field a reader relies on.
+
+usage: check-bench-json.py SUBCOMMAND FILE
+"""
+import json
+import math
+import sys
+
+
+def fail(msg):
+    print(f"check-bench-json: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def number(v, where):
+    if not isinstance(v, (int, float)) or (isinstance(v, float) and math.isnan(v)):
+        fail(f"{where}: not a number: {v!r}")
+
+
+def main():
+    if len(sys.argv) != 3:
+        fail("usage: check-bench-json.py SUBCOMMAND FILE")
+    sub, path = sys.argv[1], sys.argv[2]
+    with open(path) as f:
+        doc = json.load(f)
+    if sub in ("latency", "throughput", "cpu"):
+        if doc.get("subcommand") != sub:
+            fail(f"subcommand is {doc.get('subcommand')!r}, expected {sub!r}")
+        for key in ("device", "backend", "rows"):
+            if key not in doc:
+                fail(f"missing '{key}'")
+        if not doc["rows"]:
+            fail("no rows")
+    if sub == "latency":
+        names = [r["name"] for r in doc["rows"]]
+        for needed in ("floor", "raw cudaEventQuery", "cudaLaunchHostFunc + std::promise",
+                       "asio::post -> io thread parked", "evr fence", "evr poll", "evr adaptive",
+                       "evr host_func"):
+            if not any(needed in n for n in names):
+                fail(f"no row for '{needed}'")
+        for r in doc["rows"]:
+            for k in ("p50_ns", "p90_ns", "p99_ns"):
+                number(r[k], f"{r['name']}.{k}")
+            if len(r["samples_ns"]) != doc["samples"]:
+                fail(f"{r['name']}: {len(r['samples_ns'])} samples, expected {doc['samples']}")
+        if not doc["overheads"]:
+            fail("no overheads")
+    elif sub == "throughput":
+        for r in doc["rows"]:
+            number(r["completions_per_second"], r["name"])
+            number(r["poller_cpu_ns_per_completion"], r["name"])
+        number(doc["bytes_per_inflight_wait"], "bytes_per_inflight_wait")
+    elif sub == "cpu":
+        for r in doc["rows"]:
+            for k in ("busy_percent", "idle_percent", "idle_wakeups_per_second"):
+                number(r[k], f"{r['name']}.{k}")
+    elif sub == "pool":
+        if not isinstance(doc, dict) or not doc:
+            fail("empty pool document")
+    else:
+        fail(f"unknown subcommand {sub}")
+    print(f"{path}: ok ({sub})")
+
+
+if __name__ == "__main__":
+    main()
