@@ -54,8 +54,12 @@ class cuda_bench_device final : public bench_device {
   cuda_bench_device() {
     check(cudaSetDevice(0), "cudaSetDevice");
     // One word per 64-byte line: the gate (host writes) and the ack (GPU writes).
-    check(cudaHostAlloc(reinterpret_cast<void**>(&host_), 256, cudaHostAllocMapped), "cudaHostAlloc");
-    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_), host_, 0), "cudaHostGetDevicePointer");
+    void* host = nullptr;
+    void* dev = nullptr;
+    check(cudaHostAlloc(&host, 256, cudaHostAllocMapped), "cudaHostAlloc");
+    check(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
+    host_ = static_cast<volatile int*>(host);
+    dev_ = static_cast<volatile int*>(dev);
   }
   ~cuda_bench_device() override {
     open_gate();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -158,6 +159,46 @@ TEST_CASE("pool: empty_cache destroys the cached events only") {
   check_balance(s);
   pool.empty_cache();
   CHECK(backend.live() == 0);
+  check_balance(pool.stats());
+}
+
+TEST_CASE("pool: events released by a live thread are visible to others and to empty_cache") {
+  counting_backend backend(dut().backend());
+  event_pool pool(backend, 0, event_class::plain, pool_options{.initial = 0, .batch = 1});
+  // A thread takes and gives back one event, then stays alive (holding its per-thread cache).
+  std::mutex m;
+  std::condition_variable cv;
+  int phase = 0;
+  std::thread owner([&] {
+    { pooled_event e = pool.acquire(); }
+    std::unique_lock<std::mutex> lock(m);
+    phase = 1;
+    cv.notify_all();
+    cv.wait(lock, [&] { return phase == 2; });
+  });
+  {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return phase == 1; });
+  }
+  CHECK(pool.stats().cached == 1);
+  {
+    pooled_event mine = pool.acquire();  // found, not created
+    CHECK(mine);
+    CHECK(backend.created() == 1);
+  }
+  {
+    // Park it in the other thread's cache again, then empty everything from here.
+    std::thread([&] { pooled_event e = pool.acquire(); }).join();
+  }
+  pool.empty_cache();
+  CHECK(pool.stats().cached == 0);
+  CHECK(backend.live() == 0);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    phase = 2;
+  }
+  cv.notify_all();
+  owner.join();
   check_balance(pool.stats());
 }
 

@@ -35,7 +35,7 @@ class evr_category_impl final : public std::error_category {
   }
 };
 
-const char* cuda_error_name(int value) noexcept {
+[[maybe_unused]] const char* cuda_error_name(int value) noexcept {
   switch (value) {
     case cuda_value::success: return "cudaSuccess";
     case cuda_value::invalid_value: return "cudaErrorInvalidValue";

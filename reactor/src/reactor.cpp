@@ -415,8 +415,9 @@ void reactor_core::accept(wait_op* op, clock::time_point now) {
   ++pending_ops_;
   op->phase_ = wait_op::phase::pending;
   if (op->device_ >= 0 && device_fault_[op->device_]) {
-    // The device is dead: nothing will ever complete there.
-    if (op->stream_ != nullptr && op->event_pool_ != nullptr) op->event_pool_->discard_native(op->event_);
+    // The device is dead: nothing will ever complete there. Its event is kept out of the pool
+    // and destroyed with the reactor, off this thread (cudaEventDestroy may block).
+    if (op->stream_ != nullptr && op->event_pool_ != nullptr) abandoned_.emplace_back(op->event_pool_, op->event_);
     op->event_pool_ = nullptr;
     retire_op(op, device_fault_[op->device_]);
     return;
@@ -525,7 +526,8 @@ void reactor_core::retire_front(stream_state& st, std::error_code ec) {
     if (!ec) {
       e.pool->release_native(e.event);  // the GPU is past it: back to the pool
     } else {
-      e.pool->discard_native(e.event);  // failed device: never reuse
+      // Failed: never reuse it; destroyed with the reactor, off this thread.
+      abandoned_.emplace_back(e.pool, e.event);
     }
   }
   if (e.op != nullptr) retire_op(e.op, ec);

@@ -18,12 +18,15 @@
 // of the same event, so whatever the releasing thread did with the event happens-before its reuse.
 //
 // How it stays fast (pool/src/event_pool.cpp has the details): every thread that uses a pool gets
-// a small per-thread record for it (a moodycamel producer token and consumer token, and its own
-// counters). A thread releases into its own sub-queue and acquires from it first, so a thread that
-// acquires and releases touches no cache line another thread writes; the counters behind stats()
-// and behind the lifetime rule are per thread and summed on demand. Consequences:
+// a small per-thread record for it: a one-event cache (the "spare"), a moodycamel producer token
+// and consumer token, and its own counters. A thread releases into its spare, else into its own
+// sub-queue, and acquires from them first, so a thread that acquires and releases touches no cache
+// line another thread writes; an event in a thread's spare is taken by others only when they would
+// otherwise grow, and by empty_cache(). The counters behind stats() and behind the lifetime rule
+// are per thread and summed on demand. Consequences:
 //   * stats() walks those records under a process-wide mutex: call it for monitoring, not per event.
 //   * peak_in_use is sampled (at growth, empty_cache() and stats()), not tracked per acquire.
+//   * Cached events are not handed out in FIFO order.
 //   * The backend must outlive every pool and every event taken from one.
 // Bisecting: compile pool/ with -DEVR_POOL_USE_MUTEX to replace the lock-free queue by a
 // mutex-guarded std::deque (the rest is unchanged).
