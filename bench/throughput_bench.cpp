@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -221,6 +222,72 @@ int throughput_main(int argc, char** argv) {
     rows.push_back(row);
   }
 
+  // Burst drain: every wait submitted behind closed gates, then the gates open at once. The
+  // reactor's CPU from the opening to the last completion, per completion, is its cost of
+  // retiring and delivering (no idle spinning between sparse completions is counted).
+  std::vector<tp_row> drain_rows;
+  auto drain = [&](const std::string& name, const std::function<void(int)>& wait,
+                   const std::function<std::uint64_t()>& accepted, const std::function<std::uint64_t()>& done,
+                   const std::function<double()>& cpu_ns) {
+    dev->close_gate();
+    for (auto& st : streams) dev->launch_gate(st.native(), false);
+    std::atomic<bool> submitted{false};
+    std::thread watchdog([&] {
+      // A stream's queue may be too short for all the markers: never leave the gate shut.
+      for (int i = 0; i < 1000 && !submitted.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!submitted.load()) {
+        std::fprintf(stderr, "  %s: enqueue blocked behind the closed gates; opening them (row invalid)\n", name.c_str());
+        dev->open_gate();
+      }
+    });
+    std::vector<std::thread> ts;
+    for (int t = 0; t < cfg.threads; ++t)
+      ts.emplace_back([&, t] {
+        for (int i = t; i < cfg.ops; i += cfg.threads) wait(i % cfg.streams);
+      });
+    for (auto& t : ts) t.join();
+    submitted = true;
+    watchdog.join();
+    while (accepted() < static_cast<std::uint64_t>(cfg.ops)) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const double c0 = cpu_ns();
+    const auto t0 = bench_clock::now();
+    dev->open_gate();
+    while (done() < static_cast<std::uint64_t>(cfg.ops)) std::this_thread::yield();
+    tp_row row;
+    row.name = name;
+    row.seconds = std::chrono::duration<double>(bench_clock::now() - t0).count();
+    row.per_second = cfg.ops / row.seconds;
+    row.poller_cpu_ns_per_completion = (cpu_ns() - c0) / cfg.ops;
+    std::fprintf(stderr, "  drain %-34s %10.0f completions/s  %8.1f ns CPU each\n", name.c_str(), row.per_second,
+                 row.poller_cpu_ns_per_completion);
+    for (auto& st : streams) evr::throw_if(be.synchronize_stream(st.native()), "synchronize");
+    drain_rows.push_back(row);
+  };
+  for (strategy strat : {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
+    reactor_options opts;
+    opts.strategy = strat;
+    reactor r(be, opts);
+    std::atomic<std::uint64_t> done{0};
+    drain(std::string("evr ") + to_string(strat),
+          [&](int s) {
+            evr::throw_if(on_complete(r, streams[s], [&](std::error_code) { done.fetch_add(1, std::memory_order_release); }),
+                          "on_complete");
+          },
+          [&] { return r.metrics().submitted; }, [&] { return done.load(std::memory_order_acquire); },
+          [&] { return static_cast<double>(r.cpu_time().count()); });
+  }
+  for (auto k : {baseline_poller::kind::every_event, baseline_poller::kind::head_per_stream}) {
+    baseline_poller poller(be, k, cfg.streams);
+    std::atomic<std::uint64_t> submitted{0};
+    drain(k == baseline_poller::kind::every_event ? "poller: every event every pass" : "poller: head per stream + 10 us sleep",
+          [&](int s) {
+            poller.submit(s, streams[s].native());
+            submitted.fetch_add(1);
+          },
+          [&] { return submitted.load(); }, [&] { return poller.completed(); }, [&] { return poller.cpu_ns(); });
+  }
+
   // Memory per in-flight wait: many waits pending behind closed gates.
   double bytes_per_wait = 0;
   {
@@ -250,6 +317,11 @@ int throughput_main(int argc, char** argv) {
   std::printf("%-42s %14s %22s\n", "method", "completions/s", "poller CPU ns/completion");
   for (auto& r : rows)
     std::printf("%-42s %14.0f %22.1f\n", r.name.c_str(), r.per_second, r.poller_cpu_ns_per_completion);
+  std::printf("\nburst drain: %d waits on %d streams submitted behind closed gates, then released at once\n",
+              cfg.ops, cfg.streams);
+  std::printf("%-42s %14s %22s\n", "method", "completions/s", "poller CPU ns/completion");
+  for (auto& r : drain_rows)
+    std::printf("%-42s %14.0f %22.1f\n", r.name.c_str(), r.per_second, r.poller_cpu_ns_per_completion);
   std::printf("memory per in-flight wait (poll, %d waits on %d streams, RSS delta): %.0f bytes\n",
               cfg.inflight_waits, cfg.inflight_streams, bytes_per_wait);
 
@@ -265,6 +337,13 @@ int throughput_main(int argc, char** argv) {
             ",\"seconds\":" + json_writer::number(rows[i].seconds) + ",\"completions_per_second\":" +
             json_writer::number(rows[i].per_second) + ",\"poller_cpu_ns_per_completion\":" +
             json_writer::number(rows[i].poller_cpu_ns_per_completion) + "}");
+    }
+    j.raw("],\"drain_rows\":[");
+    for (std::size_t i = 0; i < drain_rows.size(); ++i) {
+      j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(drain_rows[i].name) +
+            ",\"seconds\":" + json_writer::number(drain_rows[i].seconds) + ",\"completions_per_second\":" +
+            json_writer::number(drain_rows[i].per_second) + ",\"poller_cpu_ns_per_completion\":" +
+            json_writer::number(drain_rows[i].poller_cpu_ns_per_completion) + "}");
     }
     j.raw("],\"bytes_per_inflight_wait\":" + json_writer::number(bytes_per_wait) + "}\n");
     std::fclose(f);

@@ -50,6 +50,11 @@ def main():
         for r in doc["rows"]:
             number(r["completions_per_second"], r["name"])
             number(r["poller_cpu_ns_per_completion"], r["name"])
+        if not doc.get("drain_rows"):
+            fail("no drain rows")
+        for r in doc["drain_rows"]:
+            number(r["completions_per_second"], r["name"])
+            number(r["poller_cpu_ns_per_completion"], r["name"])
         number(doc["bytes_per_inflight_wait"], "bytes_per_inflight_wait")
     elif sub == "cpu":
         for r in doc["rows"]:

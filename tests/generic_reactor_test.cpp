@@ -380,3 +380,50 @@ TEST_CASE("waits on every device complete (multi-GPU: one reactor serves all)") 
     for (int i = 0; i < 10; ++i) f.waiter.async_wait(s, [&](std::error_code ec) { done += !ec; });
   REQUIRE(run_until(f.io, [&] { return done == 10 * count; }));
 }
+
+// Runs in its own process (see tests/CMakeLists.txt): a sticky fault poisons the device for the
+// rest of the process, on the GPU as on the simulator.
+TEST_CASE("fault: a real sticky fault fails every pending wait of the device; the process survives") {
+  auto opts = quick_options(evr::strategy::adaptive);
+  evr::reactor r(dut().backend(), opts);
+  evr::reactor r_poll(dut().backend(), quick_options(evr::strategy::poll));
+  evr::stream a(dut().backend(), 0), b(dut().backend(), 0);
+  asio::io_context io;
+  evr::gpu_waiter waiter(io.get_executor(), r);
+  evr::gpu_waiter waiter_poll(io.get_executor(), r_poll);
+  auto gate = dut().make_gate();
+  gate->launch(b.native());  // b's waits are pending when the fault hits
+  std::vector<std::error_code> results;
+  constexpr int per_stream = 10;
+  for (int i = 0; i < per_stream; ++i) {
+    waiter.async_wait(b, [&](std::error_code ec) { results.push_back(ec); });
+    waiter_poll.async_wait(b, [&](std::error_code ec) { results.push_back(ec); });
+  }
+  dut().launch_busy(a.native(), 1000);
+  dut().launch_fault(a.native());
+  for (int i = 0; i < per_stream; ++i) {
+    waiter.async_wait(a, [&](std::error_code ec) { results.push_back(ec); });
+    waiter_poll.async_wait(a, [&](std::error_code ec) { results.push_back(ec); });
+  }
+  REQUIRE(run_until(io, [&] { return results.size() == 4 * per_stream; }, std::chrono::seconds(30)));
+  int faulted = 0;
+  for (auto& ec : results) {
+    CAPTURE(ec.message());
+    CHECK(ec.category() == evr::cuda_category());
+    CHECK(evr::is_sticky(ec));
+    faulted += evr::is_sticky(ec);
+  }
+  MESSAGE("all " << faulted << " waits completed with: " << results.front().message());
+  CHECK(r.metrics().device_faults == 1);
+  CHECK(r_poll.metrics().device_faults == 1);
+  // The reactor survives the fault: a later wait on the dead device is refused or fails with the
+  // fault — it is never lost.
+  std::error_code later;
+  bool later_done = false;
+  waiter.async_wait(a, [&](std::error_code ec) {
+    later = ec;
+    later_done = true;
+  });
+  REQUIRE(run_until(io, [&] { return later_done; }));
+  CHECK(evr::is_sticky(later));
+}

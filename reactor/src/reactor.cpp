@@ -8,6 +8,7 @@
 
 #if defined(__linux__)
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <time.h>
 #endif
 
@@ -216,7 +217,9 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
 
   switch (submissions_.push(op)) {
     case intrusive_stack<wait_op, &wait_op::next_>::push_result::pushed_to_empty:
-      wake_->notify();  // only the push that makes the stack non-empty pays for a wake-up
+      // Only the push that makes the stack non-empty pays for a wake-up, and only of a parked
+      // reactor (a napping one picks the wait up when its nap ends).
+      wake_->wake_for_submission();
       return {};
     case intrusive_stack<wait_op, &wait_op::next_>::push_result::pushed:
       return {};
@@ -236,7 +239,7 @@ void reactor_core::host_func_done(void* state) noexcept {
   // release: the GPU's progress up to this host function is published with the count.
   st->host_done.fetch_add(1, std::memory_order_release);
   st->host_funcs_outstanding.fetch_sub(1, std::memory_order_release);  // last touch of `st`
-  wake->notify();
+  wake->wake_urgent();
 }
 
 void reactor_core::doorbell_rang(void* state) noexcept {
@@ -244,7 +247,7 @@ void reactor_core::doorbell_rang(void* state) noexcept {
   std::shared_ptr<wakeup> wake = st->wake;  // as in host_func_done
   st->doorbell_rang.store(true, std::memory_order_seq_cst);  // seq_cst: part of the wake handshake
   st->host_funcs_outstanding.fetch_sub(1, std::memory_order_release);  // last touch of `st`
-  wake->notify();
+  wake->wake_urgent();
 }
 
 void reactor_core::cancel(wait_op* op) noexcept {
@@ -256,7 +259,7 @@ void reactor_core::cancel(wait_op* op) noexcept {
   }
   // From here the reactor will not free `op` until it has seen this request.
   if (cancels_.push(op) == intrusive_stack<wait_op, &wait_op::cancel_next_>::push_result::pushed_to_empty)
-    wake_->notify();
+    wake_->wake_urgent();
 }
 
 void reactor_core::cancel_owner(std::uintptr_t owner) noexcept {
@@ -267,13 +270,13 @@ void reactor_core::cancel_owner(std::uintptr_t owner) noexcept {
     return;  // out of memory: nothing was cancelled, every wait still completes normally
   }
   owner_cancel_pending_.store(true, std::memory_order_seq_cst);
-  wake_->notify();
+  wake_->wake_urgent();
 }
 
 void reactor_core::stop() noexcept {
   std::lock_guard<std::mutex> lock(stop_mutex_);
   stopping_.store(true, std::memory_order_seq_cst);
-  wake_->notify();
+  wake_->wake_urgent();
   if (!thread_.joinable()) return;
   if (on_reactor_thread()) {
     // Destroyed from an inline handler: the thread cannot join itself. It sees stopping_, drains
@@ -327,6 +330,9 @@ std::chrono::nanoseconds reactor_core::cpu_time() const noexcept {
 
 void reactor_core::run(std::shared_ptr<reactor_core> self) {
 #if defined(__linux__)
+  // Naps of 10 us must not turn into 60 us: Linux adds 50 us of timer slack to every sleep of a
+  // normal thread by default.
+  (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   clockid_t cid;
   if (pthread_getcpuclockid(pthread_self(), &cid) == 0) {
     cpu_clock_id_ = static_cast<std::uint64_t>(cid);
@@ -348,8 +354,10 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
       closed_ = true;
       drain_deadline_ = now + options_.shutdown_drain;
     }
-    bool progress = take_inputs(now);
-    if (!active_.empty() || !loose_.empty()) progress |= sweep(now);
+    const bool took_new = take_inputs(now);
+    bool progress = false;  // something retired or was cancelled: what resets the idle ladder
+    if (!active_.empty() || !loose_.empty()) progress = sweep(now);
+    progress |= !ready_.empty();
     deliver_batch(now);
     if (closed_) {
       if (pending_ops_ == 0 && awaiting_cancel_ == 0 && active_.empty()) break;
@@ -366,7 +374,7 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
         break;
       }
     }
-    idle(now, progress);
+    idle(now, progress, took_new);
   }
   thread_id_.store(std::thread::id{}, std::memory_order_release);
   (void)self;  // dropping the last reference (self-stop case) frees the core on this thread
@@ -769,17 +777,20 @@ void reactor_core::deliver_batch(clock::time_point detected) {
   ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
-void reactor_core::idle(clock::time_point now, bool progress) {
+void reactor_core::idle(clock::time_point now, bool progress, bool took_new) {
   if (progress) {
     last_progress_ = now;
     sleep_step_ = std::chrono::microseconds(10);
     return;
   }
+  // New waits while others pend: nap in short steps again, without going back to spinning (a
+  // burst of submissions behind long GPU work must not keep the reactor busy).
+  if (took_new) sleep_step_ = std::chrono::microseconds(10);
   auto has_work = [this] { return has_inputs(); };
   const bool nothing_pending = active_.empty() && loose_.empty() && pending_ops_ == 0;
   if (nothing_pending && !closed_) {
     m_.parks.fetch_add(1, std::memory_order_relaxed);
-    wake_->sleep({}, /*forever=*/true, has_work);  // idle: zero wake-ups until a submission
+    wake_->sleep(wakeup::parked, {}, has_work);  // idle: zero wake-ups until a submission
     last_progress_ = clock::now();
     sleep_step_ = std::chrono::microseconds(10);
     return;
@@ -803,7 +814,7 @@ void reactor_core::idle(clock::time_point now, bool progress) {
   }
   if (closed_) nap = std::min<std::chrono::nanoseconds>(nap, std::chrono::milliseconds(1));
   m_.parks.fetch_add(1, std::memory_order_relaxed);
-  wake_->sleep(nap, /*forever=*/false, has_work);
+  wake_->sleep(wakeup::napping, nap, has_work);
 }
 
 }  // namespace detail

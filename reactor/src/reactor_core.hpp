@@ -85,7 +85,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void fail_device(int device, std::error_code ec);
   void abort_everything();
   void deliver_batch(clock::time_point detected);
-  void idle(clock::time_point now, bool progress);
+  void idle(clock::time_point now, bool progress, bool took_new);
   bool has_inputs() const noexcept;
   std::error_code select_device(int device) noexcept;
 
