@@ -384,16 +384,15 @@ TEST_CASE("waits on every device complete (multi-GPU: one reactor serves all)") 
 // Runs in its own process (see tests/CMakeLists.txt): a sticky fault poisons the device for the
 // rest of the process, on the GPU as on the simulator.
 TEST_CASE("fault: a real sticky fault fails every pending wait of the device; the process survives") {
-  auto opts = quick_options(evr::strategy::adaptive);
-  evr::reactor r(dut().backend(), opts);
+  asio::io_context io;  // first: it outlives the reactors, which post their last completions
+  std::vector<std::error_code> results;
+  evr::reactor r(dut().backend(), quick_options(evr::strategy::adaptive));
   evr::reactor r_poll(dut().backend(), quick_options(evr::strategy::poll));
   evr::stream a(dut().backend(), 0), b(dut().backend(), 0);
-  asio::io_context io;
   evr::gpu_waiter waiter(io.get_executor(), r);
   evr::gpu_waiter waiter_poll(io.get_executor(), r_poll);
   auto gate = dut().make_gate();
   gate->launch(b.native());  // b's waits are pending when the fault hits
-  std::vector<std::error_code> results;
   constexpr int per_stream = 10;
   for (int i = 0; i < per_stream; ++i) {
     waiter.async_wait(b, [&](std::error_code ec) { results.push_back(ec); });
@@ -405,7 +404,17 @@ TEST_CASE("fault: a real sticky fault fails every pending wait of the device; th
     waiter.async_wait(a, [&](std::error_code ec) { results.push_back(ec); });
     waiter_poll.async_wait(a, [&](std::error_code ec) { results.push_back(ec); });
   }
-  REQUIRE(run_until(io, [&] { return results.size() == 4 * per_stream; }, std::chrono::seconds(30)));
+  const bool all = run_until(io, [&] { return results.size() == 4 * per_stream; }, std::chrono::seconds(20));
+  if (!all) {
+    auto m = r.metrics(), mp = r_poll.metrics();
+    MESSAGE("only " << results.size() << " of " << 4 * per_stream << " completed; adaptive: in flight "
+            << m.in_flight << ", faults " << m.device_faults << ", probes " << m.stream_queries
+            << ", doorbells " << m.doorbells << "; poll: in flight " << mp.in_flight << ", faults "
+            << mp.device_faults << ", queries " << mp.event_queries << "; stream a query: "
+            << dut().backend().query_stream(a.native()).message() << "; stream b query: "
+            << dut().backend().query_stream(b.native()).message());
+  }
+  REQUIRE(all);
   int faulted = 0;
   for (auto& ec : results) {
     CAPTURE(ec.message());

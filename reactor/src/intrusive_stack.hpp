@@ -32,7 +32,12 @@ class intrusive_stack {
   }
 
   /// Consumer only. Returns the elements in push order (oldest first), linked through Next.
-  T* take_all() noexcept { return reverse(detach(nullptr)); }
+  T* take_all() noexcept {
+    // A plain load first: the reactor polls this every pass, and an empty stack should cost a
+    // read of a shared line, not a locked read-modify-write.
+    if (head_.load(std::memory_order_relaxed) == nullptr) return nullptr;
+    return reverse(detach(nullptr));
+  }
   /// Consumer only. Takes what is there and refuses every later push.
   T* close() noexcept { return reverse(detach(closed_marker())); }
 

@@ -398,7 +398,8 @@ bool reactor_core::take_inputs(clock::time_point now) {
   // submitted, so once we have seen the cancel, taking submissions afterwards includes the wait.
   wait_op* cancels = cancels_.take_all();
   std::vector<std::uintptr_t> owners;
-  if (owner_cancel_pending_.exchange(false, std::memory_order_acq_rel)) {
+  if (owner_cancel_pending_.load(std::memory_order_relaxed) &&
+      owner_cancel_pending_.exchange(false, std::memory_order_acq_rel)) {
     std::lock_guard<std::mutex> lock(owner_cancel_mutex_);
     owners.swap(owner_cancels_);
   }

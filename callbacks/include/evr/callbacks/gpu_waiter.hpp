@@ -122,7 +122,10 @@ class basic_gpu_waiter {
     template <typename Handler>
     void operator()(Handler&& handler, const wait_target& target) const {
       using op_type = detail::asio_wait_op<std::decay_t<Handler>, Executor>;
-      op_type* op = op_type::create(std::forward<Handler>(handler), self->executor_, *self->reactor_);
+      // A decayed copy: a handler passed as an lvalue (a named function object) is copied, as
+      // Asio's own operations do; an rvalue is moved.
+      op_type* op = op_type::create(std::decay_t<Handler>(std::forward<Handler>(handler)),
+                                    self->executor_, *self->reactor_);
       op->owner_ = self->owner_;
       op->how_ = self->delivery_;
       // Connected before submit: once submitted, the operation may complete (and be freed) on

@@ -1,0 +1,340 @@
+// Soak on the simulated device: many reactor lifetimes, each served by 16 submitting threads over
+// 64 streams of 2 simulated devices, with random strategies, random cancellation through both
+// front ends, and a stop() at a random point while waits are pending. Asserts, per lifetime:
+// every wait completes exactly once (successes + aborts + errors + refusals == attempts, each
+// wait's own counter == 1), the reactor's counters agree, the marker pool balances; across
+// lifetimes: the heap does not grow after warm-up.
+//
+// Size: EVR_SOAK_COMPLETIONS waits in all (default 2*10^5, 2*10^4 under sanitizers). The long
+// version:
+//   EVR_SOAK_COMPLETIONS=10000000 build/release/tests/evr_tests -tc="soak*"
+// EVR_SOAK_SEED=N replays a run's random choices (strategies, stop points, which waits are
+// cancelled; thread interleavings are not reproducible). The seed is printed.
+#include <doctest/doctest.h>
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <asio.hpp>
+
+#include <evr/evr.hpp>
+
+#include "support/helpers.hpp"
+
+using namespace std::chrono_literals;
+using evr::test::quick_options;
+using evr::test::wait_until;
+
+namespace {
+
+std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text, &end, 10);
+  return (end != nullptr && *end == '\0') ? v : fallback;
+}
+
+/// Bytes the heap has handed out and not taken back (glibc's mallinfo2; 0 where unsupported,
+/// e.g. under the sanitizers, which replace malloc).
+std::uint64_t heap_in_use() {
+  const struct mallinfo2 mi = ::mallinfo2();
+  return mi.uordblks + mi.hblkhd;
+}
+
+/// Resident set size in KiB (/proc/self/status VmRSS; 0 if unreadable).
+std::uint64_t rss_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmRSS:") {
+      std::uint64_t kib = 0;
+      status >> kib;
+      return kib;
+    }
+    status.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+/// Outcome bookkeeping of one reactor lifetime ("round").
+struct round_record {
+  explicit round_record(std::size_t n) : calls(n) {}
+  std::vector<std::atomic<std::uint8_t>> calls;  // per wait: how many times it completed
+  std::atomic<std::uint64_t> ok{0}, aborted{0}, errors{0}, refused{0}, finished{0};
+  std::atomic<std::uint64_t> cancel_requests{0};
+
+  void finish(std::size_t id, std::error_code ec) noexcept {
+    calls[id].fetch_add(1, std::memory_order_relaxed);
+    if (!ec) {
+      ok.fetch_add(1, std::memory_order_relaxed);
+    } else if (ec == asio::error::operation_aborted) {
+      aborted.fetch_add(1, std::memory_order_relaxed);
+    } else if (ec == evr::errc::reactor_stopped) {
+      refused.fetch_add(1, std::memory_order_relaxed);  // an Asio refusal arrives as a completion
+    } else {
+      errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    finished.fetch_add(1, std::memory_order_release);
+  }
+  /// A refusal returned by submit/on_complete (the callback is never called).
+  void refuse(std::size_t id, std::error_code ec) noexcept {
+    if (ec == evr::errc::reactor_stopped) {
+      calls[id].fetch_add(1, std::memory_order_relaxed);
+      refused.fetch_add(1, std::memory_order_relaxed);
+      finished.fetch_add(1, std::memory_order_release);
+    } else {
+      finish(id, ec);  // any other refusal is unexpected here: counted as an error
+    }
+  }
+};
+
+/// The reactor-level front end: a wait_op the test owns (never freed during the round), so that
+/// reactor::cancel may be called on it at any time, before or after its completion.
+struct raw_op final : evr::wait_op {
+  raw_op() noexcept : evr::wait_op(&raw_op::done) {}
+  round_record* record = nullptr;
+  std::size_t id = 0;
+  static void done(evr::wait_op* base, std::error_code ec) noexcept {
+    auto* self = static_cast<raw_op*>(base);
+    self->record->finish(self->id, ec);
+  }
+};
+
+using strand_type = asio::strand<asio::io_context::executor_type>;
+
+/// What one submitting thread keeps until the round is over (after every completion).
+struct submitter_state {
+  std::deque<asio::cancellation_signal> signals;  // stable addresses, emitted on `strand`
+  std::deque<evr::event> events;                  // user events waited on (never re-recorded)
+  std::unique_ptr<raw_op[]> raw;
+  std::optional<strand_type> strand;
+  std::optional<evr::basic_gpu_waiter<strand_type>> waiter;
+};
+
+}  // namespace
+
+TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation and stop at random points") {
+  const std::uint64_t total =
+      std::max<std::uint64_t>(env_u64("EVR_SOAK_COMPLETIONS", evr::test::sanitized() ? 20000 : 200000), 1600);
+  const std::uint64_t seed = env_u64("EVR_SOAK_SEED", std::random_device{}());
+  MESSAGE("soak: " << total << " waits, seed " << seed << " (EVR_SOAK_SEED to replay)");
+  constexpr int threads = 16, streams = 64, devices = 2;
+  constexpr std::uint64_t max_per_round = 50000;
+  const std::uint64_t rounds = std::max<std::uint64_t>(8, (total + max_per_round - 1) / max_per_round);
+  const std::uint64_t per_thread = std::max<std::uint64_t>(1, total / rounds / threads);
+  const std::size_t attempts = static_cast<std::size_t>(per_thread * threads);
+  constexpr int tail_waits = 8;  // waits behind a long kernel, submitted right before stop()
+
+  std::mt19937_64 rng(seed);
+  evr::sim::device sim(evr::sim::options{.devices = devices, .mode = evr::sim::run_mode::threaded});
+  std::vector<evr::stream> ss;
+  for (int i = 0; i < streams; ++i) ss.emplace_back(sim, i % devices);
+
+  // Every strategy at least once per four rounds, in a random order.
+  std::vector<evr::strategy> order(std::begin(evr::test::all_strategies), std::end(evr::test::all_strategies));
+  std::uint64_t grand_ok = 0, grand_aborted = 0, grand_refused = 0, grand_cancels = 0;
+  std::vector<std::uint64_t> heap_after, rss_after;
+  const auto t_start = std::chrono::steady_clock::now();
+
+  for (std::uint64_t round = 0; round < rounds; ++round) {
+    if (round % order.size() == 0) std::shuffle(order.begin(), order.end(), rng);
+    const evr::strategy strat = order[round % order.size()];
+    auto opts = quick_options(strat);
+    opts.shutdown_drain = std::chrono::microseconds(rng() % 3000);  // often too short for the tail
+    // Stop somewhere in the last quarter of the submissions (racing them), or after all of them.
+    const std::uint64_t stop_at = attempts - attempts / 4 + rng() % (attempts / 4 + attempts / 8 + 1);
+    const auto c0 = sim.counters();
+    CAPTURE(round);
+    CAPTURE(std::string(evr::to_string(strat)));
+    CAPTURE(stop_at);
+
+    round_record rec(attempts + tail_waits);
+    std::atomic<std::uint64_t> started{0};  // submissions attempted so far
+    std::uint64_t accepted_total = 0;
+    {
+      evr::reactor r(sim, opts);
+      asio::io_context io;
+      auto work = asio::make_work_guard(io);
+      std::vector<std::thread> io_threads;
+      for (int i = 0; i < 2; ++i) io_threads.emplace_back([&io] { io.run(); });
+
+      std::vector<submitter_state> state(threads);
+      std::vector<std::uint64_t> thread_seeds(threads);
+      for (auto& s : thread_seeds) s = rng();
+      std::atomic<std::uint64_t> accepted{0};
+      std::vector<std::thread> submitters;
+      for (int t = 0; t < threads; ++t) {
+        submitter_state& me = state[t];
+        me.raw.reset(new raw_op[per_thread]);
+        me.strand.emplace(asio::make_strand(io));
+        me.waiter.emplace(*me.strand, r);
+        submitters.emplace_back([&, t] {
+          std::mt19937_64 trng(thread_seeds[t]);
+          submitter_state& my = state[t];
+          std::vector<raw_op*> to_cancel;  // raw ops to cancel a little later
+          for (std::uint64_t i = 0; i < per_thread; ++i) {
+            const std::size_t id = static_cast<std::size_t>(t * per_thread + i);
+            evr::stream& st = ss[trng() % streams];
+            if (trng() % 8 == 0) sim.launch_kernel(st.native(), std::chrono::microseconds(trng() % 20));
+            evr::wait_target target = st;
+            if (trng() % 32 == 0) {  // a wait on a user's event (the reactor's "loose" path)
+              my.events.emplace_back(sim);
+              my.events.back().record(st);
+              target = my.events.back();
+            }
+            const bool cancel = trng() % 10 == 0;
+            switch (trng() % 3) {
+              case 0: {  // Asio front end; cancellation through a slot, emitted on the strand
+                auto handler = [&rec, id](std::error_code ec) { rec.finish(id, ec); };
+                if (cancel) {
+                  asio::cancellation_signal& sig = my.signals.emplace_back();
+                  my.waiter->async_wait(target, asio::bind_cancellation_slot(sig.slot(), handler));
+                  const auto type = std::array{asio::cancellation_type::terminal, asio::cancellation_type::partial,
+                                               asio::cancellation_type::total}[trng() % 3];
+                  const bool twice = trng() % 4 == 0;
+                  rec.cancel_requests.fetch_add(1, std::memory_order_relaxed);
+                  asio::post(*my.strand, [&sig, type, twice] {
+                    sig.emit(type);
+                    if (twice) sig.emit(type);  // harmless
+                  });
+                } else {
+                  my.waiter->async_wait(target, handler);
+                }
+                if (trng() % 20000 == 0) my.waiter->cancel();  // now and then: all of it
+                break;
+              }
+              case 1: {  // plain callbacks: no per-operation cancellation exists
+                if (std::error_code ec = evr::on_complete(r, target, [&rec, id](std::error_code e) { rec.finish(id, e); })) {
+                  rec.refuse(id, ec);
+                } else {
+                  accepted.fetch_add(1, std::memory_order_relaxed);
+                }
+                break;
+              }
+              default: {  // reactor level: reactor::submit / reactor::cancel
+                raw_op* op = &my.raw[i];
+                op->record = &rec;
+                op->id = id;
+                if (std::error_code ec = r.submit(op, target)) {
+                  rec.refuse(id, ec);
+                } else {
+                  accepted.fetch_add(1, std::memory_order_relaxed);
+                  if (cancel) {
+                    rec.cancel_requests.fetch_add(1, std::memory_order_relaxed);
+                    if (trng() % 2 == 0) {
+                      r.cancel(op);
+                      if (trng() % 4 == 0) r.cancel(op);  // twice: harmless
+                    } else {
+                      to_cancel.push_back(op);
+                    }
+                  }
+                }
+                break;
+              }
+            }
+            if (to_cancel.size() >= 4) {  // deferred: some of these have completed by now
+              for (raw_op* op : to_cancel) r.cancel(op);
+              to_cancel.clear();
+            }
+            started.fetch_add(1, std::memory_order_relaxed);
+          }
+          for (raw_op* op : to_cancel) r.cancel(op);
+        });
+      }
+
+      // stop() at the chosen point, with waits surely pending: a few behind a long kernel.
+      while (started.load(std::memory_order_relaxed) < std::min<std::uint64_t>(stop_at, attempts))
+        std::this_thread::sleep_for(50us);
+      for (int k = 0; k < tail_waits; ++k) {
+        evr::stream& st = ss[k % 2];  // one stream of each device
+        if (k < 2) sim.launch_kernel(st.native(), 50ms);
+        const std::size_t id = attempts + static_cast<std::size_t>(k);
+        if (std::error_code ec = evr::on_complete(r, st, [&rec, id](std::error_code e) { rec.finish(id, e); })) {
+          rec.refuse(id, ec);
+        } else {
+          accepted.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+      r.stop();
+      for (auto& th : submitters) th.join();  // those still submitting are refused from now on
+      // Every Asio completion is posted to io: wait for all of them.
+      const bool all = wait_until([&] { return rec.finished.load(std::memory_order_acquire) >= attempts + tail_waits; }, 60s);
+      CHECK(all);
+      work.reset();
+      for (auto& th : io_threads) th.join();
+
+      // Exactly once, per wait and in sum.
+      std::size_t wrong = 0;
+      for (auto& c : rec.calls) wrong += c.load() != 1;
+      CHECK(wrong == 0);
+      CHECK(rec.ok + rec.aborted + rec.errors + rec.refused == attempts + tail_waits);
+      CHECK(rec.errors == 0);
+      CHECK(rec.aborted > 0);  // at least the tail behind the long kernel... unless drained
+      const auto m = r.metrics();
+      CHECK(m.in_flight == 0);
+      CHECK(m.completed == rec.ok);
+      CHECK(m.cancelled == rec.aborted);
+      CHECK(m.failed == 0);
+      CHECK(m.completed + m.cancelled + m.failed == m.submitted);
+      CHECK(m.submitted + rec.refused == attempts + tail_waits);
+      accepted_total = m.submitted;
+
+      // The pool of marker events: balanced; what is still out is exactly the markers of waits
+      // aborted at shutdown (destroyed with the reactor, never returned: the GPU may not be past
+      // them), so never more than the aborted waits.
+      sim.wait_idle();
+      const auto ps = r.pools().stats();
+      CHECK(ps.created == ps.destroyed + ps.cached + ps.in_use);
+      CHECK(ps.in_use <= rec.aborted.load());
+      if (strat != evr::strategy::poll) CHECK(ps.created == 0);
+
+      grand_ok += rec.ok;
+      grand_aborted += rec.aborted;
+      grand_refused += rec.refused;
+      grand_cancels += rec.cancel_requests;
+      for (auto& s : state) s.waiter.reset();  // before the reactor (cancels nothing: all done)
+    }  // ~reactor: destroys the abandoned markers and the cached ones
+    // Every event created this round (the reactor's markers, the users' events) was destroyed.
+    const auto c1 = sim.counters();
+    CHECK(c1.events_created - c0.events_created == c1.events_destroyed - c0.events_destroyed);
+    (void)accepted_total;
+    heap_after.push_back(heap_in_use());
+    rss_after.push_back(rss_kib());
+  }
+
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  MESSAGE("soak: " << rounds << " lifetimes, " << rounds * (attempts + tail_waits) << " waits in " << seconds
+                   << " s: " << grand_ok << " ok, " << grand_aborted << " aborted (" << grand_cancels
+                   << " cancel requests), " << grand_refused << " refused after stop");
+  // Memory: after a warm-up of a quarter of the lifetimes (at least 2), the heap in use after a
+  // lifetime may wander but not grow with the number of lifetimes.
+  const std::size_t warm = std::max<std::size_t>(2, heap_after.size() / 4);
+  const std::uint64_t heap_base = heap_after[warm - 1];
+  const std::uint64_t heap_max = *std::max_element(heap_after.begin() + static_cast<std::ptrdiff_t>(warm), heap_after.end());
+  const std::uint64_t rss_base = rss_after[warm - 1];
+  const std::uint64_t rss_max = *std::max_element(rss_after.begin() + static_cast<std::ptrdiff_t>(warm), rss_after.end());
+  MESSAGE("soak: heap in use after warm-up " << heap_base / 1024 << " KiB, at most " << heap_max / 1024
+                                             << " KiB later; RSS " << rss_base << " KiB, at most " << rss_max
+                                             << " KiB later");
+  if (heap_base != 0) {
+    // Generous: 8 MiB plus 64 KiB per lifetime (fence blocks of aborted fence waits are kept on
+    // purpose, a few KiB per lifetime; see docs/architecture.md "Shutdown").
+    CHECK(heap_max <= heap_base + (8u << 20) + rounds * (64u << 10));
+  }
+  if (!evr::test::sanitized()) CHECK(rss_max <= rss_base + 64 * 1024 + rounds * 256);
+}
