@@ -384,15 +384,19 @@ TEST_CASE("waits on every device complete (multi-GPU: one reactor serves all)") 
 // Runs in its own process (see tests/CMakeLists.txt): a sticky fault poisons the device for the
 // rest of the process, on the GPU as on the simulator.
 TEST_CASE("fault: a real sticky fault fails every pending wait of the device; the process survives") {
-  asio::io_context io;  // first: it outlives the reactors, which post their last completions
+  // Declared first, destroyed last: the reactors (destroyed before them) still post their last
+  // completions to `io` and query the streams.
+  asio::io_context io;
   std::vector<std::error_code> results;
+  evr::stream a(dut().backend(), 0), b(dut().backend(), 0);
   evr::reactor r(dut().backend(), quick_options(evr::strategy::adaptive));
   evr::reactor r_poll(dut().backend(), quick_options(evr::strategy::poll));
-  evr::stream a(dut().backend(), 0), b(dut().backend(), 0);
   evr::gpu_waiter waiter(io.get_executor(), r);
   evr::gpu_waiter waiter_poll(io.get_executor(), r_poll);
-  auto gate = dut().make_gate();
-  gate->launch(b.native());  // b's waits are pending when the fault hits
+  // b's waits sit behind a 3 s kernel: they can only complete within the test's deadline
+  // because the fault ends them.
+  dut().launch_busy(b.native(), 3000000);
+  const auto t0 = std::chrono::steady_clock::now();
   constexpr int per_stream = 10;
   for (int i = 0; i < per_stream; ++i) {
     waiter.async_wait(b, [&](std::error_code ec) { results.push_back(ec); });
@@ -405,6 +409,10 @@ TEST_CASE("fault: a real sticky fault fails every pending wait of the device; th
     waiter_poll.async_wait(a, [&](std::error_code ec) { results.push_back(ec); });
   }
   const bool all = run_until(io, [&] { return results.size() == 4 * per_stream; }, std::chrono::seconds(20));
+  const auto took = std::chrono::steady_clock::now() - t0;
+  MESSAGE("the fault completed " << results.size() << " waits in "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+  CHECK(took < std::chrono::milliseconds(2500));  // not by b's kernel finishing
   if (!all) {
     auto m = r.metrics(), mp = r_poll.metrics();
     MESSAGE("only " << results.size() << " of " << 4 * per_stream << " completed; adaptive: in flight "

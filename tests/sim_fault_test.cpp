@@ -74,7 +74,7 @@ class fault_watch {
 
 }  // namespace
 
-TEST_CASE("fault at a random operation: every pending wait of that device fails promptly; the other device and the reactor go on") {
+TEST_CASE("sim fault: a sticky fault at a random operation: every pending wait of that device fails promptly; the other device and the reactor go on") {
   const std::error_code illegal = evr::make_cuda_error(evr::cuda_value::illegal_address);
   const unsigned seed = std::random_device{}();
   MESSAGE("seed " << seed);
@@ -112,7 +112,6 @@ TEST_CASE("fault at a random operation: every pending wait of that device fails 
     CAPTURE(k);
     sim.inject_fault_after(0, k);
     fault_watch watch(sim, 0);
-    const auto funcs_before = sim.counters().host_funcs_run;
     sim.resume(a.native());
     sim.resume(b.native());
 
@@ -143,8 +142,10 @@ TEST_CASE("fault at a random operation: every pending wait of that device fails 
     latest = std::max(latest, loose.at);
     // Promptly: a probe interval or two after the fault (the bound is generous for slow, shared
     // or sanitized machines), never after b's 2 s kernel.
-    const auto latency = std::chrono::duration_cast<std::chrono::microseconds>(latest - watch.seen_at());
-    MESSAGE(evr::to_string(s) << ": fault at operation " << k << ", " << ok_a << " of " << on_a
+    // (The watcher polls every 50 us, so the reactor may see the fault first: clamp at 0.)
+    const auto latency = std::max(std::chrono::microseconds(0),
+                                  std::chrono::duration_cast<std::chrono::microseconds>(latest - watch.seen_at()));
+    MESSAGE(std::string(evr::to_string(s)) << ": fault at operation " << k << ", " << ok_a << " of " << on_a
                               << " waits on the faulting stream done before it; the last wait of the device failed "
                               << latency.count() << " us after the fault was seen");
     CHECK(latency < 300ms);
@@ -155,7 +156,7 @@ TEST_CASE("fault at a random operation: every pending wait of that device fails 
     }
     if (s == evr::strategy::host_func) {
       // A wait succeeds only through its host function: the failed ones' never ran.
-      CHECK(sim.counters().host_funcs_run - funcs_before == static_cast<std::uint64_t>(ok_a + on_c));
+      CHECK(sim.counters().host_funcs_run == static_cast<std::uint64_t>(ok_a + on_c));
     }
     auto m = r.metrics();
     CHECK(m.device_faults == 1);
@@ -179,7 +180,7 @@ TEST_CASE("fault at a random operation: every pending wait of that device fails 
   }
 }
 
-TEST_CASE("host_func: a fault is reported by the probe, although no host function runs after it") {
+TEST_CASE("sim fault: host_func learns of a fault from the probe, although no host function runs after it") {
   const std::error_code fault = evr::make_cuda_error(evr::cuda_value::launch_failure);
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
   auto opts = evr::test::quick_options(evr::strategy::host_func);
@@ -210,7 +211,7 @@ TEST_CASE("host_func: a fault is reported by the probe, although no host functio
   CHECK(r.metrics().device_faults == 1);
 }
 
-TEST_CASE("a stalled stream holds only its own waits; resume() completes them in order") {
+TEST_CASE("sim stall: a stalled stream holds only its own waits; resume() completes them in order") {
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 2, .mode = evr::sim::run_mode::threaded});
@@ -270,7 +271,7 @@ TEST_CASE("a stalled stream holds only its own waits; resume() completes them in
   }
 }
 
-TEST_CASE("a stalled stream at stop(): its waits are aborted exactly once, the others completed") {
+TEST_CASE("sim stall: a stalled stream at stop(): its waits are aborted exactly once, the others completed") {
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});

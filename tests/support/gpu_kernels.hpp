@@ -13,8 +13,7 @@ namespace evr::test::gpu {
 /// host memory (cudaHostAlloc(cudaHostAllocMapped)).
 cudaError_t launch_gate(cudaStream_t stream, const volatile int* flag);
 
-/// A kernel that writes to an unmapped address: the device's context then fails with
-/// cudaErrorIllegalAddress (sticky).
+/// A kernel that traps: the device's context then fails with cudaErrorLaunchFailure (sticky).
 cudaError_t launch_fault(cudaStream_t stream);
 
 /// A one-thread kernel that spins for about `microseconds` (by %globaltimer).
