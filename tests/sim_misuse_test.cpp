@@ -499,11 +499,16 @@ TEST_CASE("misuse: destroying the reactor from one of its own handlers, with wai
   constexpr int pending = 20;
   std::vector<result> held(pending);
   for (auto& w : held) REQUIRE_FALSE(evr::on_complete(*r, gated, w.handler()));
-  std::atomic<bool> deleted{false};
+  std::atomic<bool> deleted{false}, submitted{false};
   REQUIRE_FALSE(evr::on_complete(*r, free_stream, [&, r](std::error_code) {
+    // Not before on_complete has returned on the main thread: destroying an object while another
+    // thread is still inside one of its member functions (submit's wake-up after the push) is a
+    // use after free, here as anywhere.
+    while (!submitted.load()) std::this_thread::yield();
     delete r;  // on the reactor thread: it finishes the shutdown by itself
     deleted = true;
   }));
+  submitted = true;
   REQUIRE(wait_until([&] { return deleted.load(); }));
   // The pending waits are aborted (after the drain), each exactly once.
   REQUIRE(wait_until([&] {

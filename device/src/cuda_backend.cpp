@@ -42,6 +42,9 @@ static_assert(fence_block::stride_words * sizeof(std::uint64_t) == 64);
 /// Maps a runtime status to an error_code and clears the thread's last-error state on failure.
 std::error_code check(cudaError_t status) noexcept {
   if (status == cudaSuccess) return {};
+  // "Not ready" is a status, not a failure: nothing to clear, and the reactor's polling loop
+  // should not pay for a second runtime call per pending query.
+  if (status == cudaErrorNotReady) return make_cuda_error(static_cast<int>(status));
   (void)cudaGetLastError();
   return make_cuda_error(static_cast<int>(status));
 }

@@ -78,10 +78,12 @@ reactor_core::reactor_core(device::backend& backend, reactor_options options)
       streams_(options.max_streams),
       fences_(backend) {
   ready_.reserve(256);
+  to_release_.reserve(256);
   active_.reserve(64);
 }
 
 reactor_core::~reactor_core() {
+  release_events();  // normally empty: every pass releases what it retired
   // The thread has ended (joined, or it is this thread finishing a self-stop). Events the GPU
   // may never reach were kept out of the pools; destroy them now (CUDA frees a recorded event
   // once it completes).
@@ -273,18 +275,20 @@ void reactor_core::cancel_owner(std::uintptr_t owner) noexcept {
   wake_->wake_urgent();
 }
 
-void reactor_core::stop() noexcept {
-  std::lock_guard<std::mutex> lock(stop_mutex_);
+void reactor_core::stop(bool destroying) noexcept {
   stopping_.store(true, std::memory_order_seq_cst);
   wake_->wake_urgent();
-  if (!thread_.joinable()) return;
   if (on_reactor_thread()) {
-    // Destroyed from an inline handler: the thread cannot join itself. It sees stopping_, drains
-    // and aborts as usual, then drops its reference to this core, which frees it.
-    thread_.detach();
+    // From an inline handler: the thread cannot join itself, and must not wait for a stop() in
+    // progress on another thread (that one is joining this thread). The flag is enough: the
+    // loop drains and aborts as usual once the handler returns. When the reactor is being
+    // destroyed from here, the thread is detached; it then drops its reference to this core,
+    // which frees it. Otherwise a later stop() or the destructor joins it.
+    if (destroying && thread_.joinable()) thread_.detach();
     return;
   }
-  thread_.join();
+  std::lock_guard<std::mutex> lock(stop_mutex_);  // one joiner at a time
+  if (thread_.joinable()) thread_.join();
 }
 
 reactor_metrics reactor_core::metrics() const noexcept {
@@ -533,7 +537,9 @@ void reactor_core::retire_front(stream_state& st, std::error_code ec) {
   st.completed_seq = std::max(st.completed_seq, e.seq);
   if (e.pool != nullptr) {
     if (!ec) {
-      e.pool->release_native(e.event);  // the GPU is past it: back to the pool
+      // The GPU is past it: back to the pool, after this sweep's completions are delivered
+      // (returning it is not on the latency path).
+      to_release_.emplace_back(e.pool, e.event);
     } else {
       // Failed: never reuse it; destroyed with the reactor, off this thread.
       abandoned_.emplace_back(e.pool, e.event);
@@ -757,7 +763,10 @@ void reactor_core::abort_everything() {
 }
 
 void reactor_core::deliver_batch(clock::time_point detected) {
-  if (ready_.empty()) return;
+  if (ready_.empty()) {
+    release_events();
+    return;
+  }
   // Handlers may submit (re-entrancy): iterate over a moved-out batch so that pushes into ready_
   // made by nested reactor calls are not lost. Capacity stays with ready_ (no allocation).
   std::size_t n = ready_.size();
@@ -776,6 +785,12 @@ void reactor_core::deliver_batch(clock::time_point detected) {
     op->complete(ec);  // frees op; may run a user handler (inline delivery)
   }
   ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(n));
+  release_events();
+}
+
+void reactor_core::release_events() {
+  for (auto& [pool, ev] : to_release_) pool->release_native(ev);
+  to_release_.clear();
 }
 
 void reactor_core::idle(clock::time_point now, bool progress, bool took_new) {
@@ -830,14 +845,14 @@ reactor::reactor(device::backend& backend, reactor_options options)
   core_->start();
 }
 
-reactor::~reactor() { core_->stop(); }
+reactor::~reactor() { core_->stop(/*destroying=*/true); }
 
 std::error_code reactor::submit(wait_op* op, const wait_target& target) noexcept {
   return core_->submit(op, target);
 }
 void reactor::cancel(wait_op* op) noexcept { core_->cancel(op); }
 void reactor::cancel_owner(std::uintptr_t owner) noexcept { core_->cancel_owner(owner); }
-void reactor::stop() noexcept { core_->stop(); }
+void reactor::stop() noexcept { core_->stop(/*destroying=*/false); }
 reactor_metrics reactor::metrics() const noexcept { return core_->metrics(); }
 std::chrono::nanoseconds reactor::cpu_time() const noexcept { return core_->cpu_time(); }
 const reactor_options& reactor::options() const noexcept { return core_->options_; }

@@ -46,7 +46,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::error_code submit(wait_op* op, const wait_target& target) noexcept;
   void cancel(wait_op* op) noexcept;
   void cancel_owner(std::uintptr_t owner) noexcept;
-  void stop() noexcept;
+  void stop(bool destroying) noexcept;
   reactor_metrics metrics() const noexcept;
   std::chrono::nanoseconds cpu_time() const noexcept;
   bool on_reactor_thread() const noexcept {
@@ -85,6 +85,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void fail_device(int device, std::error_code ec);
   void abort_everything();
   void deliver_batch(clock::time_point detected);
+  void release_events();  // (reactor) returns retired markers to their pools
   void idle(clock::time_point now, bool progress, bool took_new);
   bool has_inputs() const noexcept;
   std::error_code select_device(int device) noexcept;
@@ -111,6 +112,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::size_t loose_cursor_ = 0;
   std::vector<std::pair<wait_op*, std::error_code>> ready_;  // retired, to deliver
   std::vector<std::pair<event_pool*, device::native_event>> abandoned_;  // pending at abort
+  std::vector<std::pair<event_pool*, device::native_event>> to_release_;  // GPU past them
   std::array<std::error_code, max_devices> device_fault_{};
   std::size_t pending_ops_ = 0;       // ops in timelines or loose_ (not ghosts)
   std::size_t awaiting_cancel_ = 0;   // retired while a cancel request is in flight

@@ -69,8 +69,11 @@ class reactor {
 
   /// Stops accepting waits (later submits fail with errc::reactor_stopped), lets pending waits
   /// complete for up to options.shutdown_drain, aborts the rest with operation_aborted, and joins
-  /// the thread. Every wait completes exactly once. Idempotent. Events still pending on the GPU
-  /// are destroyed (CUDA frees them once they complete) rather than returned to the pool.
+  /// the thread. Every wait completes exactly once. Idempotent; concurrent calls are safe. Events
+  /// still pending on the GPU are destroyed (CUDA frees them once they complete) rather than
+  /// returned to the pool. Called from one of the reactor's own inline handlers, it only requests
+  /// the stop and returns (a thread cannot join itself); the destructor or a later stop() from
+  /// another thread waits for the shutdown to finish.
   void stop() noexcept;
 
   reactor_metrics metrics() const noexcept;
