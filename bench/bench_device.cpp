@@ -19,7 +19,9 @@ class sim_bench_device final : public bench_device {
  public:
   device::backend& backend() override { return sim_; }
   std::string name() const override { return "sim"; }
-  std::string describe() const override { return sim_.describe() + " (simulated: no timing claims)"; }
+  std::string describe() const override {
+    return sim_.describe() + " (simulated: no timing claims)";
+  }
   void close_gate() override {
     gate_.store(false, std::memory_order_release);
     ack_.store(false, std::memory_order_release);
@@ -85,10 +87,12 @@ class cuda_bench_device final : public bench_device {
   }
   bool acked() const override { return host_[16] != 0; }
   void launch_busy(device::native_stream stream, unsigned us) override {
-    check(static_cast<cudaError_t>(launch_busy_kernel(static_cast<CUstream_st*>(stream), us)), "busy kernel");
+    check(static_cast<cudaError_t>(launch_busy_kernel(static_cast<CUstream_st*>(stream), us)),
+          "busy kernel");
   }
   void launch_tiny(device::native_stream stream) override {
-    check(static_cast<cudaError_t>(launch_tiny_kernel(static_cast<CUstream_st*>(stream))), "tiny kernel");
+    check(static_cast<cudaError_t>(launch_tiny_kernel(static_cast<CUstream_st*>(stream))),
+          "tiny kernel");
   }
 
  private:
@@ -107,7 +111,8 @@ std::unique_ptr<bench_device> make_bench_device(const std::string& which) {
   if (device::cuda_device_available()) return std::make_unique<cuda_bench_device>();
 #endif
   if (which == "cuda")
-    throw std::runtime_error("--device cuda: no usable CUDA device, or evr-bench built without nvcc");
+    throw std::runtime_error(
+        "--device cuda: no usable CUDA device, or evr-bench built without nvcc");
   return std::make_unique<sim_bench_device>();
 }
 

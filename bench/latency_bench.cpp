@@ -67,7 +67,8 @@ struct method {
 
 class runner {
  public:
-  runner(bench_device& dev, const latency_settings& cfg) : dev_(dev), cfg_(cfg), stream_(dev.backend(), 0) {}
+  runner(bench_device& dev, const latency_settings& cfg)
+      : dev_(dev), cfg_(cfg), stream_(dev.backend(), 0) {}
   const evr::stream& stream() const { return stream_; }
 
   series measure(const method& m) {
@@ -81,7 +82,8 @@ class runner {
       dev_.open_gate();
       const auto t1 = m.finish();
       if (i >= cfg_.warmup) out.samples.push_back(ns_between(t0, t1));
-      evr::throw_if(dev_.backend().synchronize_stream(stream_.native()), "synchronize after sample");
+      evr::throw_if(dev_.backend().synchronize_stream(stream_.native()),
+                    "synchronize after sample");
     }
     std::fprintf(stderr, "  %-44s p50 %8.2f us\n", m.name.c_str(), out.p50() / 1000.0);
     return out;
@@ -101,12 +103,19 @@ latency_settings parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("missing value after " + a);
       return argv[++i];
     };
-    if (a == "--device") s.device = next();
-    else if (a == "--samples") s.samples = std::max(10, std::atoi(next().c_str()));
-    else if (a == "--warmup") s.warmup = std::max(0, std::atoi(next().c_str()));
-    else if (a == "--gap-us") s.gap_us = std::max(0, std::atoi(next().c_str()));
-    else if (a == "--json") s.json = next();
-    else throw std::runtime_error("unknown argument '" + a + "' (latency takes --device, --samples, --warmup, --gap-us, --json)");
+    if (a == "--device")
+      s.device = next();
+    else if (a == "--samples")
+      s.samples = std::max(10, std::atoi(next().c_str()));
+    else if (a == "--warmup")
+      s.warmup = std::max(0, std::atoi(next().c_str()));
+    else if (a == "--gap-us")
+      s.gap_us = std::max(0, std::atoi(next().c_str()));
+    else if (a == "--json")
+      s.json = next();
+    else
+      throw std::runtime_error("unknown argument '" + a +
+                               "' (latency takes --device, --samples, --warmup, --gap-us, --json)");
   }
   return s;
 }
@@ -157,7 +166,8 @@ int latency_main(int argc, char** argv) {
 
   device::native_event ev = nullptr, ev_blocking = nullptr;
   evr::throw_if(be.create_event(0, device::event_flags::none, ev), "create event");
-  evr::throw_if(be.create_event(0, device::event_flags::blocking_sync, ev_blocking), "create event");
+  evr::throw_if(be.create_event(0, device::event_flags::blocking_sync, ev_blocking),
+                "create event");
   device::fence_block fence;
   evr::throw_if(be.allocate_fence_block(0, 1, fence), "allocate fence");
   std::uint64_t fence_seq = 0;
@@ -177,14 +187,15 @@ int latency_main(int argc, char** argv) {
                                 }
                                 return bench_clock::now();
                               }}));
-  rows.push_back(run.measure({"raw fence (cuStreamWriteValue64) spin", "raw", false,
-                              [&] { evr::throw_if(be.write_fence(native, fence.device_word(0), ++fence_seq), "fence"); },
-                              [&] {
-                                auto* w = fence.host_word(0);
-                                while (std::atomic_ref<std::uint64_t>(*w).load(std::memory_order_acquire) < fence_seq) {
-                                }
-                                return bench_clock::now();
-                              }}));
+  rows.push_back(run.measure(
+      {"raw fence (cuStreamWriteValue64) spin", "raw", false,
+       [&] { evr::throw_if(be.write_fence(native, fence.device_word(0), ++fence_seq), "fence"); },
+       [&] {
+         auto* w = fence.host_word(0);
+         while (std::atomic_ref<std::uint64_t>(*w).load(std::memory_order_acquire) < fence_seq) {
+         }
+         return bench_clock::now();
+       }}));
   auto thread_per_wait = [&](device::native_event e) {
     return [&, e] {
       evr::throw_if(be.record_event(e, native), "record");
@@ -208,9 +219,14 @@ int latency_main(int argc, char** argv) {
   rows.push_back(run.measure({"raw cudaLaunchHostFunc + atomic spin", "raw", false,
                               [&] {
                                 host_flag = 0;
-                                evr::throw_if(be.launch_host_func(native, [](void* p) {
-                                  static_cast<std::atomic<int>*>(p)->store(1, std::memory_order_release);
-                                }, &host_flag), "host func");
+                                evr::throw_if(be.launch_host_func(
+                                                  native,
+                                                  [](void* p) {
+                                                    static_cast<std::atomic<int>*>(p)->store(
+                                                        1, std::memory_order_release);
+                                                  },
+                                                  &host_flag),
+                                              "host func");
                               },
                               [&] {
                                 while (host_flag.load(std::memory_order_acquire) == 0) {
@@ -218,19 +234,22 @@ int latency_main(int argc, char** argv) {
                                 return bench_clock::now();
                               }}));
   std::promise<void> promise;
-  rows.push_back(run.measure({"cudaLaunchHostFunc + std::promise (thread waits)", "baseline", false,
-                              [&] {
-                                promise = std::promise<void>();
-                                t1.reset();
-                                waiter_thread = std::thread([&, f = promise.get_future()]() mutable {
-                                  f.get();
-                                  t1.set();
-                                });
-                                evr::throw_if(be.launch_host_func(native, [](void* p) {
-                                  static_cast<std::promise<void>*>(p)->set_value();
-                                }, &promise), "host func");
-                              },
-                              join_waiter}));
+  rows.push_back(run.measure(
+      {"cudaLaunchHostFunc + std::promise (thread waits)", "baseline", false,
+       [&] {
+         promise = std::promise<void>();
+         t1.reset();
+         waiter_thread = std::thread([&, f = promise.get_future()]() mutable {
+           f.get();
+           t1.set();
+         });
+         evr::throw_if(
+             be.launch_host_func(
+                 native, [](void* p) { static_cast<std::promise<void>*>(p)->set_value(); },
+                 &promise),
+             "host func");
+       },
+       join_waiter}));
 
   // Pollers of the "watchdog over an event cache" kind, with 63 other events in flight.
   evr::stream background(be, 0);
@@ -305,8 +324,10 @@ int latency_main(int argc, char** argv) {
   // ---- raw hand-off costs: asio::post to another thread ----------------------------------------
   for (bool spin : {true, false}) {
     io_thread io(spin);
-    series s{spin ? "asio::post -> io thread spinning in poll()" : "asio::post -> io thread parked in run()",
-             "hand-off", {}};
+    series s{spin ? "asio::post -> io thread spinning in poll()"
+                  : "asio::post -> io thread parked in run()",
+             "hand-off",
+             {}};
     for (int i = 0; i < cfg.warmup + cfg.samples; ++i) {
       std::this_thread::sleep_for(std::chrono::microseconds(cfg.gap_us));
       t1.reset();
@@ -324,7 +345,8 @@ int latency_main(int argc, char** argv) {
     strategy strat;
     const char* delivery;  // inline | busy | parked
   };
-  for (strategy strat : {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
+  for (strategy strat :
+       {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
     reactor_options opts;
     opts.strategy = strat;
     if (strat == strategy::fence || strat == strategy::poll) {
@@ -332,25 +354,28 @@ int latency_main(int argc, char** argv) {
       opts.spin_window = std::chrono::seconds(10);
     }
     reactor r(be, opts);
-    const std::string tag = std::string("evr ") + to_string(strat) +
-                            (opts.spin_window >= std::chrono::seconds(1) ? " (spinning)" : " (defaults)");
+    const std::string tag =
+        std::string("evr ") + to_string(strat) +
+        (opts.spin_window >= std::chrono::seconds(1) ? " (spinning)" : " (defaults)");
     rows.push_back(run.measure({tag + ", inline on reactor", "evr", false,
                                 [&] {
                                   t1.reset();
-                                  evr::throw_if(on_complete(r, run.stream(), [&](std::error_code) { t1.set(); }),
+                                  evr::throw_if(on_complete(r, run.stream(),
+                                                            [&](std::error_code) { t1.set(); }),
                                                 "on_complete");
                                 },
                                 [&] { return t1.wait(); }}));
     for (bool spin : {true, false}) {
       io_thread io(spin);
       gpu_waiter waiter(io.io().get_executor(), r);
-      rows.push_back(run.measure({tag + (spin ? ", posted to busy io thread" : ", posted to parked io thread"),
-                                  "evr", false,
-                                  [&] {
-                                    t1.reset();
-                                    waiter.async_wait(run.stream(), [&](std::error_code) { t1.set(); });
-                                  },
-                                  [&] { return t1.wait(); }}));
+      rows.push_back(
+          run.measure({tag + (spin ? ", posted to busy io thread" : ", posted to parked io thread"),
+                       "evr", false,
+                       [&] {
+                         t1.reset();
+                         waiter.async_wait(run.stream(), [&](std::error_code) { t1.set(); });
+                       },
+                       [&] { return t1.wait(); }}));
     }
   }
   be.destroy_event(ev);
@@ -365,7 +390,8 @@ int latency_main(int argc, char** argv) {
     return nullptr;
   };
   const double floor = rows.front().p50();
-  std::printf("\nlatency: GPU work done -> completion known (%s, %d samples)\n", dev->describe().c_str(), cfg.samples);
+  std::printf("\nlatency: GPU work done -> completion known (%s, %d samples)\n",
+              dev->describe().c_str(), cfg.samples);
   std::printf("%-62s %9s %9s %9s %8s\n", "method", "p50 us", "p90 us", "p99 us", "p50/floor");
   for (auto& s : rows) {
     std::printf("%-62s %9.2f %9.2f %9.2f %8.2f\n", s.name.c_str(), s.p50() / 1000, s.p90() / 1000,
@@ -377,16 +403,22 @@ int latency_main(int argc, char** argv) {
   for (auto& s : rows) {
     if (s.group != "evr") continue;
     const series* mech = nullptr;
-    if (s.name.find(" poll ") != std::string::npos) mech = find("raw cudaEventQuery spin");
-    else if (s.name.find(" host_func ") != std::string::npos) mech = find("raw cudaLaunchHostFunc + atomic spin");
-    else mech = find("raw fence (cuStreamWriteValue64) spin");
+    if (s.name.find(" poll ") != std::string::npos)
+      mech = find("raw cudaEventQuery spin");
+    else if (s.name.find(" host_func ") != std::string::npos)
+      mech = find("raw cudaLaunchHostFunc + atomic spin");
+    else
+      mech = find("raw fence (cuStreamWriteValue64) spin");
     double handoff = 0;
-    if (s.name.find("busy io") != std::string::npos) handoff = find("asio::post -> io thread spinning in poll()")->p50();
-    if (s.name.find("parked io") != std::string::npos) handoff = find("asio::post -> io thread parked in run()")->p50();
+    if (s.name.find("busy io") != std::string::npos)
+      handoff = find("asio::post -> io thread spinning in poll()")->p50();
+    if (s.name.find("parked io") != std::string::npos)
+      handoff = find("asio::post -> io thread parked in run()")->p50();
     const double overhead = s.p50() - (mech->p50() + handoff);
     std::printf("  %-60s %8.2f us\n", s.name.c_str(), overhead / 1000);
     if (overheads_json.size() > 1) overheads_json += ",";
-    overheads_json += "{\"name\":" + json_writer::quote(s.name) + ",\"overhead_ns\":" + json_writer::number(overhead) + "}";
+    overheads_json += "{\"name\":" + json_writer::quote(s.name) +
+                      ",\"overhead_ns\":" + json_writer::number(overhead) + "}";
   }
   overheads_json += "]";
 
@@ -395,14 +427,15 @@ int latency_main(int argc, char** argv) {
     if (f == nullptr) throw std::runtime_error("cannot write " + cfg.json);
     json_writer j(f);
     j.raw("{\"subcommand\":\"latency\",\"device\":" + json_writer::quote(dev->describe()) +
-          ",\"backend\":" + json_writer::quote(dev->name()) + ",\"samples\":" + std::to_string(cfg.samples) +
-          ",\"gap_us\":" + std::to_string(cfg.gap_us) + ",\"floor_p50_ns\":" + json_writer::number(floor) +
-          ",\"rows\":[");
+          ",\"backend\":" + json_writer::quote(dev->name()) + ",\"samples\":" +
+          std::to_string(cfg.samples) + ",\"gap_us\":" + std::to_string(cfg.gap_us) +
+          ",\"floor_p50_ns\":" + json_writer::number(floor) + ",\"rows\":[");
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const auto& s = rows[i];
       j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(s.name) + ",\"group\":" +
-            json_writer::quote(s.group) + ",\"p50_ns\":" + json_writer::number(s.p50()) + ",\"p90_ns\":" +
-            json_writer::number(s.p90()) + ",\"p99_ns\":" + json_writer::number(s.p99()) +
+            json_writer::quote(s.group) + ",\"p50_ns\":" + json_writer::number(s.p50()) +
+            ",\"p90_ns\":" + json_writer::number(s.p90()) +
+            ",\"p99_ns\":" + json_writer::number(s.p99()) +
             ",\"samples_ns\":" + json_writer::array(s.samples) + "}");
     }
     j.raw("],\"overheads\":" + overheads_json + "}\n");

@@ -14,15 +14,19 @@ struct subcommand {
 };
 
 constexpr subcommand subcommands[] = {
-    {"latency", evr_bench_latency, "GPU done -> handler: evr strategies x deliveries vs floor and baselines"},
-    {"throughput", evr_bench_throughput, "completions/s and reactor CPU ns per completion; bytes per in-flight wait"},
-    {"pool", evr_bench_pool, "acquire+release pairs/s of evr's event pool vs mutex pools, 1..16 threads"},
+    {"latency", evr_bench_latency,
+     "GPU done -> handler: evr strategies x deliveries vs floor and baselines"},
+    {"throughput", evr_bench_throughput,
+     "completions/s and reactor CPU ns per completion; bytes per in-flight wait"},
+    {"pool", evr_bench_pool,
+     "acquire+release pairs/s of evr's event pool vs mutex pools, 1..16 threads"},
     {"cpu", evr_bench_cpu, "reactor CPU while 1000 waits sit on a 100 ms kernel, and when idle"},
 };
 
 int usage(std::FILE* out, int code) {
   std::fprintf(out,
-               "usage: evr-bench <subcommand> [options]   (evr-bench <subcommand> --help for its options)\n\n"
+               "usage: evr-bench <subcommand> [options]   (evr-bench <subcommand> --help for its "
+               "options)\n\n"
                "subcommands:\n");
   for (const subcommand& s : subcommands) std::fprintf(out, "  %-12s %s\n", s.name, s.summary);
   return code;
@@ -32,7 +36,8 @@ int usage(std::FILE* out, int code) {
 
 int main(int argc, char** argv) {
   if (argc < 2) return usage(stderr, 2);
-  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
     return usage(stdout, 0);
   }
   for (const subcommand& s : subcommands) {

@@ -119,7 +119,8 @@ class create_destroy {
 class evr_pool {
  public:
   evr_pool(dev::backend& b, int device, std::size_t batch)
-      : pool_(b, device, evr::event_class::plain, evr::pool_options{.initial = 0, .batch = batch}) {}
+      : pool_(b, device, evr::event_class::plain, evr::pool_options{.initial = 0, .batch = batch}) {
+  }
   evr::pooled_event acquire() {
     std::error_code ec;
     return pool_.acquire(ec);
@@ -142,7 +143,9 @@ struct point {
   std::uint64_t failures = 0;
   std::optional<evr::pool_stats> evr_stats;  // evr only: the pool's stats after the run
 
-  double mpairs_per_s() const { return seconds > 0 ? static_cast<double>(pairs) / seconds / 1e6 : 0; }
+  double mpairs_per_s() const {
+    return seconds > 0 ? static_cast<double>(pairs) / seconds / 1e6 : 0;
+  }
   double ns_per_pair_per_thread() const {
     return pairs > 0 ? seconds * 1e9 * threads / static_cast<double>(pairs) : 0;
   }
@@ -222,18 +225,19 @@ struct options {
 };
 
 void print_help(std::FILE* out) {
-  std::fprintf(out,
-               "usage: evr-bench pool [--ms N] [--threads 1,2,4,8,16] [--device auto|sim|cuda]\n"
-               "                      [--methods evr,mutex-deque,mps-stack,create-destroy] [--batch N]\n"
-               "                      [--json FILE]\n"
-               "  acquire+release pairs per second of event pools, for each thread count and method.\n"
-               "  --ms N        measuring time per point (default 200)\n"
-               "  --threads L   thread counts (default 1,2,4,8,16)\n"
-               "  --device D    cuda: the CUDA backend (fails without a GPU); sim: the simulated device;\n"
-               "                auto (default): cuda when a GPU is usable, else sim\n"
-               "  --methods L   which pools to measure (default: all four)\n"
-               "  --batch N     evr's growth batch (default 32)\n"
-               "  --json FILE   also write every raw number to FILE\n");
+  std::fprintf(
+      out,
+      "usage: evr-bench pool [--ms N] [--threads 1,2,4,8,16] [--device auto|sim|cuda]\n"
+      "                      [--methods evr,mutex-deque,mps-stack,create-destroy] [--batch N]\n"
+      "                      [--json FILE]\n"
+      "  acquire+release pairs per second of event pools, for each thread count and method.\n"
+      "  --ms N        measuring time per point (default 200)\n"
+      "  --threads L   thread counts (default 1,2,4,8,16)\n"
+      "  --device D    cuda: the CUDA backend (fails without a GPU); sim: the simulated device;\n"
+      "                auto (default): cuda when a GPU is usable, else sim\n"
+      "  --methods L   which pools to measure (default: all four)\n"
+      "  --batch N     evr's growth batch (default 32)\n"
+      "  --json FILE   also write every raw number to FILE\n");
 }
 
 std::vector<std::string> split(const std::string& s) {
@@ -300,8 +304,8 @@ int parse(int argc, char** argv, options& o) {
       if (!value(v)) return 2;
       o.methods = split(v);
       for (const std::string& m : o.methods) {
-        if (std::find_if(std::begin(all_methods), std::end(all_methods), [&](const char* k) { return m == k; }) ==
-            std::end(all_methods)) {
+        if (std::find_if(std::begin(all_methods), std::end(all_methods),
+                         [&](const char* k) { return m == k; }) == std::end(all_methods)) {
           std::fprintf(stderr, "evr-bench pool: unknown method '%s'\n", m.c_str());
           return 2;
         }
@@ -355,7 +359,8 @@ void print_table(const options& o, const std::vector<point>& points) {
   const bool ratio = find(points, "evr", o.threads[0]) && find(points, "mutex-deque", o.threads[0]);
   if (ratio) std::printf(" | evr/mutex-deque");
   std::printf("\n%7s", "");
-  for (std::size_t i = 0; i < o.methods.size(); ++i) std::printf(" | %9s %12s", "M pairs/s", "ns/pair/thr");
+  for (std::size_t i = 0; i < o.methods.size(); ++i)
+    std::printf(" | %9s %12s", "M pairs/s", "ns/pair/thr");
   if (ratio) std::printf(" |");
   std::printf("\n");
   for (int t : o.threads) {
@@ -384,31 +389,36 @@ bool write_json(const options& o, const std::string& device_name, const std::str
     std::fprintf(stderr, "evr-bench pool: cannot write %s\n", o.json.c_str());
     return false;
   }
-  std::fprintf(f, "{\n  \"subcommand\": \"pool\",\n  \"device\": \"%s\",\n  \"describe\": \"%s\",\n",
+  std::fprintf(f,
+               "{\n  \"subcommand\": \"pool\",\n  \"device\": \"%s\",\n  \"describe\": \"%s\",\n",
                json_escape(device_name).c_str(), json_escape(describe).c_str());
-  std::fprintf(f, "  \"ms_per_point\": %d,\n  \"evr_batch\": %zu,\n  \"hardware_threads\": %u,\n", o.ms, o.batch,
-               std::thread::hardware_concurrency());
+  std::fprintf(f, "  \"ms_per_point\": %d,\n  \"evr_batch\": %zu,\n  \"hardware_threads\": %u,\n",
+               o.ms, o.batch, std::thread::hardware_concurrency());
   std::fprintf(f, "  \"unit\": \"one acquire + one release = one pair\",\n  \"points\": [\n");
   for (std::size_t i = 0; i < points.size(); ++i) {
     const point& p = points[i];
     std::fprintf(f,
                  "    {\"method\": \"%s\", \"threads\": %d, \"pairs\": %llu, \"seconds\": %.6f, "
-                 "\"mpairs_per_s\": %.4f, \"ns_per_pair_per_thread\": %.3f, \"failures\": %llu, \"per_thread_pairs\": [",
-                 p.method.c_str(), p.threads, static_cast<unsigned long long>(p.pairs), p.seconds, p.mpairs_per_s(),
-                 p.ns_per_pair_per_thread(), static_cast<unsigned long long>(p.failures));
+                 "\"mpairs_per_s\": %.4f, \"ns_per_pair_per_thread\": %.3f, \"failures\": %llu, "
+                 "\"per_thread_pairs\": [",
+                 p.method.c_str(), p.threads, static_cast<unsigned long long>(p.pairs), p.seconds,
+                 p.mpairs_per_s(), p.ns_per_pair_per_thread(),
+                 static_cast<unsigned long long>(p.failures));
     for (std::size_t k = 0; k < p.per_thread.size(); ++k) {
       std::fprintf(f, "%s%llu", k ? ", " : "", static_cast<unsigned long long>(p.per_thread[k]));
     }
     std::fprintf(f, "]");
     if (p.evr_stats) {
       const evr::pool_stats& s = *p.evr_stats;
-      std::fprintf(f,
-                   ", \"evr_stats\": {\"created\": %llu, \"destroyed\": %llu, \"cached\": %llu, \"in_use\": %llu, "
-                   "\"peak_in_use\": %llu, \"acquires\": %llu, \"growths\": %llu}",
-                   static_cast<unsigned long long>(s.created), static_cast<unsigned long long>(s.destroyed),
-                   static_cast<unsigned long long>(s.cached), static_cast<unsigned long long>(s.in_use),
-                   static_cast<unsigned long long>(s.peak_in_use), static_cast<unsigned long long>(s.acquires),
-                   static_cast<unsigned long long>(s.growths));
+      std::fprintf(
+          f,
+          ", \"evr_stats\": {\"created\": %llu, \"destroyed\": %llu, \"cached\": %llu, \"in_use\": "
+          "%llu, "
+          "\"peak_in_use\": %llu, \"acquires\": %llu, \"growths\": %llu}",
+          static_cast<unsigned long long>(s.created), static_cast<unsigned long long>(s.destroyed),
+          static_cast<unsigned long long>(s.cached), static_cast<unsigned long long>(s.in_use),
+          static_cast<unsigned long long>(s.peak_in_use),
+          static_cast<unsigned long long>(s.acquires), static_cast<unsigned long long>(s.growths));
     }
     std::fprintf(f, "}%s\n", i + 1 < points.size() ? "," : "");
   }
@@ -439,19 +449,25 @@ int evr_bench_pool(int argc, char** argv) {
   const bool want_cuda = o.device == "cuda" || (o.device == "auto" && dev::cuda_device_available());
   if (want_cuda) {
     if (!dev::cuda_device_available()) {
-      std::fprintf(stderr, "evr-bench pool: --device cuda, but no usable GPU (or evr built without CUDA)\n");
+      std::fprintf(
+          stderr, "evr-bench pool: --device cuda, but no usable GPU (or evr built without CUDA)\n");
       return 2;
     }
     backend = &dev::cuda_backend();
   } else {
-    sim = std::make_unique<evr::sim::device>(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+    sim = std::make_unique<evr::sim::device>(
+        evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
     backend = sim.get();
   }
   const std::string device_name(backend->name());
   const std::string describe = backend->describe();
   std::printf("evr-bench pool: %s (%s), %d ms per point, evr batch %zu, %u hardware threads\n",
-              device_name.c_str(), describe.c_str(), o.ms, o.batch, std::thread::hardware_concurrency());
-  if (sim) std::printf("  (simulated device: a sanity check only; create-destroy pays the simulator's own lock)\n");
+              device_name.c_str(), describe.c_str(), o.ms, o.batch,
+              std::thread::hardware_concurrency());
+  if (sim)
+    std::printf(
+        "  (simulated device: a sanity check only; create-destroy pays the simulator's own "
+        "lock)\n");
 
   std::vector<point> points;
   bool failed = false;
@@ -473,12 +489,12 @@ int evr_bench_pool(int argc, char** argv) {
         p = run_point(pool, "create-destroy", t, o.ms);
       }
       if (p.failures) {
-        std::fprintf(stderr, "evr-bench pool: %s at %d threads: %llu acquires failed\n", m.c_str(), t,
-                     static_cast<unsigned long long>(p.failures));
+        std::fprintf(stderr, "evr-bench pool: %s at %d threads: %llu acquires failed\n", m.c_str(),
+                     t, static_cast<unsigned long long>(p.failures));
         failed = true;
       }
-      std::printf("  %-15s %3d threads: %8.2f M pairs/s, %8.1f ns/pair/thread\n", m.c_str(), t, p.mpairs_per_s(),
-                  p.ns_per_pair_per_thread());
+      std::printf("  %-15s %3d threads: %8.2f M pairs/s, %8.1f ns/pair/thread\n", m.c_str(), t,
+                  p.mpairs_per_s(), p.ns_per_pair_per_thread());
       std::fflush(stdout);
       points.push_back(std::move(p));
     }

@@ -86,7 +86,10 @@ class baseline_poller {
     if (e == nullptr) evr::throw_if(be_.create_event(0, device::event_flags::none, e), "create");
     evr::throw_if(be_.record_event(e, s), "record");
     std::lock_guard<std::mutex> lock(mutex_);
-    if (kind_ == kind::every_event) all_.push_back(e); else queues_[stream_index].push_back(e);
+    if (kind_ == kind::every_event)
+      all_.push_back(e);
+    else
+      queues_[stream_index].push_back(e);
   }
   std::uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
   double cpu_ns() const { return cpu_ns_.load(std::memory_order_acquire); }
@@ -119,7 +122,8 @@ class baseline_poller {
         }
       }
       cpu_ns_.store(thread_cpu_ns() - start, std::memory_order_release);
-      if (kind_ == kind::head_per_stream) std::this_thread::sleep_for(std::chrono::microseconds(10));
+      if (kind_ == kind::head_per_stream)
+        std::this_thread::sleep_for(std::chrono::microseconds(10));
     }
   }
   device::backend& be_;
@@ -146,15 +150,24 @@ tp_settings parse(int argc, char** argv, bool cpu) {
       if (v < 1) throw std::runtime_error(a + " takes a positive number");
       return v;
     };
-    if (a == "--device") s.device = next();
-    else if (a == "--json") s.json = next();
-    else if (!cpu && a == "--streams") s.streams = positive();
-    else if (!cpu && a == "--ops") s.ops = positive();
-    else if (!cpu && a == "--threads") s.threads = positive();
-    else if (!cpu && a == "--inflight-streams") s.inflight_streams = positive();
-    else if (!cpu && a == "--inflight-waits") s.inflight_waits = positive();
-    else if (cpu && a == "--waits") s.ops = positive();
-    else throw std::runtime_error("unknown argument '" + a + "'");
+    if (a == "--device")
+      s.device = next();
+    else if (a == "--json")
+      s.json = next();
+    else if (!cpu && a == "--streams")
+      s.streams = positive();
+    else if (!cpu && a == "--ops")
+      s.ops = positive();
+    else if (!cpu && a == "--threads")
+      s.threads = positive();
+    else if (!cpu && a == "--inflight-streams")
+      s.inflight_streams = positive();
+    else if (!cpu && a == "--inflight-waits")
+      s.inflight_waits = positive();
+    else if (cpu && a == "--waits")
+      s.ops = positive();
+    else
+      throw std::runtime_error("unknown argument '" + a + "'");
   }
   return s;
 }
@@ -165,14 +178,15 @@ int throughput_main(int argc, char** argv) {
   tp_settings cfg = parse(argc, argv, false);
   auto dev = make_bench_device(cfg.device);
   device::backend& be = dev->backend();
-  std::fprintf(stderr, "throughput on %s: %d streams x %d ops from %d threads\n", dev->describe().c_str(),
-               cfg.streams, cfg.ops, cfg.threads);
+  std::fprintf(stderr, "throughput on %s: %d streams x %d ops from %d threads\n",
+               dev->describe().c_str(), cfg.streams, cfg.ops, cfg.threads);
   std::vector<evr::stream> streams;
   for (int i = 0; i < cfg.streams; ++i) streams.emplace_back(be, 0);
   std::vector<tp_row> rows;
 
   // Submits cfg.ops (tiny kernel + wait) from cfg.threads threads; `wait` enqueues one wait.
-  auto drive = [&](const std::function<void(int)>& wait, const std::function<std::uint64_t()>& done) {
+  auto drive = [&](const std::function<void(int)>& wait,
+                   const std::function<std::uint64_t()>& done) {
     const auto t0 = bench_clock::now();
     std::vector<std::thread> ts;
     for (int t = 0; t < cfg.threads; ++t) {
@@ -189,7 +203,8 @@ int throughput_main(int argc, char** argv) {
     return std::chrono::duration<double>(bench_clock::now() - t0).count();
   };
 
-  for (strategy strat : {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
+  for (strategy strat :
+       {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
     reactor_options opts;
     opts.strategy = strat;
     reactor r(be, opts);
@@ -199,8 +214,10 @@ int throughput_main(int argc, char** argv) {
     row.name = std::string("evr ") + to_string(strat);
     row.seconds = drive(
         [&](int s) {
-          evr::throw_if(on_complete(r, streams[s], [&](std::error_code) { done.fetch_add(1, std::memory_order_release); }),
-                        "on_complete");
+          evr::throw_if(
+              on_complete(r, streams[s],
+                          [&](std::error_code) { done.fetch_add(1, std::memory_order_release); }),
+              "on_complete");
         },
         [&] { return done.load(std::memory_order_acquire); });
     row.per_second = cfg.ops / row.seconds;
@@ -214,7 +231,8 @@ int throughput_main(int argc, char** argv) {
     tp_row row;
     row.name = k == baseline_poller::kind::every_event ? "poller: every event every pass"
                                                        : "poller: head per stream + 10 us sleep";
-    row.seconds = drive([&](int s) { poller.submit(s, streams[s].native()); }, [&] { return poller.completed(); });
+    row.seconds = drive([&](int s) { poller.submit(s, streams[s].native()); },
+                        [&] { return poller.completed(); });
     row.per_second = cfg.ops / row.seconds;
     row.poller_cpu_ns_per_completion = poller.cpu_ns() / cfg.ops;
     std::fprintf(stderr, "  %-40s %10.0f completions/s  %8.1f ns CPU each\n", row.name.c_str(),
@@ -227,7 +245,8 @@ int throughput_main(int argc, char** argv) {
   // retiring and delivering (no idle spinning between sparse completions is counted).
   std::vector<tp_row> drain_rows;
   auto drain = [&](const std::string& name, const std::function<void(int)>& wait,
-                   const std::function<std::uint64_t()>& accepted, const std::function<std::uint64_t()>& done,
+                   const std::function<std::uint64_t()>& accepted,
+                   const std::function<std::uint64_t()>& done,
                    const std::function<double()>& cpu_ns) {
     // Rounds of at most 128 waits per stream: a stream's queue holds only so many markers behind
     // a kernel that does not finish (on the H100, 512 cuStreamWriteValue64 already block).
@@ -236,38 +255,41 @@ int throughput_main(int argc, char** argv) {
     std::atomic<bool> blocked{false};
     std::uint64_t base_accepted = accepted(), base_done = done();
     for (int round_start = 0; round_start < cfg.ops; round_start += per_round) {
-    const int n = std::min(per_round, cfg.ops - round_start);
-    dev->close_gate();
-    for (auto& st : streams) dev->launch_gate(st.native(), false);
-    std::atomic<bool> submitted{false};
-    std::thread watchdog([&] {
-      // A stream's queue may be too short for all the markers: never leave the gate shut.
-      for (int i = 0; i < 200 && !submitted.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      if (!submitted.load()) {
-        std::fprintf(stderr, "  %s: enqueue blocked behind the closed gates; opening them (row invalid)\n", name.c_str());
-        blocked = true;
-        dev->open_gate();
-      }
-    });
-    std::vector<std::thread> ts;
-    for (int t = 0; t < cfg.threads; ++t)
-      ts.emplace_back([&, t] {
-        for (int i = t; i < n; i += cfg.threads) wait(i % cfg.streams);
+      const int n = std::min(per_round, cfg.ops - round_start);
+      dev->close_gate();
+      for (auto& st : streams) dev->launch_gate(st.native(), false);
+      std::atomic<bool> submitted{false};
+      std::thread watchdog([&] {
+        // A stream's queue may be too short for all the markers: never leave the gate shut.
+        for (int i = 0; i < 200 && !submitted.load(); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (!submitted.load()) {
+          std::fprintf(
+              stderr, "  %s: enqueue blocked behind the closed gates; opening them (row invalid)\n",
+              name.c_str());
+          blocked = true;
+          dev->open_gate();
+        }
       });
-    for (auto& t : ts) t.join();
-    submitted = true;
-    watchdog.join();
-    base_accepted += static_cast<std::uint64_t>(n);
-    base_done += static_cast<std::uint64_t>(n);
-    while (accepted() < base_accepted) std::this_thread::yield();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    const double c0 = cpu_ns();
-    const auto t0 = bench_clock::now();
-    dev->open_gate();
-    while (done() < base_done) std::this_thread::yield();
-    seconds += std::chrono::duration<double>(bench_clock::now() - t0).count();
-    cpu += cpu_ns() - c0;
-    for (auto& st : streams) evr::throw_if(be.synchronize_stream(st.native()), "synchronize");
+      std::vector<std::thread> ts;
+      for (int t = 0; t < cfg.threads; ++t)
+        ts.emplace_back([&, t] {
+          for (int i = t; i < n; i += cfg.threads) wait(i % cfg.streams);
+        });
+      for (auto& t : ts) t.join();
+      submitted = true;
+      watchdog.join();
+      base_accepted += static_cast<std::uint64_t>(n);
+      base_done += static_cast<std::uint64_t>(n);
+      while (accepted() < base_accepted) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const double c0 = cpu_ns();
+      const auto t0 = bench_clock::now();
+      dev->open_gate();
+      while (done() < base_done) std::this_thread::yield();
+      seconds += std::chrono::duration<double>(bench_clock::now() - t0).count();
+      cpu += cpu_ns() - c0;
+      for (auto& st : streams) evr::throw_if(be.synchronize_stream(st.native()), "synchronize");
     }
     tp_row row;
     row.name = name;
@@ -281,32 +303,39 @@ int throughput_main(int argc, char** argv) {
       row.per_second = 0;
       row.poller_cpu_ns_per_completion = 0;
     }
-    std::fprintf(stderr, "  drain %-34s %10.0f completions/s  %8.1f ns CPU each\n", name.c_str(), row.per_second,
-                 row.poller_cpu_ns_per_completion);
+    std::fprintf(stderr, "  drain %-34s %10.0f completions/s  %8.1f ns CPU each\n", name.c_str(),
+                 row.per_second, row.poller_cpu_ns_per_completion);
     drain_rows.push_back(row);
   };
-  for (strategy strat : {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
+  for (strategy strat :
+       {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
     reactor_options opts;
     opts.strategy = strat;
     reactor r(be, opts);
     std::atomic<std::uint64_t> done{0};
-    drain(std::string("evr ") + to_string(strat),
-          [&](int s) {
-            evr::throw_if(on_complete(r, streams[s], [&](std::error_code) { done.fetch_add(1, std::memory_order_release); }),
-                          "on_complete");
-          },
-          [&] { return r.metrics().submitted; }, [&] { return done.load(std::memory_order_acquire); },
-          [&] { return static_cast<double>(r.cpu_time().count()); });
+    drain(
+        std::string("evr ") + to_string(strat),
+        [&](int s) {
+          evr::throw_if(
+              on_complete(r, streams[s],
+                          [&](std::error_code) { done.fetch_add(1, std::memory_order_release); }),
+              "on_complete");
+        },
+        [&] { return r.metrics().submitted; }, [&] { return done.load(std::memory_order_acquire); },
+        [&] { return static_cast<double>(r.cpu_time().count()); });
   }
   for (auto k : {baseline_poller::kind::every_event, baseline_poller::kind::head_per_stream}) {
     baseline_poller poller(be, k, cfg.streams);
     std::atomic<std::uint64_t> submitted{0};
-    drain(k == baseline_poller::kind::every_event ? "poller: every event every pass" : "poller: head per stream + 10 us sleep",
-          [&](int s) {
-            poller.submit(s, streams[s].native());
-            submitted.fetch_add(1);
-          },
-          [&] { return submitted.load(); }, [&] { return poller.completed(); }, [&] { return poller.cpu_ns(); });
+    drain(
+        k == baseline_poller::kind::every_event ? "poller: every event every pass"
+                                                : "poller: head per stream + 10 us sleep",
+        [&](int s) {
+          poller.submit(s, streams[s].native());
+          submitted.fetch_add(1);
+        },
+        [&] { return submitted.load(); }, [&] { return poller.completed(); },
+        [&] { return poller.cpu_ns(); });
   }
 
   // Memory per in-flight wait: many waits pending behind closed gates.
@@ -325,24 +354,32 @@ int throughput_main(int argc, char** argv) {
     for (auto& s : gated) evr::throw_if(on_complete(r, s, cb), "on_complete");
     const long before = rss_kib();
     const int n = cfg.inflight_waits;
-    for (int i = 0; i < n; ++i) evr::throw_if(on_complete(r, gated[i % gated.size()], cb), "on_complete");
-    while (r.metrics().submitted < static_cast<std::uint64_t>(n + cfg.inflight_streams)) std::this_thread::yield();
+    for (int i = 0; i < n; ++i)
+      evr::throw_if(on_complete(r, gated[i % gated.size()], cb), "on_complete");
+    while (r.metrics().submitted < static_cast<std::uint64_t>(n + cfg.inflight_streams))
+      std::this_thread::yield();
     const long after = rss_kib();
     bytes_per_wait = static_cast<double>(after - before) * 1024.0 / n;
     dev->open_gate();
-    while (done.load() < static_cast<std::uint64_t>(n + cfg.inflight_streams)) std::this_thread::yield();
+    while (done.load() < static_cast<std::uint64_t>(n + cfg.inflight_streams))
+      std::this_thread::yield();
   }
 
-  std::printf("\nthroughput: %d streams x %d ops, %d submitting threads (%s)\n", cfg.streams, cfg.ops,
-              cfg.threads, dev->describe().c_str());
+  std::printf("\nthroughput: %d streams x %d ops, %d submitting threads (%s)\n", cfg.streams,
+              cfg.ops, cfg.threads, dev->describe().c_str());
   std::printf("%-42s %14s %22s\n", "method", "completions/s", "poller CPU ns/completion");
   for (auto& r : rows)
-    std::printf("%-42s %14.0f %22.1f\n", r.name.c_str(), r.per_second, r.poller_cpu_ns_per_completion);
-  std::printf("\nburst drain: %d waits on %d streams submitted behind closed gates (rounds of <= 128 per stream),"
-              " then released at once\n", cfg.ops, cfg.streams);
+    std::printf("%-42s %14.0f %22.1f\n", r.name.c_str(), r.per_second,
+                r.poller_cpu_ns_per_completion);
+  std::printf(
+      "\nburst drain: %d waits on %d streams submitted behind closed gates (rounds of <= 128 per "
+      "stream),"
+      " then released at once\n",
+      cfg.ops, cfg.streams);
   std::printf("%-42s %14s %22s\n", "method", "completions/s", "poller CPU ns/completion");
   for (auto& r : drain_rows)
-    std::printf("%-42s %14.0f %22.1f\n", r.name.c_str(), r.per_second, r.poller_cpu_ns_per_completion);
+    std::printf("%-42s %14.0f %22.1f\n", r.name.c_str(), r.per_second,
+                r.poller_cpu_ns_per_completion);
   std::printf("memory per in-flight wait (poll, %d waits on %d streams, RSS delta): %.0f bytes\n",
               cfg.inflight_waits, cfg.inflight_streams, bytes_per_wait);
 
@@ -351,19 +388,22 @@ int throughput_main(int argc, char** argv) {
     if (f == nullptr) throw std::runtime_error("cannot write " + cfg.json);
     json_writer j(f);
     j.raw("{\"subcommand\":\"throughput\",\"device\":" + json_writer::quote(dev->describe()) +
-          ",\"backend\":" + json_writer::quote(dev->name()) + ",\"streams\":" + std::to_string(cfg.streams) +
-          ",\"ops\":" + std::to_string(cfg.ops) + ",\"threads\":" + std::to_string(cfg.threads) + ",\"rows\":[");
+          ",\"backend\":" + json_writer::quote(dev->name()) +
+          ",\"streams\":" + std::to_string(cfg.streams) + ",\"ops\":" + std::to_string(cfg.ops) +
+          ",\"threads\":" + std::to_string(cfg.threads) + ",\"rows\":[");
     for (std::size_t i = 0; i < rows.size(); ++i) {
       j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(rows[i].name) +
-            ",\"seconds\":" + json_writer::number(rows[i].seconds) + ",\"completions_per_second\":" +
-            json_writer::number(rows[i].per_second) + ",\"poller_cpu_ns_per_completion\":" +
+            ",\"seconds\":" + json_writer::number(rows[i].seconds) +
+            ",\"completions_per_second\":" + json_writer::number(rows[i].per_second) +
+            ",\"poller_cpu_ns_per_completion\":" +
             json_writer::number(rows[i].poller_cpu_ns_per_completion) + "}");
     }
     j.raw("],\"drain_rows\":[");
     for (std::size_t i = 0; i < drain_rows.size(); ++i) {
       j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(drain_rows[i].name) +
-            ",\"seconds\":" + json_writer::number(drain_rows[i].seconds) + ",\"completions_per_second\":" +
-            json_writer::number(drain_rows[i].per_second) + ",\"poller_cpu_ns_per_completion\":" +
+            ",\"seconds\":" + json_writer::number(drain_rows[i].seconds) +
+            ",\"completions_per_second\":" + json_writer::number(drain_rows[i].per_second) +
+            ",\"poller_cpu_ns_per_completion\":" +
             json_writer::number(drain_rows[i].poller_cpu_ns_per_completion) + "}");
     }
     j.raw("],\"bytes_per_inflight_wait\":" + json_writer::number(bytes_per_wait) + "}\n");
@@ -377,7 +417,8 @@ int cpu_main(int argc, char** argv) {
   const int waits = cfg.ops == 100000 ? 1000 : cfg.ops;
   auto dev = make_bench_device(cfg.device);
   device::backend& be = dev->backend();
-  std::fprintf(stderr, "cpu on %s: %d waits on a 100 ms kernel, then 1 s idle\n", dev->describe().c_str(), waits);
+  std::fprintf(stderr, "cpu on %s: %d waits on a 100 ms kernel, then 1 s idle\n",
+               dev->describe().c_str(), waits);
   struct cpu_row {
     std::string name;
     double busy_percent = 0;
@@ -386,7 +427,8 @@ int cpu_main(int argc, char** argv) {
   };
   std::vector<cpu_row> rows;
   evr::stream s(be, 0);
-  for (strategy strat : {strategy::adaptive, strategy::fence, strategy::poll, strategy::host_func}) {
+  for (strategy strat :
+       {strategy::adaptive, strategy::fence, strategy::poll, strategy::host_func}) {
     reactor_options opts;
     opts.strategy = strat;
     reactor r(be, opts);
@@ -412,22 +454,26 @@ int cpu_main(int argc, char** argv) {
                  row.busy_percent, row.idle_percent, row.idle_wakeups_per_s);
     rows.push_back(row);
   }
-  std::printf("\ncpu: reactor thread CPU while %d waits sit on a 100 ms kernel, and idle (%s)\n", waits,
-              dev->describe().c_str());
-  std::printf("%-32s %18s %14s %18s\n", "strategy", "busy % of a core", "idle % core", "idle wake-ups/s");
+  std::printf("\ncpu: reactor thread CPU while %d waits sit on a 100 ms kernel, and idle (%s)\n",
+              waits, dev->describe().c_str());
+  std::printf("%-32s %18s %14s %18s\n", "strategy", "busy % of a core", "idle % core",
+              "idle wake-ups/s");
   for (auto& r : rows)
-    std::printf("%-32s %18.2f %14.3f %18.0f\n", r.name.c_str(), r.busy_percent, r.idle_percent, r.idle_wakeups_per_s);
+    std::printf("%-32s %18.2f %14.3f %18.0f\n", r.name.c_str(), r.busy_percent, r.idle_percent,
+                r.idle_wakeups_per_s);
   if (!cfg.json.empty()) {
     std::FILE* f = std::fopen(cfg.json.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + cfg.json);
     json_writer j(f);
-    j.raw("{\"subcommand\":\"cpu\",\"device\":" + json_writer::quote(dev->describe()) + ",\"backend\":" +
-          json_writer::quote(dev->name()) + ",\"waits\":" + std::to_string(waits) + ",\"rows\":[");
+    j.raw("{\"subcommand\":\"cpu\",\"device\":" + json_writer::quote(dev->describe()) +
+          ",\"backend\":" + json_writer::quote(dev->name()) +
+          ",\"waits\":" + std::to_string(waits) + ",\"rows\":[");
     for (std::size_t i = 0; i < rows.size(); ++i) {
       j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(rows[i].name) +
-            ",\"busy_percent\":" + json_writer::number(rows[i].busy_percent) + ",\"idle_percent\":" +
-            json_writer::number(rows[i].idle_percent) + ",\"idle_wakeups_per_second\":" +
-            json_writer::number(rows[i].idle_wakeups_per_s) + "}");
+            ",\"busy_percent\":" + json_writer::number(rows[i].busy_percent) +
+            ",\"idle_percent\":" + json_writer::number(rows[i].idle_percent) +
+            ",\"idle_wakeups_per_second\":" + json_writer::number(rows[i].idle_wakeups_per_s) +
+            "}");
     }
     j.raw("]}\n");
     std::fclose(f);

@@ -84,7 +84,7 @@ TEST_CASE("pool: stats balance, batch growth counts and peak") {
   std::vector<pooled_event> held;
   for (int i = 0; i < 10; ++i) held.push_back(pool.acquire());
   auto s = pool.stats();
-  CHECK(s.growths == 3);   // 4 + 4 + 4 events for 10 acquires
+  CHECK(s.growths == 3);  // 4 + 4 + 4 events for 10 acquires
   CHECK(s.created == 12);
   CHECK(s.in_use == 10);
   CHECK(s.cached == 2);
@@ -129,8 +129,9 @@ TEST_CASE("pool: initial events are created by the constructor") {
 
 TEST_CASE("pool: a batch of 0 is refused") {
   counting_backend backend(dut().backend());
-  CHECK_THROWS_AS(event_pool(backend, 0, event_class::plain, pool_options{.initial = 0, .batch = 0}),
-                  evr::error);
+  CHECK_THROWS_AS(
+      event_pool(backend, 0, event_class::plain, pool_options{.initial = 0, .batch = 0}),
+      evr::error);
   try {
     event_pool pool(backend, 0, event_class::plain, pool_options{.initial = 0, .batch = 0});
   } catch (const evr::error& e) {
@@ -301,7 +302,8 @@ TEST_CASE("pool: a failed creation is reported, a partial batch still serves") {
     (void)pool.acquire();
     FAIL("acquire should have thrown");
   } catch (const evr::error& err) {
-    CHECK(std::string(err.what()).find("evr::event_pool::acquire(device 0, class plain)") != std::string::npos);
+    CHECK(std::string(err.what()).find("evr::event_pool::acquire(device 0, class plain)") !=
+          std::string::npos);
   }
   auto s = pool.stats();
   CHECK(s.created == 0);
@@ -322,20 +324,21 @@ TEST_CASE("pool: a failed creation is reported, a partial batch still serves") {
 
 TEST_CASE("pool: release after the pool was destroyed destroys the event") {
   counting_backend backend(dut().backend());
-  auto pool = std::make_unique<event_pool>(backend, 0, event_class::plain, pool_options{.initial = 0, .batch = 4});
+  auto pool = std::make_unique<event_pool>(backend, 0, event_class::plain,
+                                           pool_options{.initial = 0, .batch = 4});
   std::vector<pooled_event> held;
   for (int i = 0; i < 3; ++i) held.push_back(pool->acquire());
   pooled_event moved_later = std::move(held.back());
   held.pop_back();
   CHECK(backend.live() == 4);
 
-  pool.reset();                 // destroys the one cached event
-  CHECK(backend.live() == 3);   // ... the held ones are alive
+  pool.reset();                  // destroys the one cached event
+  CHECK(backend.live() == 3);    // ... the held ones are alive
   CHECK(held[0].device() == 0);  // a handle still knows its pool's device and class
   CHECK(held[0].klass() == event_class::plain);
 
   held[0].release();
-  CHECK(backend.live() == 2);   // destroyed, not cached
+  CHECK(backend.live() == 2);  // destroyed, not cached
   pooled_event target;
   target = std::move(moved_later);  // moving a handle of a destroyed pool is fine
   held.clear();
@@ -453,7 +456,8 @@ TEST_CASE("pool_set: one pool per device and class, bad device indices refused")
   evr::pool_set pools(backend, pool_options{.initial = 0, .batch = 2});
   CHECK(&pools.backend() == &backend);
 
-  for (event_class k : {event_class::plain, event_class::timing, event_class::interprocess, event_class::blocking}) {
+  for (event_class k : {event_class::plain, event_class::timing, event_class::interprocess,
+                        event_class::blocking}) {
     CAPTURE(evr::to_string(k));
     event_pool& p = pools.get(0, k);
     CHECK(p.device() == 0);
@@ -475,8 +479,8 @@ TEST_CASE("pool_set: one pool per device and class, bad device indices refused")
       FAIL("get should have thrown");
     } catch (const evr::error& e) {
       CHECK(e.code() == evr::errc::no_device);
-      CHECK(std::string(e.what()).find("evr::pool_set::get(device " + std::to_string(bad) + ", class timing)") !=
-            std::string::npos);
+      CHECK(std::string(e.what()).find("evr::pool_set::get(device " + std::to_string(bad) +
+                                       ", class timing)") != std::string::npos);
     }
   }
   std::error_code ec;

@@ -135,7 +135,8 @@ TEST_CASE("completion tokens: use_future, use_awaitable, detached, redirect_erro
           std::error_code ec1;
           evr::event never(dut().backend());
           co_await f.waiter.async_wait(never, asio::redirect_error(asio::use_awaitable, ec1));
-          auto [ec2] = co_await f.waiter.async_wait(s, asio::experimental::as_tuple(asio::use_awaitable));
+          auto [ec2] =
+              co_await f.waiter.async_wait(s, asio::experimental::as_tuple(asio::use_awaitable));
           p.set_value({ec1, ec2});
         },
         asio::detached);
@@ -156,9 +157,8 @@ TEST_CASE("deferred + make_parallel_group: a GPU wait raced against a timer") {
     asio::steady_timer timer(f.io, timeout);
     std::size_t winner = 99;
     std::error_code gpu_ec;
-    asio::experimental::make_parallel_group(
-        f.waiter.async_wait(s, asio::experimental::deferred),
-        timer.async_wait(asio::experimental::deferred))
+    asio::experimental::make_parallel_group(f.waiter.async_wait(s, asio::experimental::deferred),
+                                            timer.async_wait(asio::experimental::deferred))
         .async_wait(asio::experimental::wait_for_one(),
                     [&](std::array<std::size_t, 2> order, std::error_code e1, std::error_code) {
                       winner = order[0];
@@ -230,10 +230,14 @@ TEST_CASE("cancel racing completion: every wait completes exactly once") {
   int finished = 0, aborted = 0, ok = 0;
   for (int i = 0; i < n; ++i) {
     dut().launch_busy(st.native(), 1);
-    f.waiter.async_wait(st, asio::bind_cancellation_slot(sigs[i].slot(), [&, i](std::error_code ec) {
+    f.waiter.async_wait(st,
+                        asio::bind_cancellation_slot(sigs[i].slot(), [&, i](std::error_code ec) {
                           ++calls[i];
                           ++finished;
-                          if (ec == asio::error::operation_aborted) ++aborted; else if (!ec) ++ok;
+                          if (ec == asio::error::operation_aborted)
+                            ++aborted;
+                          else if (!ec)
+                            ++ok;
                         }));
     if (i % 3 == 0) f.io.poll();  // let some complete before their cancel
     if (i % 2 == 0) sigs[i].emit(asio::cancellation_type::total);
@@ -256,10 +260,12 @@ TEST_CASE("waiter.cancel() and destroying the waiter abort its pending waits onl
   int mine = 0, theirs = 0;
   std::error_code theirs_ec{1, std::generic_category()};
   for (int i = 0; i < 5; ++i)
-    f.waiter.async_wait(st, [&](std::error_code ec) { mine += ec == asio::error::operation_aborted; });
+    f.waiter.async_wait(st,
+                        [&](std::error_code ec) { mine += ec == asio::error::operation_aborted; });
   {
     evr::gpu_waiter other(f.io.get_executor(), f.r);
-    other.async_wait(st, [&](std::error_code ec) { theirs += ec == asio::error::operation_aborted; });
+    other.async_wait(st,
+                     [&](std::error_code ec) { theirs += ec == asio::error::operation_aborted; });
   }  // destroyed: its wait is aborted
   evr::gpu_waiter keeper(f.io.get_executor(), f.r);
   keeper.async_wait(st, [&](std::error_code ec) { theirs_ec = ec; });
@@ -334,7 +340,10 @@ TEST_CASE("stop(): pending waits are aborted exactly once; later waits are refus
     constexpr int n = 500;
     for (int i = 0; i < n; ++i) {
       REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) {
-        if (ec == asio::error::operation_aborted) ++aborted; else ++other;
+        if (ec == asio::error::operation_aborted)
+          ++aborted;
+        else
+          ++other;
       }));
     }
     r.stop();
@@ -383,7 +392,8 @@ TEST_CASE("waits on every device complete (multi-GPU: one reactor serves all)") 
 
 // Runs in its own process (see tests/CMakeLists.txt): a sticky fault poisons the device for the
 // rest of the process, on the GPU as on the simulator.
-TEST_CASE("fault: a real sticky fault fails every pending wait of the device; the process survives") {
+TEST_CASE(
+    "fault: a real sticky fault fails every pending wait of the device; the process survives") {
   // Declared first, destroyed last: the reactors (destroyed before them) still post their last
   // completions to `io` and query the streams.
   asio::io_context io;
@@ -408,19 +418,23 @@ TEST_CASE("fault: a real sticky fault fails every pending wait of the device; th
     waiter.async_wait(a, [&](std::error_code ec) { results.push_back(ec); });
     waiter_poll.async_wait(a, [&](std::error_code ec) { results.push_back(ec); });
   }
-  const bool all = run_until(io, [&] { return results.size() == 4 * per_stream; }, std::chrono::seconds(20));
+  const bool all = run_until(
+      io, [&] { return results.size() == 4 * per_stream; }, std::chrono::seconds(20));
   const auto took = std::chrono::steady_clock::now() - t0;
-  MESSAGE("the fault completed " << results.size() << " waits in "
-          << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+  MESSAGE(
+      "the fault completed " << results.size() << " waits in "
+                             << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                             << " ms");
   CHECK(took < std::chrono::milliseconds(2500));  // not by b's kernel finishing
   if (!all) {
     auto m = r.metrics(), mp = r_poll.metrics();
-    MESSAGE("only " << results.size() << " of " << 4 * per_stream << " completed; adaptive: in flight "
-            << m.in_flight << ", faults " << m.device_faults << ", probes " << m.stream_queries
-            << ", doorbells " << m.doorbells << "; poll: in flight " << mp.in_flight << ", faults "
-            << mp.device_faults << ", queries " << mp.event_queries << "; stream a query: "
-            << dut().backend().query_stream(a.native()).message() << "; stream b query: "
-            << dut().backend().query_stream(b.native()).message());
+    MESSAGE("only " << results.size() << " of " << 4 * per_stream
+                    << " completed; adaptive: in flight " << m.in_flight << ", faults "
+                    << m.device_faults << ", probes " << m.stream_queries << ", doorbells "
+                    << m.doorbells << "; poll: in flight " << mp.in_flight << ", faults "
+                    << mp.device_faults << ", queries " << mp.event_queries
+                    << "; stream a query: " << dut().backend().query_stream(a.native()).message()
+                    << "; stream b query: " << dut().backend().query_stream(b.native()).message());
   }
   REQUIRE(all);
   int faulted = 0;

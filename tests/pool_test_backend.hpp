@@ -32,7 +32,8 @@ class counting_backend final : public device::backend {
     return destroyers_;
   }
   /// The next `n` create_event calls succeed, the ones after fail with `error` (until reset).
-  void fail_creates_after(std::uint64_t n, std::error_code error = make_cuda_error(cuda_value::invalid_value)) {
+  void fail_creates_after(std::uint64_t n,
+                          std::error_code error = make_cuda_error(cuda_value::invalid_value)) {
     fail_error_ = error;
     creates_left_.store(static_cast<std::int64_t>(n));
   }
@@ -43,7 +44,8 @@ class counting_backend final : public device::backend {
   std::string describe() const override { return "counting(" + inner_.describe() + ")"; }
   std::error_code device_count(int& count) noexcept override { return inner_.device_count(count); }
 
-  std::error_code create_event(int device, device::event_flags flags, device::native_event& out) noexcept override {
+  std::error_code create_event(int device, device::event_flags flags,
+                               device::native_event& out) noexcept override {
     std::int64_t left = creates_left_.load();
     while (left >= 0) {
       if (left == 0) return fail_error_;
@@ -68,43 +70,69 @@ class counting_backend final : public device::backend {
   std::error_code record_event(device::native_event e, device::native_stream s) noexcept override {
     return inner_.record_event(e, s);
   }
-  std::error_code query_event(device::native_event e) noexcept override { return inner_.query_event(e); }
-  std::error_code synchronize_event(device::native_event e) noexcept override { return inner_.synchronize_event(e); }
-  std::error_code elapsed_ms(device::native_event a, device::native_event b, float& ms) noexcept override {
+  std::error_code query_event(device::native_event e) noexcept override {
+    return inner_.query_event(e);
+  }
+  std::error_code synchronize_event(device::native_event e) noexcept override {
+    return inner_.synchronize_event(e);
+  }
+  std::error_code elapsed_ms(device::native_event a, device::native_event b,
+                             float& ms) noexcept override {
     return inner_.elapsed_ms(a, b, ms);
   }
-  std::error_code export_event(device::native_event e, device::ipc_event_handle& out) noexcept override {
+  std::error_code export_event(device::native_event e,
+                               device::ipc_event_handle& out) noexcept override {
     return inner_.export_event(e, out);
   }
-  std::error_code import_event(const device::ipc_event_handle& h, device::native_event& out) noexcept override {
+  std::error_code import_event(const device::ipc_event_handle& h,
+                               device::native_event& out) noexcept override {
     return inner_.import_event(h, out);
   }
-  std::error_code create_stream(int device, int priority, device::native_stream& out) noexcept override {
+  std::error_code create_stream(int device, int priority,
+                                device::native_stream& out) noexcept override {
     return inner_.create_stream(device, priority, out);
   }
   void destroy_stream(device::native_stream s) noexcept override { inner_.destroy_stream(s); }
-  std::error_code stream_device(device::native_stream s, int& d) noexcept override { return inner_.stream_device(s, d); }
+  std::error_code stream_device(device::native_stream s, int& d) noexcept override {
+    return inner_.stream_device(s, d);
+  }
   std::error_code stream_priority(device::native_stream s, int& p) noexcept override {
     return inner_.stream_priority(s, p);
   }
-  std::error_code query_stream(device::native_stream s) noexcept override { return inner_.query_stream(s); }
-  std::error_code synchronize_stream(device::native_stream s) noexcept override { return inner_.synchronize_stream(s); }
-  std::error_code stream_wait_event(device::native_stream s, device::native_event e) noexcept override {
+  std::error_code query_stream(device::native_stream s) noexcept override {
+    return inner_.query_stream(s);
+  }
+  std::error_code synchronize_stream(device::native_stream s) noexcept override {
+    return inner_.synchronize_stream(s);
+  }
+  std::error_code stream_wait_event(device::native_stream s,
+                                    device::native_event e) noexcept override {
     return inner_.stream_wait_event(s, e);
   }
-  std::error_code launch_host_func(device::native_stream s, void (*fn)(void*), void* arg) noexcept override {
+  std::error_code launch_host_func(device::native_stream s, void (*fn)(void*),
+                                   void* arg) noexcept override {
     return inner_.launch_host_func(s, fn, arg);
   }
-  bool stream_is_capturing(device::native_stream s) noexcept override { return inner_.stream_is_capturing(s); }
-  std::error_code allocate_fence_block(int device, std::size_t words, device::fence_block& out) noexcept override {
+  bool stream_is_capturing(device::native_stream s) noexcept override {
+    return inner_.stream_is_capturing(s);
+  }
+  std::error_code allocate_fence_block(int device, std::size_t words,
+                                       device::fence_block& out) noexcept override {
     return inner_.allocate_fence_block(device, words, out);
   }
-  void free_fence_block(device::fence_block& block) noexcept override { inner_.free_fence_block(block); }
-  std::error_code write_fence(device::native_stream s, std::uint64_t address, std::uint64_t value) noexcept override {
+  void free_fence_block(device::fence_block& block) noexcept override {
+    inner_.free_fence_block(block);
+  }
+  std::error_code write_fence(device::native_stream s, std::uint64_t address,
+                              std::uint64_t value) noexcept override {
     return inner_.write_fence(s, address, value);
   }
-  std::error_code set_current_device(int device) noexcept override { return inner_.set_current_device(device); }
-  std::error_code current_device(int& device) noexcept override { return inner_.current_device(device); }
+  std::error_code set_current_device(int device) noexcept override {
+    return inner_.set_current_device(device);
+  }
+  std::error_code current_device(int& device) noexcept override {
+    return inner_.current_device(device);
+  }
   void prepare_polling_thread() noexcept override { inner_.prepare_polling_thread(); }
   bool in_host_func() const noexcept override { return inner_.in_host_func(); }
 

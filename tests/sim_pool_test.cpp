@@ -28,7 +28,8 @@ using evr::pooled_event;
 namespace dev = evr::device;
 
 evr::sim::device make_sim(int devices = 1) {
-  return evr::sim::device(evr::sim::options{.devices = devices, .mode = evr::sim::run_mode::threaded});
+  return evr::sim::device(
+      evr::sim::options{.devices = devices, .mode = evr::sim::run_mode::threaded});
 }
 
 }  // namespace
@@ -40,7 +41,8 @@ TEST_CASE("sim pool: nothing leaks, whatever the order of destruction") {
     std::vector<pooled_event> released_on_other_thread;
     auto pools = std::make_unique<evr::pool_set>(sim, pool_options{.initial = 2, .batch = 4});
     for (int d = 0; d < 2; ++d) {
-      for (event_class k : {event_class::plain, event_class::timing, event_class::interprocess, event_class::blocking}) {
+      for (event_class k : {event_class::plain, event_class::timing, event_class::interprocess,
+                            event_class::blocking}) {
         event_pool& p = pools->get(d, k);
         outlive_pools.push_back(p.acquire());
         released_on_other_thread.push_back(p.acquire());
@@ -228,7 +230,8 @@ TEST_CASE("sim pool: the constructor reports a failed initial creation and leaks
     FAIL("the constructor should have thrown");
   } catch (const evr::error& e) {
     CHECK(e.code() == sim.fault(0));
-    CHECK(std::string(e.what()).find("evr::event_pool(device 0, class plain)") != std::string::npos);
+    CHECK(std::string(e.what()).find("evr::event_pool(device 0, class plain)") !=
+          std::string::npos);
   }
   CHECK(sim.counters().events_created == sim.counters().events_destroyed);
 }

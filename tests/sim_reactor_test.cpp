@@ -53,7 +53,8 @@ TEST_CASE("poll: one query of the newest event retires every older wait of the s
   evr::stream st(sim, 0);
   constexpr int n = 1000;
   std::atomic<int> done{0};
-  for (int i = 0; i < n; ++i) REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; }));
+  for (int i = 0; i < n; ++i)
+    REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; }));
   REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
   std::this_thread::sleep_for(50ms);  // the reactor settles into its longest sleep
   const auto before = r.metrics();
@@ -62,7 +63,8 @@ TEST_CASE("poll: one query of the newest event retires every older wait of the s
   const auto after = r.metrics();
   const auto queries = after.event_queries - before.event_queries;
   const auto sweeps = after.sweeps - before.sweeps;
-  MESSAGE("retired " << n << " waits with " << queries << " event queries in " << sweeps << " sweeps");
+  MESSAGE("retired " << n << " waits with " << queries << " event queries in " << sweeps
+                     << " sweeps");
   // One query (oldest: pending) per idle sweep, two (oldest, newest: done) for the sweep that
   // retires everything.
   CHECK(queries <= sweeps + 1);
@@ -79,7 +81,8 @@ TEST_CASE("poll: a partly done stream is bisected, not walked") {
   evr::stream st(sim, 0);
   constexpr int n = 1024;
   std::atomic<int> done{0};
-  for (int i = 0; i < n; ++i) REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code) { ++done; }));
+  for (int i = 0; i < n; ++i)
+    REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code) { ++done; }));
   REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
   std::this_thread::sleep_for(50ms);
   const auto before = r.metrics();
@@ -95,7 +98,8 @@ TEST_CASE("poll: a partly done stream is bisected, not walked") {
 }
 
 TEST_CASE("fence: the sweep makes no event query and no driver call but the slow probe") {
-  auto sim = std::make_unique<evr::sim::device>(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  auto sim = std::make_unique<evr::sim::device>(
+      evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
   auto opts = quick_options(evr::strategy::fence);
   opts.fault_probe_interval = 1s;
   evr::reactor r(*sim, opts);
@@ -259,11 +263,16 @@ TEST_CASE("refusals name the problem and never lose other waits") {
     evr::stream* s;
     std::atomic<int>* result;
   } c{&r, &mine, &in_host};
-  REQUIRE_FALSE(sim.launch_host_func(mine.native(), [](void* p) {
-    auto* cx = static_cast<ctx*>(p);
-    cx->result->store(evr::on_complete(*cx->r, *cx->s, [](std::error_code) {}) ==
-                      evr::errc::called_from_host_func ? 1 : 0);
-  }, &c));
+  REQUIRE_FALSE(sim.launch_host_func(
+      mine.native(),
+      [](void* p) {
+        auto* cx = static_cast<ctx*>(p);
+        cx->result->store(evr::on_complete(*cx->r, *cx->s, [](std::error_code) {}) ==
+                                  evr::errc::called_from_host_func
+                              ? 1
+                              : 0);
+      },
+      &c));
   REQUIRE(wait_until([&] { return sim.query_stream(mine.native()) == std::error_code{}; }));
   CHECK(in_host.load() == 1);
   std::atomic<int> ok{0};
@@ -314,9 +323,11 @@ TEST_CASE("zero heap allocations per wait in steady state (Asio front end, poste
       if (done < warmup + measured) waiter.async_wait(st, std::ref(next));
     };
     asio::post(io, [&] { waiter.async_wait(st, std::ref(next)); });
-    REQUIRE(run_until(io, [&] { return done == warmup + measured; }, 60s));
+    REQUIRE(run_until(
+        io, [&] { return done == warmup + measured; }, 60s));
     const std::uint64_t allocations = g_allocations.load() - at_start;
-    MESSAGE(evr::to_string(s) << ": " << allocations << " heap allocations in " << measured << " waits");
+    MESSAGE(evr::to_string(s) << ": " << allocations << " heap allocations in " << measured
+                              << " waits");
     CHECK(allocations == 0);
   }
 }

@@ -118,14 +118,16 @@ TEST_CASE_FIXTURE(fixture, "registry: query reports pending work") {
   reg.release(id);
 }
 
-TEST_CASE_FIXTURE(fixture, "registry: unknown, released and stale ids are refused with a clear error") {
+TEST_CASE_FIXTURE(fixture,
+                  "registry: unknown, released and stale ids are refused with a clear error") {
   event_registry reg(sim);
   const id_type bystander = reg.acquire(0);
   reg.record(bystander, stream);
 
   SUBCASE("ids never issued") {
-    for (id_type bad : std::initializer_list<id_type>{0, 12345, (id_type{7} << 32) | 99999, (id_type{1} << 32) | 0xffffffffULL,
-                        ~id_type{0}}) {
+    for (id_type bad :
+         std::initializer_list<id_type>{0, 12345, (id_type{7} << 32) | 99999,
+                                        (id_type{1} << 32) | 0xffffffffULL, ~id_type{0}}) {
       CAPTURE(hex(bad));
       std::error_code ec;
       reg.release(bad, ec);
@@ -148,9 +150,12 @@ TEST_CASE_FIXTURE(fixture, "registry: unknown, released and stale ids are refuse
       CHECK(code == evr::errc::unknown_event_id);
       CHECK(msg == "evr::event_registry::release(id " + hex(bad) +
                        "): unknown event id (never issued, or already released)");
-      CHECK(contains(thrown_message([&] { reg.record(bad, stream); }), "evr::event_registry::record(id " + hex(bad)));
-      CHECK(contains(thrown_message([&] { (void)reg.query(bad); }), "evr::event_registry::query(id " + hex(bad) + ")"));
-      CHECK(contains(thrown_message([&] { reg.synchronize(bad); }), "synchronize(id " + hex(bad) + ")"));
+      CHECK(contains(thrown_message([&] { reg.record(bad, stream); }),
+                     "evr::event_registry::record(id " + hex(bad)));
+      CHECK(contains(thrown_message([&] { (void)reg.query(bad); }),
+                     "evr::event_registry::query(id " + hex(bad) + ")"));
+      CHECK(contains(thrown_message([&] { reg.synchronize(bad); }),
+                     "synchronize(id " + hex(bad) + ")"));
       CHECK(contains(thrown_message([&] { reg.wait(bad, stream); }), "wait(id " + hex(bad)));
     }
   }
@@ -194,8 +199,8 @@ TEST_CASE_FIXTURE(fixture, "registry: unknown, released and stale ids are refuse
     std::error_code code;
     std::string msg = thrown_message([&] { (void)reg.elapsed_time(t1, plain); }, &code);
     CHECK(code == evr::errc::timing_disabled);
-    CHECK(contains(msg, "evr::event_registry::elapsed_time(start id " + hex(t1) + ", end id " + hex(plain) +
-                            "): end id " + hex(plain)));
+    CHECK(contains(msg, "evr::event_registry::elapsed_time(start id " + hex(t1) + ", end id " +
+                            hex(plain) + "): end id " + hex(plain)));
 
     msg = thrown_message([&] { (void)reg.elapsed_time(t1, t2); }, &code);
     CHECK(code == evr::errc::event_never_recorded);
@@ -236,7 +241,8 @@ TEST_CASE_FIXTURE(fixture, "registry: unknown, released and stale ids are refuse
   CHECK(reg.pools().stats().in_use == 0);
 }
 
-TEST_CASE_FIXTURE(fixture, "registry: a release during a call waits for the call before recycling") {
+TEST_CASE_FIXTURE(fixture,
+                  "registry: a release during a call waits for the call before recycling") {
   event_registry reg(sim);
   const id_type id = reg.acquire(0);
   std::atomic<bool> open{false};

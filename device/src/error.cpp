@@ -16,17 +16,23 @@ class evr_category_impl final : public std::error_category {
   std::string message(int value) const override {
     switch (static_cast<errc>(value)) {
       case errc::reactor_stopped: return "the reactor is stopped: the wait was not started";
-      case errc::backend_mismatch: return "the stream or event belongs to another device backend than the reactor or pool";
+      case errc::backend_mismatch:
+        return "the stream or event belongs to another device backend than the reactor or pool";
       case errc::device_mismatch: return "the event belongs to another device than the stream";
       case errc::event_never_recorded: return "the event was never recorded";
-      case errc::timing_disabled: return "the event was created without timing (elapsed_time needs event_flags::timing)";
-      case errc::interprocess_requires_no_timing: return "an interprocess event must be created without timing";
+      case errc::timing_disabled:
+        return "the event was created without timing (elapsed_time needs event_flags::timing)";
+      case errc::interprocess_requires_no_timing:
+        return "an interprocess event must be created without timing";
       case errc::invalid_ipc_handle: return "the IPC handle does not name a live exported event";
       case errc::unknown_event_id: return "unknown event id (never issued, or already released)";
       case errc::empty_handle: return "the handle is empty (default-constructed or moved from)";
-      case errc::per_thread_default_stream: return "cudaStreamPerThread is not supported: it names a different stream on every thread";
+      case errc::per_thread_default_stream:
+        return "cudaStreamPerThread is not supported: it names a different stream on every thread";
       case errc::stream_table_full: return "the reactor tracks too many distinct streams";
-      case errc::called_from_host_func: return "evr was called from inside a CUDA host function, where device calls are not allowed";
+      case errc::called_from_host_func:
+        return "evr was called from inside a CUDA host function, where device calls are not "
+               "allowed";
       case errc::invalid_argument: return "invalid argument";
       case errc::no_device: return "no such device";
       case errc::unsupported: return "not supported by this device backend";
@@ -115,8 +121,7 @@ bool is_sticky(const std::error_code& ec) noexcept {
     case 710:  // cudaErrorAssert
     case 214:  // cudaErrorECCUncorrectable
       return true;
-    default:
-      return false;
+    default: return false;
   }
 }
 

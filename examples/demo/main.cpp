@@ -59,8 +59,9 @@ settings parse(int argc, char** argv) {
       char* end = nullptr;
       long n = std::strtol(v.c_str(), &end, 10);
       if (*end != '\0' || n < lo || n > hi)
-        usage((a + " takes a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) +
-               ", not '" + v + "'").c_str());
+        usage((a + " takes a whole number from " + std::to_string(lo) + " to " +
+               std::to_string(hi) + ", not '" + v + "'")
+                  .c_str());
       return n;
     };
     if (a == "--device") {
@@ -75,11 +76,16 @@ settings parse(int argc, char** argv) {
       s.elements = static_cast<std::size_t>(number(1, 1L << 28));
     } else if (a == "--strategy") {
       std::string v = value();
-      if (v == "adaptive") s.strategy = evr::strategy::adaptive;
-      else if (v == "poll") s.strategy = evr::strategy::poll;
-      else if (v == "fence") s.strategy = evr::strategy::fence;
-      else if (v == "host_func") s.strategy = evr::strategy::host_func;
-      else usage(("unknown strategy '" + v + "'").c_str());
+      if (v == "adaptive")
+        s.strategy = evr::strategy::adaptive;
+      else if (v == "poll")
+        s.strategy = evr::strategy::poll;
+      else if (v == "fence")
+        s.strategy = evr::strategy::fence;
+      else if (v == "host_func")
+        s.strategy = evr::strategy::host_func;
+      else
+        usage(("unknown strategy '" + v + "'").c_str());
     } else if (a == "--help" || a == "-h") {
       usage("help");
     } else {
@@ -140,8 +146,10 @@ class cuda_lane final : public lane {
   const evr::stream& stream() const override { return stream_; }
   void enqueue(float a, const std::vector<float>& x, const std::vector<float>& y) override {
     auto s = static_cast<cudaStream_t>(stream_.native());
-    check(cudaMemcpyAsync(x_, x.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, s), "copy x in");
-    check(cudaMemcpyAsync(y_, y.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, s), "copy y in");
+    check(cudaMemcpyAsync(x_, x.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, s),
+          "copy x in");
+    check(cudaMemcpyAsync(y_, y.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, s),
+          "copy y in");
     check(static_cast<cudaError_t>(demo::launch_saxpy(s, a, x_, y_, n_)), "saxpy kernel");
     check(cudaMemcpyAsync(host_, y_, n_ * sizeof(float), cudaMemcpyDeviceToHost, s), "copy y out");
   }
@@ -174,8 +182,10 @@ asio::awaitable<void> client(evr::gpu_waiter& waiter, lane& l, int requests, std
     }
     const auto t0 = clock_type::now();
     l.enqueue(a, x, y);
-    auto [ec] = co_await waiter.async_wait(l.stream(), asio::experimental::as_tuple(asio::use_awaitable));
-    t.latency_us.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
+    auto [ec] =
+        co_await waiter.async_wait(l.stream(), asio::experimental::as_tuple(asio::use_awaitable));
+    t.latency_us.push_back(
+        std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
     if (ec) {
       ++t.failed;
       std::fprintf(stderr, "request failed: %s\n", ec.message().c_str());
@@ -208,7 +218,8 @@ int main(int argc, char** argv) {
     use_cuda = evr::device::cuda_device_available();
 #endif
     if (cfg.device == "cuda" && !use_cuda) {
-      std::fprintf(stderr, "evr-demo: --device cuda, but no usable CUDA device (or built without CUDA)\n");
+      std::fprintf(stderr,
+                   "evr-demo: --device cuda, but no usable CUDA device (or built without CUDA)\n");
       return 1;
     }
   }
@@ -218,10 +229,11 @@ int main(int argc, char** argv) {
     backend = &evr::device::cuda_backend();
     std::printf("device: %s\n", backend->describe().c_str());
   } else {
-    sim = std::make_unique<evr::sim::device>(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+    sim = std::make_unique<evr::sim::device>(
+        evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
     backend = sim.get();
-    std::printf("device: SIMULATED (no GPU %s) — %s\n",
-                cfg.device == "sim" ? "requested" : "found", sim->describe().c_str());
+    std::printf("device: SIMULATED (no GPU %s) — %s\n", cfg.device == "sim" ? "requested" : "found",
+                sim->describe().c_str());
   }
   std::printf("work: %d requests over %d streams, y = a*x + y on %zu floats each, strategy %s\n",
               cfg.requests, cfg.streams, cfg.elements, evr::to_string(cfg.strategy));
@@ -246,7 +258,8 @@ int main(int argc, char** argv) {
     std::vector<totals> per_lane(lanes.size());
     const auto t0 = clock_type::now();
     for (std::size_t i = 0; i < lanes.size(); ++i) {
-      int share = cfg.requests / cfg.streams + (static_cast<int>(i) < cfg.requests % cfg.streams ? 1 : 0);
+      int share =
+          cfg.requests / cfg.streams + (static_cast<int>(i) < cfg.requests % cfg.streams ? 1 : 0);
       asio::co_spawn(io, client(waiter, *lanes[i], share, cfg.elements, per_lane[i]),
                      [](std::exception_ptr e) {
                        if (e) std::rethrow_exception(e);
@@ -263,18 +276,20 @@ int main(int argc, char** argv) {
       all.latency_us.insert(all.latency_us.end(), t.latency_us.begin(), t.latency_us.end());
     }
     auto m = reactor.metrics();
-    std::printf("requests: %d completed, %d wrong answers, %d failed, in %.3f s (%.0f requests/s)\n",
-                all.done, all.wrong, all.failed, seconds, all.done / seconds);
+    std::printf(
+        "requests: %d completed, %d wrong answers, %d failed, in %.3f s (%.0f requests/s)\n",
+        all.done, all.wrong, all.failed, seconds, all.done / seconds);
     std::printf("latency per request (launch to handler): p50 %.1f us, p90 %.1f us, p99 %.1f us\n",
                 percentile(all.latency_us, 0.5), percentile(all.latency_us, 0.9),
                 percentile(all.latency_us, 0.99));
-    std::printf("reactor: %llu waits completed, %llu sweeps, %llu event queries, %llu stream probes, "
-                "%llu doorbells, %llu sleeps, %llu wake-ups\n",
-                static_cast<unsigned long long>(m.completed), static_cast<unsigned long long>(m.sweeps),
-                static_cast<unsigned long long>(m.event_queries),
-                static_cast<unsigned long long>(m.stream_queries),
-                static_cast<unsigned long long>(m.doorbells), static_cast<unsigned long long>(m.parks),
-                static_cast<unsigned long long>(m.wakeups));
+    std::printf(
+        "reactor: %llu waits completed, %llu sweeps, %llu event queries, %llu stream probes, "
+        "%llu doorbells, %llu sleeps, %llu wake-ups\n",
+        static_cast<unsigned long long>(m.completed), static_cast<unsigned long long>(m.sweeps),
+        static_cast<unsigned long long>(m.event_queries),
+        static_cast<unsigned long long>(m.stream_queries),
+        static_cast<unsigned long long>(m.doorbells), static_cast<unsigned long long>(m.parks),
+        static_cast<unsigned long long>(m.wakeups));
     std::printf("result: %s on the %s device\n",
                 (all.wrong == 0 && all.failed == 0 && all.done == cfg.requests) ? "OK" : "FAILED",
                 use_cuda ? "CUDA" : "simulated");

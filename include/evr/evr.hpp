@@ -6,6 +6,9 @@
 //   callbacks/ evr::gpu_waiter (Asio), evr::on_complete, evr::release_after
 #pragma once
 
+#include <evr/callbacks/gpu_waiter.hpp>
+#include <evr/callbacks/on_complete.hpp>
+#include <evr/callbacks/release_after.hpp>
 #include <evr/device/backend.hpp>
 #include <evr/device/error.hpp>
 #include <evr/device/event.hpp>
@@ -16,6 +19,3 @@
 #include <evr/pool/pool_set.hpp>
 #include <evr/reactor/options.hpp>
 #include <evr/reactor/reactor.hpp>
-#include <evr/callbacks/gpu_waiter.hpp>
-#include <evr/callbacks/on_complete.hpp>
-#include <evr/callbacks/release_after.hpp>

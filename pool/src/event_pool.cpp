@@ -6,9 +6,9 @@
 //                    event_pool object and by every event handed out (see "Lifetime").
 //   thread_entry   — one per (thread, pool) that has used the pool: the thread's moodycamel
 //                    producer and consumer tokens, its counters (`out`: acquires minus releases
-//                    done by this thread, `acquires`) and `spare`, a one-event cache in front of the
-//                    queue. Written by its thread only, except by the slow paths below, which hold
-//                    registry_mutex().
+//                    done by this thread, `acquires`) and `spare`, a one-event cache in front of
+//                    the queue. Written by its thread only, except by the slow paths below, which
+//                    hold registry_mutex().
 //   thread_cache   — a thread_local list of the thread's entries, plus `tl_last`, the entry used
 //                    last (the fast path compares one serial number).
 //
@@ -145,7 +145,8 @@ struct pool_state {
   std::atomic<std::uint64_t> created{0};
   std::atomic<std::uint64_t> destroyed{0};
   std::atomic<std::uint64_t> growths{0};
-  std::atomic<std::uint64_t> folded_acquires{0};  ///< acquires of dead entries and of threads without one
+  std::atomic<std::uint64_t> folded_acquires{
+      0};  ///< acquires of dead entries and of threads without one
   std::atomic<std::uint64_t> peak{0};
 
   thread_entry* entries = nullptr;  ///< guarded by registry_mutex()
@@ -187,7 +188,10 @@ void link(pool_state& s, thread_entry* e) noexcept {
 }
 
 void unlink(pool_state& s, thread_entry* e) noexcept {
-  if (e->prev) e->prev->next = e->next; else s.entries = e->next;
+  if (e->prev)
+    e->prev->next = e->next;
+  else
+    s.entries = e->next;
   if (e->next) e->next->prev = e->prev;
   e->prev = e->next = nullptr;
 }
@@ -325,7 +329,8 @@ std::int64_t in_use_locked(const pool_state& s) noexcept {
 
 void note_peak(pool_state& s, std::uint64_t in_use) noexcept {
   // relaxed: a statistic; writers hold registry_mutex, so load+store does not lose a maximum.
-  if (in_use > s.peak.load(std::memory_order_relaxed)) s.peak.store(in_use, std::memory_order_relaxed);
+  if (in_use > s.peak.load(std::memory_order_relaxed))
+    s.peak.store(in_use, std::memory_order_relaxed);
 }
 
 /// Takes every thread's spare. registry_mutex held.
@@ -350,7 +355,8 @@ void destroy_spares(pool_state& s) noexcept {
     std::lock_guard<std::mutex> lock(registry_mutex());
     steal_spares_locked(s, spares);
   }
-  for (device::native_event spare : spares) destroy_event(s, spare);  // outside the mutex: may block
+  for (device::native_event spare : spares)
+    destroy_event(s, spare);  // outside the mutex: may block
 }
 
 /// Takes one spare of another thread, or nullptr. registry_mutex held.
@@ -358,7 +364,8 @@ device::native_event steal_one_spare_locked(pool_state& s) noexcept {
   for (thread_entry* e = s.entries; e; e = e->next) {
     if (e->spare.load(std::memory_order_relaxed) == nullptr) continue;  // relaxed: a hint
     // acquire: see thread_entry::spare.
-    if (device::native_event spare = e->spare.exchange(nullptr, std::memory_order_acquire)) return spare;
+    if (device::native_event spare = e->spare.exchange(nullptr, std::memory_order_acquire))
+      return spare;
   }
   return nullptr;
 }
@@ -443,7 +450,10 @@ device::native_event grow(pool_state& s, thread_entry* e, std::error_code& ec) n
       if (count == 0) ec = err ? err : make_error_code(errc::invalid_argument);
       break;
     }
-    if (count++ == 0) first = created; else made.push_back(created);  // capacity reserved
+    if (count++ == 0)
+      first = created;
+    else
+      made.push_back(created);  // capacity reserved
   }
   if (count == 0) return nullptr;
   s.created.fetch_add(count, std::memory_order_relaxed);
@@ -541,7 +551,9 @@ pooled_event::~pooled_event() { release(); }
 
 int pooled_event::device() const noexcept { return state_ ? state_->device : -1; }
 
-event_class pooled_event::klass() const noexcept { return state_ ? state_->klass : event_class::plain; }
+event_class pooled_event::klass() const noexcept {
+  return state_ ? state_->klass : event_class::plain;
+}
 
 void pooled_event::release() noexcept {
   if (native_ == nullptr) return;
@@ -554,7 +566,8 @@ void pooled_event::release() noexcept {
 
 // --- event_pool --------------------------------------------------------------------------------
 
-event_pool::event_pool(device::backend& backend, int device, event_class klass, pool_options options)
+event_pool::event_pool(device::backend& backend, int device, event_class klass,
+                       pool_options options)
     : state_(nullptr) {
   if (options.batch == 0) {
     throw error(make_error_code(errc::invalid_argument),
@@ -623,7 +636,8 @@ void event_pool::discard_native(device::native_event event) noexcept {
 void event_pool::empty_cache() noexcept {
   {
     std::lock_guard<std::mutex> lock(pool_detail::registry_mutex());
-    pool_detail::note_peak(*state_, static_cast<std::uint64_t>(pool_detail::in_use_locked(*state_)));
+    pool_detail::note_peak(*state_,
+                           static_cast<std::uint64_t>(pool_detail::in_use_locked(*state_)));
   }
   pool_detail::empty_cache(*state_);
 }

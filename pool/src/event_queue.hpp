@@ -12,9 +12,9 @@
 //
 // Memory order: in both variants a push happens-before the pop that takes the same item (moodycamel
 // publishes items with release stores and reads them after acquire loads; the mutex does the same).
-// Neither variant gives "pop fails only if empty" under concurrency: a pop racing with other pops may
-// fail while items remain (moodycamel: "likely but not guaranteed to be empty"). Callers treat a
-// failed pop as "probably empty".
+// Neither variant gives "pop fails only if empty" under concurrency: a pop racing with other pops
+// may fail while items remain (moodycamel: "likely but not guaranteed to be empty"). Callers treat
+// a failed pop as "probably empty".
 //
 // Thread safety: every member is thread-safe; a producer token must be used by one thread at a
 // time, and destroyed before its queue.

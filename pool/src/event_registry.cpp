@@ -37,9 +37,13 @@ constexpr std::uint64_t users_mask = 0xffff'fffeULL;
 constexpr std::uint32_t generation_of(std::uint64_t word_or_id) noexcept {
   return static_cast<std::uint32_t>(word_or_id >> 32);
 }
-constexpr std::uint32_t index_of(std::uint64_t id) noexcept { return static_cast<std::uint32_t>(id); }
+constexpr std::uint32_t index_of(std::uint64_t id) noexcept {
+  return static_cast<std::uint32_t>(id);
+}
 constexpr std::uint64_t users_of(std::uint64_t word) noexcept { return (word & users_mask) >> 1; }
-constexpr std::uint32_t next_generation(std::uint32_t g) noexcept { return g == 0xffff'ffffU ? 1 : g + 1; }
+constexpr std::uint32_t next_generation(std::uint32_t g) noexcept {
+  return g == 0xffff'ffffU ? 1 : g + 1;
+}
 
 std::string hex(std::uint64_t v) {
   char buf[32];
@@ -70,10 +74,12 @@ struct event_registry::impl {
 
   impl() : chunks(new std::atomic<slot*>[chunk_count]) {
     // relaxed: nothing can observe the registry before its constructor returns.
-    for (std::uint64_t i = 0; i < chunk_count; ++i) chunks[i].store(nullptr, std::memory_order_relaxed);
+    for (std::uint64_t i = 0; i < chunk_count; ++i)
+      chunks[i].store(nullptr, std::memory_order_relaxed);
   }
   ~impl() {
-    for (std::uint64_t i = 0; i < chunk_count; ++i) delete[] chunks[i].load(std::memory_order_relaxed);
+    for (std::uint64_t i = 0; i < chunk_count; ++i)
+      delete[] chunks[i].load(std::memory_order_relaxed);
   }
 
   /// The slot of `id`'s index, or nullptr when that index was never handed out.
@@ -105,7 +111,8 @@ struct event_registry::impl {
         return nullptr;  // this index is lost; a later one of the chunk retries the allocation
       }
       // acq_rel: release publishes the constructed slots; acquire (on failure) sees the winner's.
-      if (cell.compare_exchange_strong(chunk, made, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      if (cell.compare_exchange_strong(chunk, made, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
         chunk = made;
       } else {
         delete[] made;
@@ -175,7 +182,8 @@ event_registry::~event_registry() {
 
 // --- error_code overloads ----------------------------------------------------------------------
 
-event_registry::id_type event_registry::acquire(int device, event_class klass, std::error_code& ec) noexcept {
+event_registry::id_type event_registry::acquire(int device, event_class klass,
+                                                std::error_code& ec) noexcept {
   ec.clear();
   event_pool* pool = pools_.get(device, klass, ec);
   if (pool == nullptr) return invalid_id;
@@ -236,7 +244,8 @@ void with_slot(Impl& impl, std::uint64_t id, std::error_code& ec, Fn&& fn) noexc
 
 }  // namespace
 
-void event_registry::record(id_type id, device::native_stream stream, std::error_code& ec) noexcept {
+void event_registry::record(id_type id, device::native_stream stream,
+                            std::error_code& ec) noexcept {
   ec.clear();
   with_slot<impl, slot>(*impl_, id, ec, [&](slot& s) {
     ec = s.pool->backend().record_event(s.event, stream);
@@ -246,9 +255,8 @@ void event_registry::record(id_type id, device::native_stream stream, std::error
 
 void event_registry::wait(id_type id, device::native_stream stream, std::error_code& ec) noexcept {
   ec.clear();
-  with_slot<impl, slot>(*impl_, id, ec, [&](slot& s) {
-    ec = s.pool->backend().stream_wait_event(stream, s.event);
-  });
+  with_slot<impl, slot>(
+      *impl_, id, ec, [&](slot& s) { ec = s.pool->backend().stream_wait_event(stream, s.event); });
 }
 
 bool event_registry::query(id_type id, std::error_code& ec) noexcept {
@@ -256,15 +264,18 @@ bool event_registry::query(id_type id, std::error_code& ec) noexcept {
   bool done = false;
   with_slot<impl, slot>(*impl_, id, ec, [&](slot& s) {
     std::error_code q = s.pool->backend().query_event(s.event);
-    if (!q) done = true;
-    else if (!is_not_ready(q)) ec = q;
+    if (!q)
+      done = true;
+    else if (!is_not_ready(q))
+      ec = q;
   });
   return done;
 }
 
 void event_registry::synchronize(id_type id, std::error_code& ec) noexcept {
   ec.clear();
-  with_slot<impl, slot>(*impl_, id, ec, [&](slot& s) { ec = s.pool->backend().synchronize_event(s.event); });
+  with_slot<impl, slot>(*impl_, id, ec,
+                        [&](slot& s) { ec = s.pool->backend().synchronize_event(s.event); });
 }
 
 device::native_event event_registry::native(id_type id, std::error_code& ec) noexcept {

@@ -8,7 +8,8 @@ namespace evr {
 namespace {
 
 std::string get_context(int device, event_class klass) {
-  return "evr::pool_set::get(device " + std::to_string(device) + ", class " + to_string(klass) + ")";
+  return "evr::pool_set::get(device " + std::to_string(device) + ", class " + to_string(klass) +
+         ")";
 }
 
 }  // namespace
@@ -45,7 +46,8 @@ event_pool* pool_set::get(int device, event_class klass, std::error_code& ec) no
     ec = make_error_code(errc::no_device);
     return nullptr;
   }
-  auto& slot = pools_[static_cast<std::size_t>(device) * event_class_count + static_cast<unsigned>(klass)];
+  auto& slot =
+      pools_[static_cast<std::size_t>(device) * event_class_count + static_cast<unsigned>(klass)];
   // acquire: pairs with the release store below, so the pool is fully constructed when seen.
   if (event_pool* pool = slot.load(std::memory_order_acquire)) return pool;
 

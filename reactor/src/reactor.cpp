@@ -74,7 +74,8 @@ std::uint64_t load_fence(const std::uint64_t* word) {
 reactor_core::reactor_core(device::backend& backend, reactor_options options)
     : backend_(backend),
       options_(options),
-      pools_(backend, pool_options{.initial = 0, .batch = std::max<std::size_t>(1, options.pool_batch)}),
+      pools_(backend,
+             pool_options{.initial = 0, .batch = std::max<std::size_t>(1, options.pool_batch)}),
       streams_(options.max_streams),
       fences_(backend) {
   ready_.reserve(256);
@@ -131,7 +132,8 @@ std::error_code reactor_core::find_stream(const wait_target& target, stream_stat
   }
   if (fresh->device < 0 || fresh->device >= max_devices) return make_error_code(errc::no_device);
   if (options_.strategy == strategy::fence || options_.strategy == strategy::adaptive) {
-    if (auto ec = fences_.allocate(fresh->device, fresh->fence_host, fresh->fence_device)) return ec;
+    if (auto ec = fences_.allocate(fresh->device, fresh->fence_host, fresh->fence_device))
+      return ec;
   }
   stream_state* in_table = streams_.insert(fresh.get());
   if (in_table == nullptr) return make_error_code(errc::stream_table_full);
@@ -158,13 +160,9 @@ std::error_code reactor_core::put_marker(stream_state& st, wait_op& op) noexcept
   st.lock_markers();
   const std::uint64_t seq = ++st.next_seq_;
   switch (options_.strategy) {
-    case strategy::poll:
-      ec = backend_.record_event(ev, st.native);
-      break;
+    case strategy::poll: ec = backend_.record_event(ev, st.native); break;
     case strategy::fence:
-    case strategy::adaptive:
-      ec = backend_.write_fence(st.native, st.fence_device, seq);
-      break;
+    case strategy::adaptive: ec = backend_.write_fence(st.native, st.fence_device, seq); break;
     case strategy::host_func:
       st.host_funcs_outstanding.fetch_add(1, std::memory_order_relaxed);
       ec = backend_.launch_host_func(st.native, &reactor_core::host_func_done, &st);
@@ -191,7 +189,8 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
     return ec;
   };
   if (op == nullptr) return refuse(make_error_code(errc::invalid_argument));
-  if (stopping_.load(std::memory_order_acquire)) return refuse(make_error_code(errc::reactor_stopped));
+  if (stopping_.load(std::memory_order_acquire))
+    return refuse(make_error_code(errc::reactor_stopped));
   if (target.backend == nullptr) return refuse(make_error_code(errc::empty_handle));
   if (target.backend != &backend_) return refuse(make_error_code(errc::backend_mismatch));
   if (backend_.in_host_func()) return refuse(make_error_code(errc::called_from_host_func));
@@ -223,10 +222,8 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
       // reactor (a napping one picks the wait up when its nap ends).
       wake_->wake_for_submission();
       return {};
-    case intrusive_stack<wait_op, &wait_op::next_>::push_result::pushed:
-      return {};
-    case intrusive_stack<wait_op, &wait_op::next_>::push_result::closed:
-      break;
+    case intrusive_stack<wait_op, &wait_op::next_>::push_result::pushed: return {};
+    case intrusive_stack<wait_op, &wait_op::next_>::push_result::closed: break;
   }
   // The reactor closed between our check and the push. The marker is on the stream: its event
   // must not be reused before the GPU passes it, so destroy it (CUDA defers the free).
@@ -246,7 +243,7 @@ void reactor_core::host_func_done(void* state) noexcept {
 
 void reactor_core::doorbell_rang(void* state) noexcept {
   auto* st = static_cast<stream_state*>(state);
-  std::shared_ptr<wakeup> wake = st->wake;  // as in host_func_done
+  std::shared_ptr<wakeup> wake = st->wake;                   // as in host_func_done
   st->doorbell_rang.store(true, std::memory_order_seq_cst);  // seq_cst: part of the wake handshake
   st->host_funcs_outstanding.fetch_sub(1, std::memory_order_release);  // last touch of `st`
   wake->wake_urgent();
@@ -260,7 +257,8 @@ void reactor_core::cancel(wait_op* op) noexcept {
     return;  // already completed or already being cancelled: cancelling twice is harmless
   }
   // From here the reactor will not free `op` until it has seen this request.
-  if (cancels_.push(op) == intrusive_stack<wait_op, &wait_op::cancel_next_>::push_result::pushed_to_empty)
+  if (cancels_.push(op) ==
+      intrusive_stack<wait_op, &wait_op::cancel_next_>::push_result::pushed_to_empty)
     wake_->wake_urgent();
 }
 
@@ -430,7 +428,8 @@ void reactor_core::accept(wait_op* op, clock::time_point now) {
   if (op->device_ >= 0 && device_fault_[op->device_]) {
     // The device is dead: nothing will ever complete there. Its event is kept out of the pool
     // and destroyed with the reactor, off this thread (cudaEventDestroy may block).
-    if (op->stream_ != nullptr && op->event_pool_ != nullptr) abandoned_.emplace_back(op->event_pool_, op->event_);
+    if (op->stream_ != nullptr && op->event_pool_ != nullptr)
+      abandoned_.emplace_back(op->event_pool_, op->event_);
     op->event_pool_ = nullptr;
     retire_op(op, device_fault_[op->device_]);
     return;
@@ -611,7 +610,10 @@ bool reactor_core::probe(stream_state& st, clock::time_point now) {
   std::error_code ec = backend_.query_stream(st.native);
   if (is_not_ready(ec)) return false;
   if (ec) {
-    if (is_sticky(ec)) fail_device(st.device, ec); else fail_stream(st, ec);
+    if (is_sticky(ec))
+      fail_device(st.device, ec);
+    else
+      fail_stream(st, ec);
     return true;
   }
   // The stream is idle: every marker enqueued before this query has executed, which includes
@@ -686,13 +688,9 @@ bool reactor_core::sweep(clock::time_point now) {
     }
     bool moved = false;
     switch (options_.strategy) {
-      case strategy::poll:
-        moved = sweep_poll(st);
-        break;
+      case strategy::poll: moved = sweep_poll(st); break;
       case strategy::fence:
-      case strategy::adaptive:
-        moved = sweep_word(st, load_fence(st.fence_host));
-        break;
+      case strategy::adaptive: moved = sweep_word(st, load_fence(st.fence_host)); break;
       case strategy::host_func:
         moved = sweep_word(st, st.host_done.load(std::memory_order_acquire));
         break;
@@ -820,7 +818,8 @@ void reactor_core::idle(clock::time_point now, bool progress, bool took_new) {
     }
   }
   std::chrono::nanoseconds nap = sleep_step_;
-  bool all_doorbells = options_.strategy == strategy::adaptive && !active_.empty() && loose_.empty();
+  bool all_doorbells =
+      options_.strategy == strategy::adaptive && !active_.empty() && loose_.empty();
   if (all_doorbells)
     for (stream_state* st : active_) all_doorbells = all_doorbells && st->doorbell_armed;
   if (options_.strategy == strategy::host_func || all_doorbells) {

@@ -110,12 +110,12 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::vector<stream_state*> active_;  // streams with entries
   std::vector<wait_op*> loose_;        // waits on user events
   std::size_t loose_cursor_ = 0;
-  std::vector<std::pair<wait_op*, std::error_code>> ready_;  // retired, to deliver
-  std::vector<std::pair<event_pool*, device::native_event>> abandoned_;  // pending at abort
+  std::vector<std::pair<wait_op*, std::error_code>> ready_;               // retired, to deliver
+  std::vector<std::pair<event_pool*, device::native_event>> abandoned_;   // pending at abort
   std::vector<std::pair<event_pool*, device::native_event>> to_release_;  // GPU past them
   std::array<std::error_code, max_devices> device_fault_{};
-  std::size_t pending_ops_ = 0;       // ops in timelines or loose_ (not ghosts)
-  std::size_t awaiting_cancel_ = 0;   // retired while a cancel request is in flight
+  std::size_t pending_ops_ = 0;      // ops in timelines or loose_ (not ghosts)
+  std::size_t awaiting_cancel_ = 0;  // retired while a cancel request is in flight
   int current_device_ = -1;
   bool closed_ = false;
   bool aborted_fences_ = false;

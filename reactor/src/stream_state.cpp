@@ -4,8 +4,7 @@
 
 namespace evr::detail {
 
-stream_table::stream_table(std::size_t max_streams)
-    : max_(max_streams == 0 ? 1 : max_streams) {
+stream_table::stream_table(std::size_t max_streams) : max_(max_streams == 0 ? 1 : max_streams) {
   std::size_t capacity = std::bit_ceil(max_ * 2);
   slots_ = std::make_unique<std::atomic<stream_state*>[]>(capacity);
   for (std::size_t i = 0; i < capacity; ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
@@ -16,7 +15,8 @@ stream_table::~stream_table() = default;  // the reactor core deletes the states
 
 std::size_t stream_table::home(device::native_stream native, int key_device) const noexcept {
   // Fibonacci hashing of the handle's address (low bits are alignment zeros) and the device.
-  auto x = reinterpret_cast<std::uintptr_t>(native) ^ (static_cast<std::uintptr_t>(key_device + 1) << 48);
+  auto x = reinterpret_cast<std::uintptr_t>(native) ^
+           (static_cast<std::uintptr_t>(key_device + 1) << 48);
   return static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >> 20) & mask_;
 }
 
@@ -76,7 +76,10 @@ void retain_for_process_lifetime(const device::fence_block& block) {
 fence_allocator::~fence_allocator() {
   for (auto& d : devices_) {
     for (auto& b : d.blocks) {
-      if (leak_) retain_for_process_lifetime(b); else backend_.free_fence_block(b);
+      if (leak_)
+        retain_for_process_lifetime(b);
+      else
+        backend_.free_fence_block(b);
     }
   }
 }

@@ -56,7 +56,10 @@ class timeline {
     std::size_t lo = 0, hi = size_;
     while (lo < hi) {
       std::size_t mid = (lo + hi) / 2;
-      if (at(mid).seq < seq) lo = mid + 1; else hi = mid;
+      if (at(mid).seq < seq)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     return (lo < size_ && at(lo).seq == seq) ? lo : size_;
   }

@@ -19,7 +19,8 @@ class sim_gate final : public gate {
   void launch(device::native_stream stream) override {
     auto flag = flag_;
     device_.launch_kernel(stream, {}, [flag] {
-      while (!flag->load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      while (!flag->load(std::memory_order_acquire))
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
     });
   }
   void open() override { flag_->store(true, std::memory_order_release); }
@@ -34,7 +35,9 @@ class sim_under_test final : public device_under_test {
   device::backend& backend() override { return device_; }
   const char* name() const override { return "sim"; }
   std::unique_ptr<gate> make_gate() override { return std::make_unique<sim_gate>(device_); }
-  void launch_fault(device::native_stream stream) override { device_.launch_faulting_kernel(stream); }
+  void launch_fault(device::native_stream stream) override {
+    device_.launch_faulting_kernel(stream);
+  }
   void launch_busy(device::native_stream stream, unsigned microseconds) override {
     device_.launch_kernel(stream, std::chrono::microseconds(microseconds));
   }

@@ -62,14 +62,11 @@ class basic_gpu_waiter {
   /// Finds the reactor through the executor's context (evr::reactor_service).
   explicit basic_gpu_waiter(const executor_type& ex)
       : executor_(ex),
-        reactor_(&asio::use_service<reactor_service>(
-                      asio::query(ex, asio::execution::context))
-                      .get()) {}
-  template <typename ExecutionContext,
-            typename = std::enable_if_t<
-                std::is_convertible_v<ExecutionContext&, asio::execution_context&>>>
-  explicit basic_gpu_waiter(ExecutionContext& context)
-      : basic_gpu_waiter(context.get_executor()) {}
+        reactor_(
+            &asio::use_service<reactor_service>(asio::query(ex, asio::execution::context)).get()) {}
+  template <typename ExecutionContext, typename = std::enable_if_t<std::is_convertible_v<
+                                           ExecutionContext&, asio::execution_context&>>>
+  explicit basic_gpu_waiter(ExecutionContext& context) : basic_gpu_waiter(context.get_executor()) {}
 
   basic_gpu_waiter(basic_gpu_waiter&& other) noexcept
       : executor_(other.executor_),

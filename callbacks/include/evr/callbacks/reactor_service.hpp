@@ -1,8 +1,9 @@
 // evr/callbacks/reactor_service.hpp — finds a reactor through an Asio execution context, as
 // Asio's timers find their service.
 //
-//   evr::use_reactor(io, my_reactor);            // attach one (it must outlive the context's waits)
-//   evr::gpu_waiter w{io.get_executor()};        // uses it, or a default CUDA reactor made on
+//   evr::use_reactor(io, my_reactor);            // attach one (it must outlive the context's
+//   waits) evr::gpu_waiter w{io.get_executor()};        // uses it, or a default CUDA reactor made
+//   on
 //                                                // first use and owned by the context
 //
 // Thread safety: use() and get() are thread-safe. Lifetime: an owned reactor is stopped when the

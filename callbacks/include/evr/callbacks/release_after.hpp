@@ -63,9 +63,8 @@ std::error_code release_after(reactor& r, const wait_target& target, Resource&& 
   using holder = detail::resource_holder<std::decay_t<Resource>>;
   auto keep = std::make_unique<holder>(holder{std::forward<Resource>(resource)});
   holder* raw = keep.get();
-  std::error_code ec = on_complete(r, target, [raw, ex](std::error_code) {
-    asio::post(ex, [raw] { delete raw; });
-  });
+  std::error_code ec =
+      on_complete(r, target, [raw, ex](std::error_code) { asio::post(ex, [raw] { delete raw; }); });
   if (ec) {
     detail::synchronize_target(target);
     return ec;

@@ -58,11 +58,11 @@ struct ipc_event_handle {
 /// operations (mapped, not write-combined). Words are spaced one per 64-byte line so that the
 /// reactor's reads of one word never share a line with the device's writes of another.
 struct fence_block {
-  std::uint64_t* host = nullptr;    ///< host address of word 0
-  std::uint64_t device_address = 0; ///< device address of word 0
-  std::size_t words = 0;            ///< number of words
+  std::uint64_t* host = nullptr;                  ///< host address of word 0
+  std::uint64_t device_address = 0;               ///< device address of word 0
+  std::size_t words = 0;                          ///< number of words
   static constexpr std::size_t stride_words = 8;  ///< 64 bytes between consecutive words
-  void* allocation = nullptr;       ///< backend-private: what free_fence_block releases
+  void* allocation = nullptr;  ///< backend-private: what free_fence_block releases
 
   std::uint64_t* host_word(std::size_t i) const noexcept { return host + i * stride_words; }
   std::uint64_t device_word(std::size_t i) const noexcept {
@@ -83,7 +83,8 @@ class backend {
   virtual std::error_code device_count(int& count) noexcept = 0;
 
   // --- events --------------------------------------------------------------------------------
-  virtual std::error_code create_event(int device, event_flags flags, native_event& out) noexcept = 0;
+  virtual std::error_code create_event(int device, event_flags flags,
+                                       native_event& out) noexcept = 0;
   /// May block in the driver (see CUDA-NOTES): never called on the reactor thread.
   virtual void destroy_event(native_event event) noexcept = 0;
   /// Records on `stream`; the event and the stream must belong to the same device.
@@ -93,7 +94,8 @@ class backend {
   virtual std::error_code synchronize_event(native_event event) noexcept = 0;
   virtual std::error_code elapsed_ms(native_event start, native_event end, float& ms) noexcept = 0;
   virtual std::error_code export_event(native_event event, ipc_event_handle& out) noexcept = 0;
-  virtual std::error_code import_event(const ipc_event_handle& handle, native_event& out) noexcept = 0;
+  virtual std::error_code import_event(const ipc_event_handle& handle,
+                                       native_event& out) noexcept = 0;
 
   // --- streams -------------------------------------------------------------------------------
   /// Creates a non-blocking stream (never synchronizes with the legacy default stream).
@@ -108,14 +110,16 @@ class backend {
   virtual std::error_code stream_wait_event(native_stream stream, native_event event) noexcept = 0;
   /// Enqueues fn(arg) (cudaLaunchHostFunc). fn runs on a backend thread, must not call evr or
   /// the device API, and is never called once the device has faulted.
-  virtual std::error_code launch_host_func(native_stream stream, void (*fn)(void*), void* arg) noexcept = 0;
+  virtual std::error_code launch_host_func(native_stream stream, void (*fn)(void*),
+                                           void* arg) noexcept = 0;
   /// True while `stream` is being captured into a graph: nothing may then be enqueued on it by
   /// anyone but the capturing code (the reactor checks before arming a doorbell).
   virtual bool stream_is_capturing(native_stream /*stream*/) noexcept { return false; }
 
   // --- fences (stream memory operations) -----------------------------------------------------
   /// Allocates `words` fence words for `device`, zero-initialised. Slow; never on the reactor.
-  virtual std::error_code allocate_fence_block(int device, std::size_t words, fence_block& out) noexcept = 0;
+  virtual std::error_code allocate_fence_block(int device, std::size_t words,
+                                               fence_block& out) noexcept = 0;
   virtual void free_fence_block(fence_block& block) noexcept = 0;
   /// Enqueues a 64-bit write of `value` to `device_address` (cuStreamWriteValue64). Once the
   /// device faulted the write never lands.

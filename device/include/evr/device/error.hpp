@@ -15,21 +15,21 @@ namespace evr {
 
 /// Errors raised by evr itself (as opposed to errors reported by the device).
 enum class errc {
-  reactor_stopped = 1,            ///< the reactor is stopping or stopped; the wait was not started
-  backend_mismatch,               ///< a stream or event of one device backend given to another
-  device_mismatch,                ///< an event recorded on one device used with another device
-  event_never_recorded,           ///< awaiting / timing an event that was never recorded
-  timing_disabled,                ///< elapsed_time on an event created without timing
-  interprocess_requires_no_timing,///< interprocess events must be created without timing
-  invalid_ipc_handle,             ///< an IPC handle that does not name a live exported event
-  unknown_event_id,               ///< a pool id that was never issued or was already released
-  empty_handle,                   ///< an operation on a moved-from / default-constructed handle
-  per_thread_default_stream,      ///< cudaStreamPerThread has no identity the reactor can track
-  stream_table_full,              ///< the reactor tracks too many distinct streams
-  called_from_host_func,          ///< evr called from inside a CUDA host function (not allowed)
-  invalid_argument,               ///< an argument out of its documented range
-  no_device,                      ///< no device of that index (or none at all)
-  unsupported,                    ///< the backend cannot do this (e.g. IPC on the simulator)
+  reactor_stopped = 1,   ///< the reactor is stopping or stopped; the wait was not started
+  backend_mismatch,      ///< a stream or event of one device backend given to another
+  device_mismatch,       ///< an event recorded on one device used with another device
+  event_never_recorded,  ///< awaiting / timing an event that was never recorded
+  timing_disabled,       ///< elapsed_time on an event created without timing
+  interprocess_requires_no_timing,  ///< interprocess events must be created without timing
+  invalid_ipc_handle,               ///< an IPC handle that does not name a live exported event
+  unknown_event_id,                 ///< a pool id that was never issued or was already released
+  empty_handle,                     ///< an operation on a moved-from / default-constructed handle
+  per_thread_default_stream,        ///< cudaStreamPerThread has no identity the reactor can track
+  stream_table_full,                ///< the reactor tracks too many distinct streams
+  called_from_host_func,            ///< evr called from inside a CUDA host function (not allowed)
+  invalid_argument,                 ///< an argument out of its documented range
+  no_device,                        ///< no device of that index (or none at all)
+  unsupported,                      ///< the backend cannot do this (e.g. IPC on the simulator)
 };
 
 const std::error_category& evr_category() noexcept;

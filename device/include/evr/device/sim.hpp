@@ -132,7 +132,8 @@ class device final : public evr::device::backend {
                                 evr::device::native_stream& out) noexcept override;
   void destroy_stream(evr::device::native_stream stream) noexcept override;
   std::error_code stream_device(evr::device::native_stream stream, int& device) noexcept override;
-  std::error_code stream_priority(evr::device::native_stream stream, int& priority) noexcept override;
+  std::error_code stream_priority(evr::device::native_stream stream,
+                                  int& priority) noexcept override;
   std::error_code query_stream(evr::device::native_stream stream) noexcept override;
   std::error_code synchronize_stream(evr::device::native_stream stream) noexcept override;
   std::error_code stream_wait_event(evr::device::native_stream stream,

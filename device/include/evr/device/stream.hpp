@@ -41,12 +41,12 @@ class stream {
   /// Identity for maps and logs (the native handle's address).
   std::uintptr_t id() const noexcept { return reinterpret_cast<std::uintptr_t>(native_); }
 
-  int device() const;             ///< throws evr::error
-  int priority() const;           ///< throws evr::error
+  int device() const;    ///< throws evr::error
+  int priority() const;  ///< throws evr::error
   /// true when all work enqueued so far is done; false when pending; throws on device error.
   bool query() const;
-  void synchronize() const;       ///< throws evr::error
-  void wait_event(const event& e) const;   ///< later work waits for `e` (throws)
+  void synchronize() const;                     ///< throws evr::error
+  void wait_event(const event& e) const;        ///< later work waits for `e` (throws)
   void wait_stream(const stream& other) const;  ///< later work waits for other's work so far
 
   // error_code overloads: never throw.

@@ -14,8 +14,9 @@
 //
 // Thread safety: every member is thread-safe. acquire/release never block unless a batch must be
 // created or the calling thread uses the pool for the first time (it then registers itself under a
-// process-wide mutex). Memory order: the queue gives release/acquire between release() and the next acquire()
-// of the same event, so whatever the releasing thread did with the event happens-before its reuse.
+// process-wide mutex). Memory order: the queue gives release/acquire between release() and the next
+// acquire() of the same event, so whatever the releasing thread did with the event happens-before
+// its reuse.
 //
 // How it stays fast (pool/src/event_pool.cpp has the details): every thread that uses a pool gets
 // a small per-thread record for it: a one-event cache (the "spare"), a moodycamel producer token
@@ -24,7 +25,8 @@
 // line another thread writes; an event in a thread's spare is taken by others only when they would
 // otherwise grow, and by empty_cache(). The counters behind stats() and behind the lifetime rule
 // are per thread and summed on demand. Consequences:
-//   * stats() walks those records under a process-wide mutex: call it for monitoring, not per event.
+//   * stats() walks those records under a process-wide mutex: call it for monitoring, not per
+//   event.
 //   * peak_in_use is sampled (at growth, empty_cache() and stats()), not tracked per acquire.
 //   * Cached events are not handed out in FIFO order.
 //   * The backend must outlive every pool and every event taken from one.
@@ -73,8 +75,8 @@ struct pool_stats {
   /// High-water mark of in_use, sampled when the cache runs dry (growth), at empty_cache() and at
   /// stats(): never above the true peak, and below it by less than `batch` when quiescent.
   std::uint64_t peak_in_use = 0;
-  std::uint64_t acquires = 0;   ///< successful acquires
-  std::uint64_t growths = 0;    ///< times a batch was created because the cache was empty
+  std::uint64_t acquires = 0;  ///< successful acquires
+  std::uint64_t growths = 0;   ///< times a batch was created because the cache was empty
 };
 
 class event_pool;

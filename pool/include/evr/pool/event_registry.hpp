@@ -75,7 +75,8 @@ class event_registry {
   device::native_event native(id_type id);
 
   // --- error_code overloads: never throw ------------------------------------------------------
-  id_type acquire(int device, event_class klass, std::error_code& ec) noexcept;  ///< invalid_id on failure
+  id_type acquire(int device, event_class klass,
+                  std::error_code& ec) noexcept;  ///< invalid_id on failure
   void release(id_type id, std::error_code& ec) noexcept;
   void record(id_type id, device::native_stream stream, std::error_code& ec) noexcept;
   void wait(id_type id, device::native_stream stream, std::error_code& ec) noexcept;

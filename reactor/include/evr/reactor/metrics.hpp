@@ -19,19 +19,19 @@ struct latency_histogram {
 /// Counters are cumulative since the reactor started. Read with reactor::metrics(); each field is
 /// read atomically but the snapshot as a whole is not (fields may be a few operations apart).
 struct reactor_metrics {
-  std::uint64_t submitted = 0;   ///< waits accepted by the reactor thread
-  std::uint64_t completed = 0;   ///< waits completed with success
-  std::uint64_t cancelled = 0;   ///< waits completed with operation_aborted (cancel or shutdown)
-  std::uint64_t failed = 0;      ///< waits completed with a device error
-  std::uint64_t rejected = 0;    ///< waits refused at submission (stopped reactor, bad input)
-  std::uint64_t in_flight = 0;   ///< submitted - (completed + cancelled + failed)
-  std::uint64_t sweeps = 0;      ///< passes over the pending streams
+  std::uint64_t submitted = 0;  ///< waits accepted by the reactor thread
+  std::uint64_t completed = 0;  ///< waits completed with success
+  std::uint64_t cancelled = 0;  ///< waits completed with operation_aborted (cancel or shutdown)
+  std::uint64_t failed = 0;     ///< waits completed with a device error
+  std::uint64_t rejected = 0;   ///< waits refused at submission (stopped reactor, bad input)
+  std::uint64_t in_flight = 0;  ///< submitted - (completed + cancelled + failed)
+  std::uint64_t sweeps = 0;     ///< passes over the pending streams
   std::uint64_t event_queries = 0;
   std::uint64_t stream_queries = 0;  ///< fault probes
-  std::uint64_t doorbells = 0;   ///< host-function doorbells armed (adaptive)
-  std::uint64_t parks = 0;       ///< times the thread slept (timed or indefinite)
-  std::uint64_t wakeups = 0;     ///< times a submission or host function woke a sleeping thread
-  std::uint64_t streams = 0;     ///< distinct streams known
+  std::uint64_t doorbells = 0;       ///< host-function doorbells armed (adaptive)
+  std::uint64_t parks = 0;           ///< times the thread slept (timed or indefinite)
+  std::uint64_t wakeups = 0;         ///< times a submission or host function woke a sleeping thread
+  std::uint64_t streams = 0;         ///< distinct streams known
   std::uint64_t device_faults = 0;   ///< sticky faults seen (each device counted once)
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;

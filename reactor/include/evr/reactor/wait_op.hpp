@@ -28,7 +28,7 @@ struct stream_state;
 
 /// How a completed wait reaches its handler.
 enum class delivery : unsigned char {
-  post,    ///< to the handler's associated executor (asio::post): the default
+  post,               ///< to the handler's associated executor (asio::post): the default
   inline_on_reactor,  ///< run on the reactor thread: lowest latency; the handler must be short
                       ///< and must never block (it delays every other completion)
 };
@@ -53,8 +53,8 @@ class wait_op {
   std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
 
   // --- set by reactor::submit on the submitting thread, then (reactor) -----------------------
-  wait_op* next_ = nullptr;         ///< submission stack link
-  wait_op* cancel_next_ = nullptr;  ///< control stack link (per-operation cancellation)
+  wait_op* next_ = nullptr;                 ///< submission stack link
+  wait_op* cancel_next_ = nullptr;          ///< control stack link (per-operation cancellation)
   detail::stream_state* stream_ = nullptr;  ///< null for a wait on a user event
   device::native_event event_ = nullptr;    ///< pooled marker (poll) or the user's event
   event_pool* event_pool_ = nullptr;        ///< set when event_ is pooled: return it there
@@ -62,7 +62,11 @@ class wait_op {
   int device_ = -1;
   std::chrono::steady_clock::time_point submitted_at_{};
   // (reactor) where the operation is
-  enum class phase : unsigned char { queued, pending, retired_awaiting_cancel } phase_ = phase::queued;
+  enum class phase : unsigned char {
+    queued,
+    pending,
+    retired_awaiting_cancel
+  } phase_ = phase::queued;
 
  private:
   complete_fn complete_;

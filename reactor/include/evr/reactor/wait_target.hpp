@@ -13,8 +13,8 @@ struct wait_target {
 
   device::backend* backend = nullptr;
   kind what = kind::stream;
-  void* native = nullptr;  ///< native stream or native event
-  int device = -1;         ///< event's device; -1: the submitting thread's current device
+  void* native = nullptr;       ///< native stream or native event
+  int device = -1;              ///< event's device; -1: the submitting thread's current device
   bool never_recorded = false;  ///< an evr::event that was never recorded (refused: see below)
 
   wait_target() = default;
@@ -25,8 +25,11 @@ struct wait_target {
   /// recorded is refused with errc::event_never_recorded (CUDA would report such an event as
   /// complete, which hides bugs); it must not be re-recorded while the wait is pending.
   wait_target(const event& e) noexcept  // NOLINT(google-explicit-constructor)
-      : backend(e.backend()), what(kind::event), native(e.native()),
-        device(e.device().value_or(-1)), never_recorded(!e.recorded()) {}
+      : backend(e.backend()),
+        what(kind::event),
+        native(e.native()),
+        device(e.device().value_or(-1)),
+        never_recorded(!e.recorded()) {}
 #if defined(EVR_WITH_CUDA)
   /// A user's cudaStream_t (CUDA backend).
   wait_target(CUstream_st* s)  // NOLINT(google-explicit-constructor)

@@ -69,9 +69,13 @@ class slab_allocator {
     std::allocator<T>().deallocate(p, n);
   }
   template <typename U>
-  bool operator==(const slab_allocator<U>& o) const noexcept { return slab_ == o.slab_; }
+  bool operator==(const slab_allocator<U>& o) const noexcept {
+    return slab_ == o.slab_;
+  }
   template <typename U>
-  bool operator!=(const slab_allocator<U>& o) const noexcept { return slab_ != o.slab_; }
+  bool operator!=(const slab_allocator<U>& o) const noexcept {
+    return slab_ != o.slab_;
+  }
 
  private:
   template <typename U>
@@ -86,7 +90,8 @@ class delivery_fn {
  public:
   using allocator_type = slab_allocator<void>;
   delivery_fn(Op* op, std::error_code ec) noexcept : op_(op), ec_(ec) {}
-  delivery_fn(delivery_fn&& other) noexcept : op_(std::exchange(other.op_, nullptr)), ec_(other.ec_) {}
+  delivery_fn(delivery_fn&& other) noexcept
+      : op_(std::exchange(other.op_, nullptr)), ec_(other.ec_) {}
   delivery_fn& operator=(delivery_fn&&) = delete;
   ~delivery_fn() {
     if (op_ != nullptr) Op::destroy(op_);
@@ -127,7 +132,8 @@ class asio_wait_op final : public wait_op {
  public:
   using handler_executor = asio::associated_executor_t<Handler, IoExecutor>;
   using base_allocator = asio::associated_allocator_t<Handler, asio::recycling_allocator<void>>;
-  using allocator = typename std::allocator_traits<base_allocator>::template rebind_alloc<asio_wait_op>;
+  using allocator =
+      typename std::allocator_traits<base_allocator>::template rebind_alloc<asio_wait_op>;
 
   /// Allocates and constructs with the handler's allocator. Throws what the allocator throws.
   static asio_wait_op* create(Handler&& handler, const IoExecutor& io_ex, reactor& r) {
@@ -204,7 +210,8 @@ class asio_wait_op final : public wait_op {
   static void finish(asio_wait_op* self, std::error_code ec) {
     auto slot = asio::get_associated_cancellation_slot(self->handler_);
     if (slot.is_connected()) slot.clear();
-    allocator alloc(asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
+    allocator alloc(
+        asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
     Handler handler(std::move(self->handler_));
     auto io_work = std::move(self->io_work_);
     auto handler_work = std::move(self->handler_work_);
@@ -215,7 +222,8 @@ class asio_wait_op final : public wait_op {
   }
 
   static void destroy(asio_wait_op* self) noexcept {
-    allocator alloc(asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
+    allocator alloc(
+        asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
     self->~asio_wait_op();
     std::allocator_traits<allocator>::deallocate(alloc, self, 1);
   }
