@@ -24,6 +24,7 @@
 #include <evr/device/stream.hpp>
 
 #include "support/device_under_test.hpp"
+#include "support/forwarding_backend.hpp"
 
 extern char** environ;  // for posix_spawn (declared by <unistd.h> only under _GNU_SOURCE)
 
@@ -61,18 +62,14 @@ bool contains(const std::string& text, const std::string& part) {
 void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
 
 /// Forwards to the device under test and counts what evr's handles create and destroy.
-class counting_backend final : public device::backend {
+class counting_backend final : public forwarding_backend {
  public:
-  explicit counting_backend(device::backend& inner) : inner_(inner) {}
+  using forwarding_backend::forwarding_backend;
 
   int events_created = 0, events_destroyed = 0, streams_created = 0, streams_destroyed = 0;
   device::native_event last_destroyed_event = nullptr;
   device::native_stream last_destroyed_stream = nullptr;
 
-  std::string_view name() const noexcept override { return inner_.name(); }
-  bool is_simulated() const noexcept override { return inner_.is_simulated(); }
-  std::string describe() const override { return inner_.describe(); }
-  std::error_code device_count(int& count) noexcept override { return inner_.device_count(count); }
   std::error_code create_event(int d, event_flags f, device::native_event& out) noexcept override {
     auto ec = inner_.create_event(d, f, out);
     if (!ec) ++events_created;
@@ -82,23 +79,6 @@ class counting_backend final : public device::backend {
     ++events_destroyed;
     last_destroyed_event = e;
     inner_.destroy_event(e);
-  }
-  std::error_code record_event(device::native_event e, device::native_stream s) noexcept override {
-    return inner_.record_event(e, s);
-  }
-  std::error_code query_event(device::native_event e) noexcept override {
-    return inner_.query_event(e);
-  }
-  std::error_code synchronize_event(device::native_event e) noexcept override {
-    return inner_.synchronize_event(e);
-  }
-  std::error_code elapsed_ms(device::native_event a, device::native_event b,
-                             float& ms) noexcept override {
-    return inner_.elapsed_ms(a, b, ms);
-  }
-  std::error_code export_event(device::native_event e,
-                               device::ipc_event_handle& out) noexcept override {
-    return inner_.export_event(e, out);
   }
   std::error_code import_event(const device::ipc_event_handle& h,
                                device::native_event& out) noexcept override {
@@ -116,47 +96,6 @@ class counting_backend final : public device::backend {
     last_destroyed_stream = s;
     inner_.destroy_stream(s);
   }
-  std::error_code stream_device(device::native_stream s, int& d) noexcept override {
-    return inner_.stream_device(s, d);
-  }
-  std::error_code stream_priority(device::native_stream s, int& p) noexcept override {
-    return inner_.stream_priority(s, p);
-  }
-  std::error_code query_stream(device::native_stream s) noexcept override {
-    return inner_.query_stream(s);
-  }
-  std::error_code synchronize_stream(device::native_stream s) noexcept override {
-    return inner_.synchronize_stream(s);
-  }
-  std::error_code stream_wait_event(device::native_stream s,
-                                    device::native_event e) noexcept override {
-    return inner_.stream_wait_event(s, e);
-  }
-  std::error_code launch_host_func(device::native_stream s, void (*fn)(void*),
-                                   void* arg) noexcept override {
-    return inner_.launch_host_func(s, fn, arg);
-  }
-  bool stream_is_capturing(device::native_stream s) noexcept override {
-    return inner_.stream_is_capturing(s);
-  }
-  std::error_code allocate_fence_block(int d, std::size_t w,
-                                       device::fence_block& out) noexcept override {
-    return inner_.allocate_fence_block(d, w, out);
-  }
-  void free_fence_block(device::fence_block& b) noexcept override { inner_.free_fence_block(b); }
-  std::error_code write_fence(device::native_stream s, std::uint64_t a,
-                              std::uint64_t v) noexcept override {
-    return inner_.write_fence(s, a, v);
-  }
-  std::error_code set_current_device(int d) noexcept override {
-    return inner_.set_current_device(d);
-  }
-  std::error_code current_device(int& d) noexcept override { return inner_.current_device(d); }
-  void prepare_polling_thread() noexcept override { inner_.prepare_polling_thread(); }
-  bool in_host_func() const noexcept override { return inner_.in_host_func(); }
-
- private:
-  device::backend& inner_;
 };
 
 }  // namespace

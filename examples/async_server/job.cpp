@@ -1,0 +1,108 @@
+#include "job.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+namespace job {
+
+const char* to_string(kind k) noexcept { return k == kind::saxpy ? "saxpy" : "sum"; }
+
+namespace {
+
+std::string quoted(std::string_view v) {
+  std::string s = "'";
+  s += v.substr(0, 40);
+  if (v.size() > 40) s += "...";
+  s += "'";
+  return s;
+}
+
+template <typename T>
+bool parse_whole(std::string_view v, T& out) noexcept {
+  if (v.empty()) return false;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  return ec == std::errc{} && end == v.data() + v.size();
+}
+
+}  // namespace
+
+std::optional<std::string> parse(kind k, const std::vector<std::pair<std::string, std::string>>& params,
+                                 std::size_t max_n, spec& out) {
+  out = spec{};
+  out.kind = k;
+  bool have_n = false;
+  for (const auto& [key, value] : params) {
+    if (key == "n") {
+      unsigned long long n = 0;
+      if (!parse_whole(value, n) || n < 1 || n > max_n)
+        return "n must be a whole number from 1 to " + std::to_string(max_n) + ", not " + quoted(value);
+      out.n = static_cast<std::size_t>(n);
+      have_n = true;
+    } else if (key == "seed") {
+      if (!parse_whole(value, out.seed))
+        return "seed must be a whole number from 0 to 4294967295, not " + quoted(value);
+    } else if (key == "a" && k == kind::saxpy) {
+      // from_chars for float is in libstdc++ 11+; strtof would accept leading spaces and hex.
+      float a = 0;
+      if (!parse_whole(value, a) || !std::isfinite(a) || std::fabs(a) > 1e6f)
+        return "a must be a finite number of magnitude at most 1e6, not " + quoted(value);
+      out.a = a;
+    } else {
+      return "unknown parameter " + quoted(key) + " for /" + to_string(k) +
+             (k == kind::saxpy ? " (takes n, a, seed)" : " (takes n, seed)");
+    }
+  }
+  if (!have_n) return std::string("missing parameter n (the number of elements), e.g. /") + to_string(k) + "?n=65536";
+  return std::nullopt;
+}
+
+void fill_inputs(const spec& s, float* x, float* y) noexcept {
+  for (std::size_t i = 0; i < s.n; ++i) x[i] = input_x(s.seed, i);
+  if (s.kind == kind::saxpy && y != nullptr)
+    for (std::size_t i = 0; i < s.n; ++i) y[i] = input_y(s.seed, i);
+}
+
+double reference(const spec& s) noexcept {
+  double total = 0;
+  for (std::size_t i = 0; i < s.n; ++i) {
+    if (s.kind == kind::sum) total += input_x(s.seed, i);
+    else total += s.a * input_x(s.seed, i) + input_y(s.seed, i);
+  }
+  return total;
+}
+
+bool close_enough(double got, double want) noexcept {
+  return got == want || std::fabs(got - want) <= 1e-6 * std::fmax(std::fabs(want), 1.0);
+}
+
+std::optional<std::string> check(const spec& s, const float* x, const float* y, const float* out,
+                                 double device_sum, double& value) {
+  char msg[160];
+  if (s.kind == kind::sum) {
+    double want = 0;
+    for (std::size_t i = 0; i < s.n; ++i) want += x[i];
+    if (!close_enough(device_sum, want)) {
+      std::snprintf(msg, sizeof msg, "wrong sum from the device: got %.17g, the CPU says %.17g",
+                    device_sum, want);
+      return std::string(msg);
+    }
+    value = device_sum;
+    return std::nullopt;
+  }
+  // Every element, not a sample: the check is as cheap as the copy that fetched it.
+  double checksum = 0;
+  for (std::size_t i = 0; i < s.n; ++i) {
+    const float want = s.a * x[i] + y[i];
+    if (std::fabs(out[i] - want) > 1e-5f * std::fabs(want) + 1e-6f) {
+      std::snprintf(msg, sizeof msg, "wrong saxpy element %zu from the device: got %.9g, the CPU says %.9g",
+                    i, static_cast<double>(out[i]), static_cast<double>(want));
+      return std::string(msg);
+    }
+    checksum += out[i];
+  }
+  value = checksum;
+  return std::nullopt;
+}
+
+}  // namespace job
