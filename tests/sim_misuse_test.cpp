@@ -534,13 +534,7 @@ TEST_CASE("misuse: destroying the reactor from one of its own handlers, with wai
   CHECK_FALSE(ok.ec);
 }
 
-// KNOWN BUG (reactor/src/reactor.cpp, reactor_core::stop): stop() on the reactor thread detaches
-// the thread, so a later ~reactor returns before the shutdown ended (and the backend may then be
-// destroyed under the still-running thread); and stop() on the reactor thread while another thread
-// is inside stop() deadlocks on stop_mutex_. The two tests below show it; remove may_fail() from
-// both once the fix (docs/reliability.md, "Bugs found") is in.
-TEST_CASE("misuse: stop() from one of the reactor's own handlers; the destructor still waits for the shutdown" *
-          doctest::may_fail()) {
+TEST_CASE("misuse: stop() from one of the reactor's own handlers; the destructor still waits for the shutdown") {
   evr::sim::device sim;
   evr::stream gated(sim, 0), free_stream(sim, 0);
   auto open = std::make_shared<std::atomic<bool>>(false);
@@ -575,7 +569,7 @@ TEST_CASE("misuse: stop() from one of the reactor's own handlers; the destructor
   open->store(true);
 }
 
-TEST_CASE("misuse: stop() from a handler while another thread is in stop(): no deadlock" * doctest::may_fail()) {
+TEST_CASE("misuse: stop() from a handler while another thread is in stop(): no deadlock") {
   // Everything the two threads touch lives on the heap, so that, should the two stop() calls
   // deadlock, the test can report it and leave the stuck objects alone (kept, never destroyed)
   // instead of hanging the whole run or letting the stuck threads see a dead stack frame.

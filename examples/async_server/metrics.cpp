@@ -71,7 +71,6 @@ std::uint64_t server_metrics::count(int lo, int hi) const noexcept {
   for (const auto& row : requests_) {
     for (std::size_t s = 0; s < statuses.size(); ++s)
       if (statuses[s] >= lo && statuses[s] <= hi) total += row[s].load(std::memory_order_relaxed);
-    if (lo <= 0 && hi >= 999) total += row[other_status].load(std::memory_order_relaxed);
   }
   return total;
 }

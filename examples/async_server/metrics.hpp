@@ -32,7 +32,7 @@ class server_metrics {
 
   void record(std::string_view path, int status, std::chrono::nanoseconds latency) noexcept;
 
-  /// Requests answered so far with a status in [lo, hi].
+  /// Requests answered so far with a status in [lo, hi] (of the statuses listed above).
   std::uint64_t count(int lo, int hi) const noexcept;
 
   /// The whole /metrics page. `reactor` may be null (blocking mode has no reactor).

@@ -659,10 +659,9 @@ bool reactor_core::sweep_loose() {
       continue;
     }
     progress = true;
-    if (ec && is_sticky(ec) && op->device_ >= 0) {
-      fail_device(op->device_, ec);  // retires this op too
-      continue;
-    }
+    // Even a sticky error fails only this wait: the device a user's event belongs to is the one
+    // the user named, which may be wrong; the device's own streams report their fault through
+    // their own queries and probes.
     loose_[loose_cursor_] = loose_.back();
     loose_.pop_back();
     retire_op(op, ec);

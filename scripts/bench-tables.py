@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""Prints the evr-bench JSON files of a folder as Markdown tables (for docs/benchmarks.md).
+
+usage: scripts/bench-tables.py DIR
+"""
+import json
+import os
+import sys
+
+
+def load(folder, name):
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def latency(doc):
+    floor = doc["floor_p50_ns"]
+    print(f"Latency, GPU work done -> completion known; {doc['samples']} samples per row, gap "
+          f"{doc['gap_us']} us. Device: {doc['device']}.\n")
+    print("| method | p50 us | p90 us | p99 us | p50 / floor | p99 / floor |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in doc["rows"]:
+        ratio = "" if r["group"] == "hand-off" else f"{r['p50_ns'] / floor:.2f}"
+        ratio99 = "" if r["group"] == "hand-off" else f"{r['p99_ns'] / floor:.2f}"
+        print(f"| {r['name']} | {r['p50_ns'] / 1000:.2f} | {r['p90_ns'] / 1000:.2f} | "
+              f"{r['p99_ns'] / 1000:.2f} | {ratio} | {ratio99} |")
+    print("\nevr's own overhead at p50 (evr row minus raw mechanism minus raw hand-off):\n")
+    print("| evr row | overhead us |")
+    print("|---|---:|")
+    for o in doc["overheads"]:
+        print(f"| {o['name']} | {o['overhead_ns'] / 1000:.2f} |")
+    print()
+
+
+def throughput(doc):
+    print(f"Throughput: {doc['streams']} streams x {doc['ops']} waits from {doc['threads']} "
+          f"submitting threads. Device: {doc['device']}.\n")
+    print("Sustained (a tiny kernel and a wait per operation; the poller's CPU includes its "
+          "spinning between completions):\n")
+    print("| method | completions/s | poller CPU ns per completion |")
+    print("|---|---:|---:|")
+    for r in doc["rows"]:
+        print(f"| {r['name']} | {r['completions_per_second']:.0f} | "
+              f"{r['poller_cpu_ns_per_completion']:.1f} |")
+    print("\nBurst drain (all waits queued behind closed gates, released at once; CPU from the "
+          "release to the last completion):\n")
+    print("| method | completions/s | poller CPU ns per completion |")
+    print("|---|---:|---:|")
+    for r in doc["drain_rows"]:
+        print(f"| {r['name']} | {r['completions_per_second']:.0f} | "
+              f"{r['poller_cpu_ns_per_completion']:.1f} |")
+    print(f"\nMemory per in-flight wait (RSS delta): {doc['bytes_per_inflight_wait']:.0f} bytes.\n")
+
+
+def pool(doc):
+    print(f"Pool: acquire+release pairs, {doc['ms_per_point']} ms per point. Device: "
+          f"{doc['describe']}.\n")
+    methods, threads = [], []
+    for p in doc["points"]:
+        if p["method"] not in methods:
+            methods.append(p["method"])
+        if p["threads"] not in threads:
+            threads.append(p["threads"])
+    print("| threads | " + " | ".join(f"{m} M pairs/s (ns/pair/thread)" for m in methods) +
+          " | evr / mutex-deque |")
+    print("|---:|" + "---:|" * (len(methods) + 1))
+    for t in sorted(threads):
+        cells = []
+        by = {p["method"]: p for p in doc["points"] if p["threads"] == t}
+        for m in methods:
+            p = by[m]
+            cells.append(f"{p['mpairs_per_s']:.2f} ({p['ns_per_pair_per_thread']:.1f})")
+        ratio = by["evr"]["mpairs_per_s"] / by["mutex-deque"]["mpairs_per_s"]
+        print(f"| {t} | " + " | ".join(cells) + f" | {ratio:.1f}x |")
+    print()
+
+
+def cpu(doc):
+    print(f"Reactor CPU while {doc['waits']} waits sit on a 100 ms kernel, and when idle. "
+          f"Device: {doc['device']}.\n")
+    print("| strategy | busy % of a core | idle % of a core | idle wake-ups/s |")
+    print("|---|---:|---:|---:|")
+    for r in doc["rows"]:
+        print(f"| {r['name']} | {r['busy_percent']:.2f} | {r['idle_percent']:.3f} | "
+              f"{r['idle_wakeups_per_second']:.0f} |")
+    print()
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    folder = sys.argv[1]
+    for name, fn in (("latency.json", latency), ("throughput.json", throughput),
+                     ("pool.json", pool), ("cpu.json", cpu)):
+        doc = load(folder, name)
+        if doc:
+            fn(doc)
+
+
+if __name__ == "__main__":
+    main()
