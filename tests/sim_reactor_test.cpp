@@ -287,12 +287,17 @@ TEST_CASE("the reactor may be destroyed from one of its own inline handlers") {
   evr::stream st(sim, 0);
   std::atomic<int> calls{0};
   std::atomic<bool> destroyed{false};
+  std::atomic<bool> submitted{false};
   for (int i = 0; i < 5; ++i) evr::on_complete(*r, st, [&](std::error_code) { ++calls; });
   evr::on_complete(*r, st, [&, r](std::error_code) {
     ++calls;
+    // The caller's contract: nobody else is still inside a call on the reactor being destroyed
+    // (here: the test thread's on_complete, which touches the reactor after its push).
+    while (!submitted.load()) std::this_thread::yield();
     delete r;  // from the reactor thread
     destroyed = true;
   });
+  submitted = true;
   REQUIRE(wait_until([&] { return destroyed.load(); }));
   CHECK(calls.load() == 6);
   // The thread finishes the shutdown by itself; its last act on the device is destroying the

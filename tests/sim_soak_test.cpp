@@ -128,14 +128,17 @@ struct submitter_state {
 
 }  // namespace
 
-TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation and stop at random points") {
-  const std::uint64_t total =
-      std::max<std::uint64_t>(env_u64("EVR_SOAK_COMPLETIONS", evr::test::sanitized() ? 20000 : 200000), 1600);
+TEST_CASE(
+    "soak: many reactor lifetimes, 16 threads x 64 streams, cancellation and stop at random "
+    "points") {
+  const std::uint64_t total = std::max<std::uint64_t>(
+      env_u64("EVR_SOAK_COMPLETIONS", evr::test::sanitized() ? 20000 : 200000), 1600);
   const std::uint64_t seed = env_u64("EVR_SOAK_SEED", std::random_device{}());
   MESSAGE("soak: " << total << " waits, seed " << seed << " (EVR_SOAK_SEED to replay)");
   constexpr int threads = 16, streams = 64, devices = 2;
   constexpr std::uint64_t max_per_round = 50000;
-  const std::uint64_t rounds = std::max<std::uint64_t>(8, (total + max_per_round - 1) / max_per_round);
+  const std::uint64_t rounds =
+      std::max<std::uint64_t>(8, (total + max_per_round - 1) / max_per_round);
   const std::uint64_t per_thread = std::max<std::uint64_t>(1, total / rounds / threads);
   const std::size_t attempts = static_cast<std::size_t>(per_thread * threads);
   constexpr int tail_waits = 8;  // waits behind a long kernel, submitted right before stop()
@@ -146,7 +149,8 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
   for (int i = 0; i < streams; ++i) ss.emplace_back(sim, i % devices);
 
   // Every strategy at least once per four rounds, in a random order.
-  std::vector<evr::strategy> order(std::begin(evr::test::all_strategies), std::end(evr::test::all_strategies));
+  std::vector<evr::strategy> order(std::begin(evr::test::all_strategies),
+                                   std::end(evr::test::all_strategies));
   std::uint64_t grand_ok = 0, grand_aborted = 0, grand_refused = 0, grand_cancels = 0;
   std::vector<std::uint64_t> heap_after, rss_after;
   const auto t_start = std::chrono::steady_clock::now();
@@ -155,9 +159,10 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
     if (round % order.size() == 0) std::shuffle(order.begin(), order.end(), rng);
     const evr::strategy strat = order[round % order.size()];
     auto opts = quick_options(strat);
-    opts.shutdown_drain = std::chrono::microseconds(rng() % 3000);  // often too short for the tail
+    opts.shutdown_drain = std::chrono::microseconds(rng() % 3000);  // short: waits are aborted
     // Stop somewhere in the last quarter of the submissions (racing them), or after all of them.
-    const std::uint64_t stop_at = attempts - attempts / 4 + rng() % (attempts / 4 + attempts / 8 + 1);
+    const std::uint64_t stop_at =
+        attempts - attempts / 4 + rng() % (attempts / 4 + attempts / 8 + 1);
     const auto c0 = sim.counters();
     CAPTURE(round);
     CAPTURE(std::string(evr::to_string(strat)));
@@ -165,7 +170,6 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
 
     round_record rec(attempts + tail_waits);
     std::atomic<std::uint64_t> started{0};  // submissions attempted so far
-    std::uint64_t accepted_total = 0;
     {
       evr::reactor r(sim, opts);
       asio::io_context io;
@@ -176,7 +180,6 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
       std::vector<submitter_state> state(threads);
       std::vector<std::uint64_t> thread_seeds(threads);
       for (auto& s : thread_seeds) s = rng();
-      std::atomic<std::uint64_t> accepted{0};
       std::vector<std::thread> submitters;
       for (int t = 0; t < threads; ++t) {
         submitter_state& me = state[t];
@@ -190,7 +193,8 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
           for (std::uint64_t i = 0; i < per_thread; ++i) {
             const std::size_t id = static_cast<std::size_t>(t * per_thread + i);
             evr::stream& st = ss[trng() % streams];
-            if (trng() % 8 == 0) sim.launch_kernel(st.native(), std::chrono::microseconds(trng() % 20));
+            if (trng() % 8 == 0)
+              sim.launch_kernel(st.native(), std::chrono::microseconds(trng() % 20));
             evr::wait_target target = st;
             if (trng() % 32 == 0) {  // a wait on a user's event (the reactor's "loose" path)
               my.events.emplace_back(sim);
@@ -204,7 +208,8 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
                 if (cancel) {
                   asio::cancellation_signal& sig = my.signals.emplace_back();
                   my.waiter->async_wait(target, asio::bind_cancellation_slot(sig.slot(), handler));
-                  const auto type = std::array{asio::cancellation_type::terminal, asio::cancellation_type::partial,
+                  const auto type = std::array{asio::cancellation_type::terminal,
+                                               asio::cancellation_type::partial,
                                                asio::cancellation_type::total}[trng() % 3];
                   const bool twice = trng() % 4 == 0;
                   rec.cancel_requests.fetch_add(1, std::memory_order_relaxed);
@@ -219,10 +224,9 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
                 break;
               }
               case 1: {  // plain callbacks: no per-operation cancellation exists
-                if (std::error_code ec = evr::on_complete(r, target, [&rec, id](std::error_code e) { rec.finish(id, e); })) {
+                if (std::error_code ec = evr::on_complete(
+                        r, target, [&rec, id](std::error_code e) { rec.finish(id, e); })) {
                   rec.refuse(id, ec);
-                } else {
-                  accepted.fetch_add(1, std::memory_order_relaxed);
                 }
                 break;
               }
@@ -232,16 +236,13 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
                 op->id = id;
                 if (std::error_code ec = r.submit(op, target)) {
                   rec.refuse(id, ec);
-                } else {
-                  accepted.fetch_add(1, std::memory_order_relaxed);
-                  if (cancel) {
-                    rec.cancel_requests.fetch_add(1, std::memory_order_relaxed);
-                    if (trng() % 2 == 0) {
-                      r.cancel(op);
-                      if (trng() % 4 == 0) r.cancel(op);  // twice: harmless
-                    } else {
-                      to_cancel.push_back(op);
-                    }
+                } else if (cancel) {
+                  rec.cancel_requests.fetch_add(1, std::memory_order_relaxed);
+                  if (trng() % 2 == 0) {
+                    r.cancel(op);
+                    if (trng() % 4 == 0) r.cancel(op);  // twice: harmless
+                  } else {
+                    to_cancel.push_back(op);
                   }
                 }
                 break;
@@ -264,16 +265,17 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
         evr::stream& st = ss[k % 2];  // one stream of each device
         if (k < 2) sim.launch_kernel(st.native(), 50ms);
         const std::size_t id = attempts + static_cast<std::size_t>(k);
-        if (std::error_code ec = evr::on_complete(r, st, [&rec, id](std::error_code e) { rec.finish(id, e); })) {
+        if (std::error_code ec =
+                evr::on_complete(r, st, [&rec, id](std::error_code e) { rec.finish(id, e); })) {
           rec.refuse(id, ec);
-        } else {
-          accepted.fetch_add(1, std::memory_order_relaxed);
         }
       }
       r.stop();
       for (auto& th : submitters) th.join();  // those still submitting are refused from now on
       // Every Asio completion is posted to io: wait for all of them.
-      const bool all = wait_until([&] { return rec.finished.load(std::memory_order_acquire) >= attempts + tail_waits; }, 60s);
+      const bool all = wait_until(
+          [&] { return rec.finished.load(std::memory_order_acquire) >= attempts + tail_waits; },
+          60s);
       CHECK(all);
       work.reset();
       for (auto& th : io_threads) th.join();
@@ -284,7 +286,7 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
       CHECK(wrong == 0);
       CHECK(rec.ok + rec.aborted + rec.errors + rec.refused == attempts + tail_waits);
       CHECK(rec.errors == 0);
-      CHECK(rec.aborted > 0);  // at least the tail behind the long kernel... unless drained
+      CHECK(rec.aborted >= 2);  // the tail behind the 50 ms kernels outlives any drain (< 3 ms)
       const auto m = r.metrics();
       CHECK(m.in_flight == 0);
       CHECK(m.completed == rec.ok);
@@ -292,11 +294,10 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
       CHECK(m.failed == 0);
       CHECK(m.completed + m.cancelled + m.failed == m.submitted);
       CHECK(m.submitted + rec.refused == attempts + tail_waits);
-      accepted_total = m.submitted;
 
-      // The pool of marker events: balanced; what is still out is exactly the markers of waits
-      // aborted at shutdown (destroyed with the reactor, never returned: the GPU may not be past
-      // them), so never more than the aborted waits.
+      // The pool of marker events balances. What is still out after stop() are the markers the
+      // GPU may not be past at the abort (of waits aborted at shutdown, or cancelled earlier and
+      // kept as ghosts): destroyed with the reactor, never returned; at most one per aborted wait.
       sim.wait_idle();
       const auto ps = r.pools().stats();
       CHECK(ps.created == ps.destroyed + ps.cached + ps.in_use);
@@ -312,25 +313,28 @@ TEST_CASE("soak: many reactor lifetimes, 16 threads x 64 streams, cancellation a
     // Every event created this round (the reactor's markers, the users' events) was destroyed.
     const auto c1 = sim.counters();
     CHECK(c1.events_created - c0.events_created == c1.events_destroyed - c0.events_destroyed);
-    (void)accepted_total;
     heap_after.push_back(heap_in_use());
     rss_after.push_back(rss_kib());
   }
 
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  MESSAGE("soak: " << rounds << " lifetimes, " << rounds * (attempts + tail_waits) << " waits in " << seconds
-                   << " s: " << grand_ok << " ok, " << grand_aborted << " aborted (" << grand_cancels
-                   << " cancel requests), " << grand_refused << " refused after stop");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  MESSAGE("soak: " << rounds << " lifetimes, " << rounds * (attempts + tail_waits) << " waits in "
+                   << seconds << " s: " << grand_ok << " ok, " << grand_aborted << " aborted ("
+                   << grand_cancels << " cancel requests), " << grand_refused
+                   << " refused after stop");
   // Memory: after a warm-up of a quarter of the lifetimes (at least 2), the heap in use after a
   // lifetime may wander but not grow with the number of lifetimes.
   const std::size_t warm = std::max<std::size_t>(2, heap_after.size() / 4);
   const std::uint64_t heap_base = heap_after[warm - 1];
-  const std::uint64_t heap_max = *std::max_element(heap_after.begin() + static_cast<std::ptrdiff_t>(warm), heap_after.end());
+  const std::uint64_t heap_max =
+      *std::max_element(heap_after.begin() + static_cast<std::ptrdiff_t>(warm), heap_after.end());
   const std::uint64_t rss_base = rss_after[warm - 1];
-  const std::uint64_t rss_max = *std::max_element(rss_after.begin() + static_cast<std::ptrdiff_t>(warm), rss_after.end());
-  MESSAGE("soak: heap in use after warm-up " << heap_base / 1024 << " KiB, at most " << heap_max / 1024
-                                             << " KiB later; RSS " << rss_base << " KiB, at most " << rss_max
-                                             << " KiB later");
+  const std::uint64_t rss_max =
+      *std::max_element(rss_after.begin() + static_cast<std::ptrdiff_t>(warm), rss_after.end());
+  MESSAGE("soak: heap in use after warm-up " << heap_base / 1024 << " KiB, at most "
+                                             << heap_max / 1024 << " KiB later; RSS " << rss_base
+                                             << " KiB, at most " << rss_max << " KiB later");
   if (heap_base != 0) {
     // Generous: 8 MiB plus 64 KiB per lifetime (fence blocks of aborted fence waits are kept on
     // purpose, a few KiB per lifetime; see docs/architecture.md "Shutdown").

@@ -10,14 +10,8 @@ namespace {
 constexpr std::size_t max_header_fields = 100;
 
 bool is_tchar(char c) noexcept {
-  if (std::isalnum(static_cast<unsigned char>(c))) return true;
-  switch (c) {
-    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '-':
-    case '.': case '^': case '_': case '`': case '|': case '~':
-      return true;
-    default:
-      return false;
-  }
+  return std::isalnum(static_cast<unsigned char>(c)) ||
+         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
 }
 
 bool is_token(std::string_view s) noexcept {
@@ -29,13 +23,6 @@ bool is_token(std::string_view s) noexcept {
 
 char to_lower(char c) noexcept {
   return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-}
-
-bool iequals(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (to_lower(a[i]) != to_lower(b[i])) return false;
-  return true;
 }
 
 std::string_view trim_ows(std::string_view s) noexcept {
@@ -57,8 +44,9 @@ std::optional<error> next_line(std::string_view& rest, std::string_view& line) {
 
 /// "HTTP/1.1" → 1. Other well-formed versions → 505; anything else → 400.
 std::optional<error> parse_version(std::string_view v, int& minor) {
-  if (v.size() == 8 && v.substr(0, 5) == "HTTP/" && std::isdigit(static_cast<unsigned char>(v[5])) &&
-      v[6] == '.' && std::isdigit(static_cast<unsigned char>(v[7]))) {
+  if (v.size() == 8 && v.substr(0, 5) == "HTTP/" &&
+      std::isdigit(static_cast<unsigned char>(v[5])) && v[6] == '.' &&
+      std::isdigit(static_cast<unsigned char>(v[7]))) {
     if (v[5] == '1' && (v[7] == '0' || v[7] == '1')) {
       minor = v[7] - '0';
       return std::nullopt;
@@ -85,7 +73,9 @@ std::optional<error> parse_content_length(std::string_view v, std::size_t& out) 
   const bool ok = parse_decimal(v, n);
   if ((ok && n > max_body_bytes) || (!ok && all_digits(v)))  // too large, or overflowing
     return error{413, "the body is larger than " + std::to_string(max_body_bytes) + " bytes"};
-  if (!ok) return error{400, "Content-Length must be a decimal number, not '" + std::string(v.substr(0, 40)) + "'"};
+  if (!ok)
+    return error{
+        400, "Content-Length must be a decimal number, not '" + std::string(v.substr(0, 40)) + "'"};
   out = n;
   return std::nullopt;
 }
@@ -126,8 +116,10 @@ void apply_connection(std::string_view value, bool& keep_alive) {
   while (!value.empty()) {
     const std::size_t comma = value.find(',');
     const std::string_view token = trim_ows(value.substr(0, comma));
-    if (iequals(token, "close")) keep_alive = false;
-    else if (iequals(token, "keep-alive")) keep_alive = true;
+    if (iequals(token, "close"))
+      keep_alive = false;
+    else if (iequals(token, "keep-alive"))
+      keep_alive = true;
     if (comma == std::string_view::npos) break;
     value.remove_prefix(comma + 1);
   }
@@ -160,6 +152,13 @@ std::optional<error> decode(std::string_view in, std::string& out) {
 }
 
 }  // namespace
+
+bool iequals(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (to_lower(a[i]) != to_lower(b[i])) return false;
+  return true;
+}
 
 std::string_view request::path() const noexcept {
   return std::string_view(target).substr(0, target.find('?'));
@@ -204,26 +203,28 @@ std::optional<error> parse_request_head(std::string_view head, request& out) {
   bool have_length = false;
   int hosts = 0;
   std::optional<bool> connection_keep_alive;
-  auto e = parse_fields(head, [&](std::string name, std::string_view value) -> std::optional<error> {
-    if (name == "content-length") {
-      std::size_t n = 0;
-      if (auto le = parse_content_length(value, n)) return le;
-      // Two different lengths would let two parties frame the message differently.
-      if (have_length && n != out.content_length) return error{400, "conflicting Content-Length"};
-      have_length = true;
-      out.content_length = n;
-    } else if (name == "transfer-encoding") {
-      return error{501, "Transfer-Encoding is not supported; send a Content-Length body"};
-    } else if (name == "host") {
-      ++hosts;
-    } else if (name == "connection") {
-      bool keep = out.keep_alive;
-      apply_connection(value, keep);
-      connection_keep_alive = keep;
-    }
-    out.headers.emplace_back(std::move(name), std::string(value));
-    return std::nullopt;
-  });
+  auto e =
+      parse_fields(head, [&](std::string name, std::string_view value) -> std::optional<error> {
+        if (name == "content-length") {
+          std::size_t n = 0;
+          if (auto le = parse_content_length(value, n)) return le;
+          // Two different lengths would let two parties frame the message differently.
+          if (have_length && n != out.content_length)
+            return error{400, "conflicting Content-Length"};
+          have_length = true;
+          out.content_length = n;
+        } else if (name == "transfer-encoding") {
+          return error{501, "Transfer-Encoding is not supported; send a Content-Length body"};
+        } else if (name == "host") {
+          ++hosts;
+        } else if (name == "connection") {
+          bool keep = out.keep_alive;
+          apply_connection(value, keep);
+          connection_keep_alive = keep;
+        }
+        out.headers.emplace_back(std::move(name), std::string(value));
+        return std::nullopt;
+      });
   if (e) return e;
   if (out.version_minor == 1 && hosts != 1)
     return error{400, hosts == 0 ? "HTTP/1.1 requires a Host header" : "more than one Host header"};
@@ -302,17 +303,18 @@ std::optional<error> parse_response_head(std::string_view head, response_head& o
   out.status = status;
   out.keep_alive = line[7] == '1';
   bool have_length = false;
-  auto e = parse_fields(head, [&](std::string name, std::string_view value) -> std::optional<error> {
-    if (name == "content-length") {
-      // No size limit here: responses (/metrics) may be larger than requests.
-      if (!parse_decimal(value, out.content_length))
-        return error{400, "malformed Content-Length in the response"};
-      have_length = true;
-    } else if (name == "connection") {
-      apply_connection(value, out.keep_alive);
-    }
-    return std::nullopt;
-  });
+  auto e =
+      parse_fields(head, [&](std::string name, std::string_view value) -> std::optional<error> {
+        if (name == "content-length") {
+          // No size limit here: responses (/metrics) may be larger than requests.
+          if (!parse_decimal(value, out.content_length))
+            return error{400, "malformed Content-Length in the response"};
+          have_length = true;
+        } else if (name == "connection") {
+          apply_connection(value, out.keep_alive);
+        }
+        return std::nullopt;
+      });
   if (e) return e;
   if (!have_length) return error{400, "response without Content-Length"};
   return std::nullopt;

@@ -25,9 +25,9 @@ inline constexpr std::size_t max_head_bytes = 8192;
 inline constexpr std::size_t max_body_bytes = 64 * 1024;
 
 struct request {
-  std::string method;          ///< e.g. "GET" (case-sensitive, as the RFC says)
-  std::string target;          ///< origin form: "/path?query"
-  int version_minor = 1;       ///< HTTP/1.<minor>
+  std::string method;     ///< e.g. "GET" (case-sensitive, as the RFC says)
+  std::string target;     ///< origin form: "/path?query"
+  int version_minor = 1;  ///< HTTP/1.<minor>
   std::vector<std::pair<std::string, std::string>> headers;  ///< names lower-cased
   std::size_t content_length = 0;
   bool keep_alive = true;
@@ -52,6 +52,9 @@ std::optional<error> parse_request_head(std::string_view head, request& out);
 /// Splits "a=1&b=two" into pairs, decoding %XX and '+'. Returns an error for a bad escape.
 std::optional<error> parse_query(std::string_view query,
                                  std::vector<std::pair<std::string, std::string>>& out);
+
+/// ASCII case-insensitive equality (header values such as "close", "100-continue").
+bool iequals(std::string_view a, std::string_view b) noexcept;
 
 /// "OK", "Bad Request", ... ("Unknown" for codes this server never sends).
 const char* reason_phrase(int status) noexcept;

@@ -38,7 +38,8 @@ __global__ void sum_kernel(const float* x, double* sum, std::size_t n) {
 
 }  // namespace
 
-int server_kernels::launch_saxpy(CUstream_st* stream, float a, const float* x, float* y, std::size_t n) {
+int server_kernels::launch_saxpy(CUstream_st* stream, float a, const float* x, float* y,
+                                 std::size_t n) {
   saxpy_kernel<<<blocks_for(n), threads_per_block, 0, stream>>>(a, x, y, n);
   return static_cast<int>(cudaGetLastError());
 }

@@ -41,9 +41,7 @@ class sim_lane final : public lane {
       if (s.kind == job::kind::saxpy) {
         for (std::size_t i = 0; i < s.n; ++i) out_[i] = s.a * x_[i] + y_[i];
       } else {
-        double total = 0;
-        for (std::size_t i = 0; i < s.n; ++i) total += x_[i];
-        sum_ = total;
+        sum_ = job::sum(x_.data(), s.n);
       }
     };
     evr::throw_if(dev_.launch_kernel(stream_.native(), std::chrono::nanoseconds(s.n), body),
@@ -116,7 +114,8 @@ class cuda_lane final : public lane {
       check(cudaMemcpyAsync(h_out_, d_y_, bytes, cudaMemcpyDeviceToHost, st), "copy y out");
     } else {
       check(cudaMemsetAsync(d_sum_, 0, sizeof(double), st), "zero the sum");
-      check(static_cast<cudaError_t>(server_kernels::launch_sum(st, d_x_, d_sum_, s.n)), "sum kernel");
+      check(static_cast<cudaError_t>(server_kernels::launch_sum(st, d_x_, d_sum_, s.n)),
+            "sum kernel");
       check(cudaMemcpyAsync(h_sum_, d_sum_, sizeof(double), cudaMemcpyDeviceToHost, st),
             "copy the sum out");
     }
@@ -172,7 +171,8 @@ void lane_pool::lease::give_back() noexcept {
   if (lane_ == nullptr) return;
   if (busy_) {
     if (std::error_code ec = lane_->synchronize())
-      std::fprintf(stderr, "evr-async-server: draining a lane after a failure: %s\n", ec.message().c_str());
+      std::fprintf(stderr, "evr-async-server: draining a lane after a failure: %s\n",
+                   ec.message().c_str());
   }
   pool_->release(lane_);
   lane_ = nullptr;

@@ -23,7 +23,8 @@
 #include "job.hpp"
 
 /// One stream and its buffers. Host buffers hold the inputs the request writes and the output the
-/// device copies back; device buffers (CUDA) hold the copies. Not thread-safe: one request at a time.
+/// device copies back; device buffers (CUDA) hold the copies. Not thread-safe: one request at a
+/// time.
 class lane {
  public:
   virtual ~lane() = default;
@@ -64,7 +65,9 @@ class lane_pool {
     lease() = default;
     lease(lane_pool* pool, lane* l) noexcept : pool_(pool), lane_(l) {}
     lease(lease&& o) noexcept
-        : pool_(std::exchange(o.pool_, nullptr)), lane_(std::exchange(o.lane_, nullptr)), busy_(o.busy_) {}
+        : pool_(std::exchange(o.pool_, nullptr)),
+          lane_(std::exchange(o.lane_, nullptr)),
+          busy_(o.busy_) {}
     lease& operator=(lease&& o) noexcept {
       if (this != &o) {
         give_back();

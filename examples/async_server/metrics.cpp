@@ -7,7 +7,9 @@ namespace {
 void append(std::string& out, const char* fmt, auto... args) {
   char line[256];
   const int n = std::snprintf(line, sizeof line, fmt, args...);
-  if (n > 0) out.append(line, static_cast<std::size_t>(n) < sizeof line ? static_cast<std::size_t>(n) : sizeof line - 1);
+  if (n > 0)
+    out.append(line, static_cast<std::size_t>(n) < sizeof line ? static_cast<std::size_t>(n)
+                                                               : sizeof line - 1);
 }
 
 /// Label values are ours (mode, device description): escape what the format requires anyway.
@@ -42,15 +44,18 @@ void reactor_histogram(std::string& out, const char* name, const char* help,
   for (int i = 0; i < evr::latency_histogram::buckets; ++i) {
     cumulative += h.counts[static_cast<std::size_t>(i)];
     const double le = static_cast<double>(std::uint64_t{1} << (i + 1)) * 1e-9;
-    append(out, "%s_bucket{le=\"%.9g\"} %llu\n", name, le, static_cast<unsigned long long>(cumulative));
+    append(out, "%s_bucket{le=\"%.9g\"} %llu\n", name, le,
+           static_cast<unsigned long long>(cumulative));
   }
   append(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_count %llu\n", name,
-         static_cast<unsigned long long>(cumulative), name, static_cast<unsigned long long>(cumulative));
+         static_cast<unsigned long long>(cumulative), name,
+         static_cast<unsigned long long>(cumulative));
 }
 
 }  // namespace
 
-void server_metrics::record(std::string_view path, int status, std::chrono::nanoseconds latency) noexcept {
+void server_metrics::record(std::string_view path, int status,
+                            std::chrono::nanoseconds latency) noexcept {
   std::size_t p = paths.size() - 1;
   for (std::size_t i = 0; i + 1 < paths.size(); ++i)
     if (paths[i] == path) p = i;
@@ -84,7 +89,8 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, std::str
   out += "evr_server_info{mode=\"" + escape_label(mode) + "\",device=\"" + escape_label(device) +
          "\",strategy=\"" + escape_label(strategy) + "\"} 1\n";
 
-  header(out, "evr_server_requests_total", "counter", "HTTP requests answered, by path and status.");
+  header(out, "evr_server_requests_total", "counter",
+         "HTTP requests answered, by path and status.");
   for (std::size_t p = 0; p < paths.size(); ++p) {
     for (std::size_t s = 0; s <= statuses.size(); ++s) {
       const std::uint64_t v = requests_[p][s].load(std::memory_order_relaxed);
@@ -109,23 +115,29 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, std::str
          static_cast<unsigned long long>(cumulative));
   append(out, "evr_server_request_duration_seconds_sum %.9f\n",
          static_cast<double>(latency_sum_ns_.load(std::memory_order_relaxed)) * 1e-9);
-  append(out, "evr_server_request_duration_seconds_count %llu\n", static_cast<unsigned long long>(cumulative));
+  append(out, "evr_server_request_duration_seconds_count %llu\n",
+         static_cast<unsigned long long>(cumulative));
 
   if (reactor != nullptr) {
     const evr::reactor_metrics& m = *reactor;
     counter(out, "evr_reactor_submitted_total", "Waits accepted by the reactor.", m.submitted);
     counter(out, "evr_reactor_completed_total", "Waits completed with success.", m.completed);
-    counter(out, "evr_reactor_cancelled_total", "Waits completed with operation_aborted.", m.cancelled);
+    counter(out, "evr_reactor_cancelled_total", "Waits completed with operation_aborted.",
+            m.cancelled);
     counter(out, "evr_reactor_failed_total", "Waits completed with a device error.", m.failed);
     counter(out, "evr_reactor_rejected_total", "Waits refused at submission.", m.rejected);
     header(out, "evr_reactor_in_flight", "gauge", "Waits submitted and not yet completed.");
     append(out, "evr_reactor_in_flight %llu\n", static_cast<unsigned long long>(m.in_flight));
     counter(out, "evr_reactor_sweeps_total", "Passes over the pending streams.", m.sweeps);
-    counter(out, "evr_reactor_event_queries_total", "Event queries (poll strategy).", m.event_queries);
-    counter(out, "evr_reactor_stream_queries_total", "Stream queries (fault probes).", m.stream_queries);
-    counter(out, "evr_reactor_doorbells_total", "Host-function doorbells armed (adaptive).", m.doorbells);
+    counter(out, "evr_reactor_event_queries_total", "Event queries (poll strategy).",
+            m.event_queries);
+    counter(out, "evr_reactor_stream_queries_total", "Stream queries (fault probes).",
+            m.stream_queries);
+    counter(out, "evr_reactor_doorbells_total", "Host-function doorbells armed (adaptive).",
+            m.doorbells);
     counter(out, "evr_reactor_parks_total", "Times the reactor thread slept.", m.parks);
-    counter(out, "evr_reactor_wakeups_total", "Times a submission or host function woke it.", m.wakeups);
+    counter(out, "evr_reactor_wakeups_total", "Times a submission or host function woke it.",
+            m.wakeups);
     header(out, "evr_reactor_streams", "gauge", "Distinct streams the reactor knows.");
     append(out, "evr_reactor_streams %llu\n", static_cast<unsigned long long>(m.streams));
     reactor_histogram(out, "evr_reactor_submit_to_deliver_seconds",
@@ -140,17 +152,19 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, std::str
 
 std::string reactor_summary(const evr::reactor_metrics& m) {
   std::string out;
-  append(out,
-         "submitted %llu, completed %llu, cancelled %llu, failed %llu, in flight %llu, sweeps %llu, "
-         "event queries %llu, stream queries %llu, doorbells %llu, parks %llu, wake-ups %llu, "
-         "submit->deliver p50 <= %.1f us, p99 <= %.1f us",
-         static_cast<unsigned long long>(m.submitted), static_cast<unsigned long long>(m.completed),
-         static_cast<unsigned long long>(m.cancelled), static_cast<unsigned long long>(m.failed),
-         static_cast<unsigned long long>(m.in_flight), static_cast<unsigned long long>(m.sweeps),
-         static_cast<unsigned long long>(m.event_queries), static_cast<unsigned long long>(m.stream_queries),
-         static_cast<unsigned long long>(m.doorbells), static_cast<unsigned long long>(m.parks),
-         static_cast<unsigned long long>(m.wakeups),
-         static_cast<double>(m.submit_to_deliver.quantile_upper_ns(0.5)) / 1e3,
-         static_cast<double>(m.submit_to_deliver.quantile_upper_ns(0.99)) / 1e3);
+  append(
+      out,
+      "submitted %llu, completed %llu, cancelled %llu, failed %llu, in flight %llu, sweeps %llu, "
+      "event queries %llu, stream queries %llu, doorbells %llu, parks %llu, wake-ups %llu, "
+      "submit->deliver p50 <= %.1f us, p99 <= %.1f us",
+      static_cast<unsigned long long>(m.submitted), static_cast<unsigned long long>(m.completed),
+      static_cast<unsigned long long>(m.cancelled), static_cast<unsigned long long>(m.failed),
+      static_cast<unsigned long long>(m.in_flight), static_cast<unsigned long long>(m.sweeps),
+      static_cast<unsigned long long>(m.event_queries),
+      static_cast<unsigned long long>(m.stream_queries),
+      static_cast<unsigned long long>(m.doorbells), static_cast<unsigned long long>(m.parks),
+      static_cast<unsigned long long>(m.wakeups),
+      static_cast<double>(m.submit_to_deliver.quantile_upper_ns(0.5)) / 1e3,
+      static_cast<double>(m.submit_to_deliver.quantile_upper_ns(0.99)) / 1e3);
   return out;
 }

@@ -2,8 +2,8 @@
 // exposition format (version 0.0.4) for GET /metrics.
 //
 // Server metrics:  evr_server_requests_total{path,status}   counter
-//                  evr_server_request_duration_seconds      histogram (head read → response written)
-//                  evr_server_info{mode,device,strategy}    1
+//                  evr_server_request_duration_seconds      histogram (head read → response
+//                  written) evr_server_info{mode,device,strategy}    1
 // Reactor metrics: evr_reactor_<counter>_total, evr_reactor_in_flight (gauge), and the
 //                  submit→deliver and detect→deliver histograms from the reactor's power-of-two
 //                  buckets (the reactor keeps no sums, so these histograms have no _sum line;
@@ -25,10 +25,12 @@ class server_metrics {
  public:
   /// Paths are a closed set so that a scanner requesting random URLs cannot grow the label space.
   static constexpr std::array<std::string_view, 4> paths = {"/saxpy", "/sum", "/metrics", "other"};
-  static constexpr std::array<int, 11> statuses = {200, 400, 404, 405, 408, 413, 431, 500, 501, 503, 505};
+  static constexpr std::array<int, 11> statuses = {200, 400, 404, 405, 408, 413,
+                                                   431, 500, 501, 503, 505};
   /// Upper bounds (seconds) of the request latency buckets; +Inf is implied.
-  static constexpr std::array<double, 15> latency_bounds = {
-      25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1.0, 5.0};
+  static constexpr std::array<double, 15> latency_bounds = {25e-6, 50e-6,  100e-6, 250e-6, 500e-6,
+                                                            1e-3,  2.5e-3, 5e-3,   10e-3,  25e-3,
+                                                            50e-3, 100e-3, 250e-3, 1.0,    5.0};
 
   void record(std::string_view path, int status, std::chrono::nanoseconds latency) noexcept;
 

@@ -42,14 +42,14 @@ const char* to_string(wait_mode m) noexcept;
 
 struct server_config {
   std::string address = "127.0.0.1";
-  std::uint16_t port = 0;            ///< 0: an ephemeral port (see server::port())
+  std::uint16_t port = 0;  ///< 0: an ephemeral port (see server::port())
   wait_mode mode = wait_mode::evr;
   std::size_t max_n = std::size_t{1} << 22;
   /// A connection that sends no complete request head (or does not take its response) for this
   /// long is closed: keeps idle keep-alive clients and slow senders from holding sockets forever.
   std::chrono::milliseconds io_timeout{30000};
-  std::string device_label;          ///< for evr_server_info
-  std::string strategy_label;        ///< for evr_server_info
+  std::string device_label;    ///< for evr_server_info
+  std::string strategy_label;  ///< for evr_server_info
 };
 
 class server {

@@ -100,7 +100,9 @@ host_floats device::alloc_host(std::size_t n) {
 }
 
 device_floats::device_floats(device_floats&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), gpu_(other.gpu_) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      gpu_(other.gpu_) {}
 
 device_floats& device_floats::operator=(device_floats&& other) noexcept {
   if (this != &other) {
@@ -124,7 +126,9 @@ device_floats::~device_floats() {
 }
 
 host_floats::host_floats(host_floats&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), gpu_(other.gpu_) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      gpu_(other.gpu_) {}
 
 host_floats& host_floats::operator=(host_floats&& other) noexcept {
   if (this != &other) {
@@ -149,11 +153,13 @@ host_floats::~host_floats() {
 
 // --- work on a stream ---------------------------------------------------------------------------
 
-void device::copy_to_device(const evr::stream& s, std::span<float> dst, std::span<const float> src) {
+void device::copy_to_device(const evr::stream& s, std::span<float> dst,
+                            std::span<const float> src) {
   const std::size_t n = std::min(dst.size(), src.size());
 #if defined(EVR_EXAMPLES_HAVE_KERNELS)
   if (on_gpu()) {
-    check(cudaMemcpyAsync(dst.data(), src.data(), n * sizeof(float), cudaMemcpyHostToDevice, native(s)),
+    check(cudaMemcpyAsync(dst.data(), src.data(), n * sizeof(float), cudaMemcpyHostToDevice,
+                          native(s)),
           "cudaMemcpyAsync (to the device)");
     return;
   }
@@ -167,7 +173,8 @@ void device::copy_to_host(const evr::stream& s, std::span<float> dst, std::span<
   const std::size_t n = std::min(dst.size(), src.size());
 #if defined(EVR_EXAMPLES_HAVE_KERNELS)
   if (on_gpu()) {
-    check(cudaMemcpyAsync(dst.data(), src.data(), n * sizeof(float), cudaMemcpyDeviceToHost, native(s)),
+    check(cudaMemcpyAsync(dst.data(), src.data(), n * sizeof(float), cudaMemcpyDeviceToHost,
+                          native(s)),
           "cudaMemcpyAsync (to the host)");
     return;
   }
@@ -180,15 +187,17 @@ void device::affine(const evr::stream& s, std::span<float> data, float a, float 
 #if defined(EVR_EXAMPLES_HAVE_KERNELS)
   if (on_gpu()) {
     check(cudaSetDevice(s.device()), "cudaSetDevice");  // a kernel launches on the current device
-    check(static_cast<cudaError_t>(kernels::launch_affine(native(s), data.data(), data.size(), a, b)),
-          "affine kernel");
+    check(
+        static_cast<cudaError_t>(kernels::launch_affine(native(s), data.data(), data.size(), a, b)),
+        "affine kernel");
     return;
   }
 #endif
   auto body = [data, a, b] {
     for (float& x : data) x = a * x + b;
   };
-  evr::throw_if(sim_->launch_kernel(s.native(), sim_cost(data.size()), body), "simulated affine kernel");
+  evr::throw_if(sim_->launch_kernel(s.native(), sim_cost(data.size()), body),
+                "simulated affine kernel");
 }
 
 void device::busy(const evr::stream& s, std::chrono::milliseconds how_long) {
@@ -196,7 +205,8 @@ void device::busy(const evr::stream& s, std::chrono::milliseconds how_long) {
   if (on_gpu()) {
     check(cudaSetDevice(s.device()), "cudaSetDevice");
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(how_long).count();
-    check(static_cast<cudaError_t>(kernels::launch_busy(native(s), static_cast<unsigned long long>(ns))),
+    check(static_cast<cudaError_t>(
+              kernels::launch_busy(native(s), static_cast<unsigned long long>(ns))),
           "busy kernel");
     return;
   }
@@ -206,7 +216,8 @@ void device::busy(const evr::stream& s, std::chrono::milliseconds how_long) {
 
 double ms_since_start() {
   static const auto start = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 }  // namespace examples

@@ -22,7 +22,8 @@ __global__ void busy_kernel(unsigned long long ns) {
 
 }  // namespace
 
-int examples::kernels::launch_affine(CUstream_st* stream, float* data, std::size_t n, float a, float b) {
+int examples::kernels::launch_affine(CUstream_st* stream, float* data, std::size_t n, float a,
+                                     float b) {
   const unsigned threads = 256;
   const std::size_t wanted = (n + threads - 1) / threads;
   const unsigned blocks = static_cast<unsigned>(wanted < 1024 ? (wanted > 0 ? wanted : 1) : 1024);

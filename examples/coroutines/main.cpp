@@ -33,8 +33,9 @@ using asio::experimental::deferred;
 
 constexpr std::size_t n = 1 << 16;
 
-// --- 1. a pipeline, one co_await per stage --------------------------------------------------------
-asio::awaitable<bool> pipeline(examples::device& gpu, evr::gpu_waiter& waiter, const evr::stream& s) {
+// --- 1. a pipeline, one co_await per stage -------------------------------------------------------
+asio::awaitable<bool> pipeline(examples::device& gpu, evr::gpu_waiter& waiter,
+                               const evr::stream& s) {
   examples::host_floats in = gpu.alloc_host(n), out = gpu.alloc_host(n);
   examples::device_floats on_device = gpu.alloc_device(n);
   for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000);
@@ -57,7 +58,7 @@ asio::awaitable<bool> pipeline(examples::device& gpu, evr::gpu_waiter& waiter, c
   co_return true;
 }
 
-// --- 2. a GPU wait raced against a timeout ----------------------------------------------------------
+// --- 2. a GPU wait raced against a timeout -------------------------------------------------------
 // Waits for the work queued on `s`, or gives up after `timeout`, whichever comes first. Returns the
 // GPU wait's outcome: {} when the GPU won, operation_aborted when the timeout did.
 asio::awaitable<std::error_code> wait_with_timeout(evr::gpu_waiter& waiter, const evr::stream& s,
@@ -75,7 +76,8 @@ asio::awaitable<std::error_code> wait_with_timeout(evr::gpu_waiter& waiter, cons
   co_return gpu_ec;
 }
 
-asio::awaitable<bool> timeouts(examples::device& gpu, evr::gpu_waiter& waiter, const evr::stream& s) {
+asio::awaitable<bool> timeouts(examples::device& gpu, evr::gpu_waiter& waiter,
+                               const evr::stream& s) {
   bool ok = true;
 
   std::printf("   a) 20 ms of GPU work, 2 s timeout\n");
@@ -95,8 +97,9 @@ asio::awaitable<bool> timeouts(examples::device& gpu, evr::gpu_waiter& waiter, c
   co_return ok;
 }
 
-// --- 3. cancelling a wait by hand ------------------------------------------------------------------
-asio::awaitable<bool> cancel_by_hand(examples::device& gpu, evr::gpu_waiter& waiter, const evr::stream& s) {
+// --- 3. cancelling a wait by hand ----------------------------------------------------------------
+asio::awaitable<bool> cancel_by_hand(examples::device& gpu, evr::gpu_waiter& waiter,
+                                     const evr::stream& s) {
   asio::cancellation_signal stop;
   gpu.busy(s, 200ms);
   // Someone decides the result is no longer wanted (say, the client hung up) and emits the
@@ -107,7 +110,8 @@ asio::awaitable<bool> cancel_by_hand(examples::device& gpu, evr::gpu_waiter& wai
     stop.emit(asio::cancellation_type::terminal);
   });
   // as_tuple: the outcome comes back as a value instead of an exception.
-  auto [ec] = co_await waiter.async_wait(s, asio::bind_cancellation_slot(stop.slot(), as_tuple(asio::use_awaitable)));
+  auto [ec] = co_await waiter.async_wait(
+      s, asio::bind_cancellation_slot(stop.slot(), as_tuple(asio::use_awaitable)));
   std::printf("   %7.1f ms  the wait completed: %s; the stream is %s\n", examples::ms_since_start(),
               ec.message().c_str(), s.query() ? "idle" : "still busy");
   co_await waiter.async_wait(s, asio::use_awaitable);
@@ -124,7 +128,8 @@ asio::awaitable<bool> run_all(examples::device& gpu, evr::gpu_waiter& waiter) {
   const bool raced = co_await timeouts(gpu, waiter, s);
   std::printf("\n3. a wait cancelled through a cancellation_signal\n");
   const bool cancelled = co_await cancel_by_hand(gpu, waiter, s);
-  co_return piped && raced && cancelled;
+  const bool all_ok = piped && raced && cancelled;
+  co_return all_ok;
 }
 
 }  // namespace

@@ -21,8 +21,8 @@
 
 namespace {
 
-constexpr int lanes = 4;                // streams working side by side
-constexpr std::size_t n = 1 << 16;      // floats per stream
+constexpr int lanes = 4;            // streams working side by side
+constexpr std::size_t n = 1 << 16;  // floats per stream
 
 // One stream and its buffers.
 struct lane {
@@ -63,7 +63,8 @@ int main(int argc, char** argv) try {
 
   std::vector<lane> work;
   for (int i = 0; i < lanes; ++i) {
-    lane l{evr::stream(gpu.backend(), 0), gpu.alloc_host(n), gpu.alloc_host(n), gpu.alloc_device(n)};
+    lane l{evr::stream(gpu.backend(), 0), gpu.alloc_host(n), gpu.alloc_host(n),
+           gpu.alloc_device(n)};
     for (std::size_t k = 0; k < n; ++k) l.in[k] = static_cast<float>(k % 100 + i);
     work.push_back(std::move(l));
   }

@@ -47,7 +47,8 @@ std::string to_hex(const evr::device::ipc_event_handle& h) {
 
 evr::device::ipc_event_handle from_hex(const std::string& s) {
   evr::device::ipc_event_handle h;
-  if (s.size() != 2 * sizeof h.bytes) throw std::invalid_argument("the handle must be 128 hex digits");
+  if (s.size() != 2 * sizeof h.bytes)
+    throw std::invalid_argument("the handle must be 128 hex digits");
   for (std::size_t i = 0; i < sizeof h.bytes; ++i)
     h.bytes[i] = static_cast<unsigned char>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
   return h;
@@ -102,7 +103,8 @@ int main(int argc, char** argv) try {
   gpu.busy(stream, 1000ms);
   finished.record(stream);
   const std::string hex = to_hex(finished.ipc_handle());  // valid while `finished` lives
-  std::printf("parent: 1 s of GPU work queued, event recorded behind it\n   handle: %s\n", hex.c_str());
+  std::printf("parent: 1 s of GPU work queued, event recorded behind it\n   handle: %s\n",
+              hex.c_str());
 
   bool child_ok = false;
   pid_t child = -1;
@@ -112,8 +114,9 @@ int main(int argc, char** argv) try {
     std::printf("parent: started child process %d with --child HANDLE\n", static_cast<int>(child));
     std::fflush(stdout);
   } else {
-    std::printf("parent: the simulated device cannot share an event with another process: the\n"
-                "        child's part runs here, importing the handle from the same simulated device\n");
+    std::printf(
+        "parent: the simulated device cannot share an event with another process: the\n"
+        "        child's part runs here, importing the handle from the same simulated device\n");
     child_ok = child_role(gpu.backend(), hex, "child (in-process)");
   }
 
@@ -129,7 +132,8 @@ int main(int argc, char** argv) try {
   if (child > 0) {
     // `finished` must outlive the child's use of it: wait for the child before leaving main.
     int status = 0;
-    if (waitpid(child, &status, 0) != child) throw std::system_error(errno, std::generic_category(), "waitpid");
+    if (waitpid(child, &status, 0) != child)
+      throw std::system_error(errno, std::generic_category(), "waitpid");
     child_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     std::printf("parent: the child exited with %s\n", child_ok ? "success" : "a failure");
   }

@@ -7,8 +7,12 @@
 // evr keeps per-stream state (which device the stream belongs to, its pending waits), so a
 // single reactor thread can watch streams of any number of devices. On the simulated device
 // (2 devices) the all-reduce is skipped: NCCL needs real GPUs.
+#include <chrono>
 #include <cstdio>
 #include <future>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -62,13 +66,12 @@ bool wait_all(evr::gpu_waiter& waiter, std::vector<per_device>& devices) {
 
 #if defined(EVR_EXAMPLES_HAVE_NCCL)
 void check_nccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess)
-    throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(r));
+  if (r != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(r));
 }
 
 // Sums `data` element-wise across all devices, in place, on each device's stream. NCCL only
 // queues the work (like a kernel launch); evr then tells us when each device is done.
-bool all_reduce(evr::gpu_waiter& waiter, std::vector<per_device>& devices) {
+bool all_reduce(examples::device& gpu, evr::gpu_waiter& waiter, std::vector<per_device>& devices) {
   const int count = static_cast<int>(devices.size());
   std::vector<ncclComm_t> comms(devices.size());
   std::vector<int> ids;
@@ -85,12 +88,7 @@ bool all_reduce(evr::gpu_waiter& waiter, std::vector<per_device>& devices) {
   }
   check_nccl(ncclGroupEnd(), "ncclGroupEnd");
   // Copy each device's result back behind its part of the all-reduce, on the same stream.
-  // gpu.copy_to_host would do; here the plain CUDA call, as NCCL users write it.
-  for (auto& d : devices) {
-    if (cudaMemcpyAsync(d.host.data(), d.data.data(), n * sizeof(float), cudaMemcpyDeviceToHost,
-                        static_cast<cudaStream_t>(d.stream.native())) != cudaSuccess)
-      throw std::runtime_error("cudaMemcpyAsync after the all-reduce failed");
-  }
+  for (auto& d : devices) gpu.copy_to_host(d.stream, d.host, d.data);
   std::printf("   all-reduce queued on %d device(s); one future per device:\n", count);
   const bool ok = wait_all(waiter, devices);  // no thread sits in cudaStreamSynchronize per device
 
@@ -116,7 +114,8 @@ int main(int argc, char** argv) try {
 
   std::vector<per_device> devices;
   for (int d = 0; d < count; ++d)
-    devices.push_back({d, evr::stream(gpu.backend(), d), gpu.alloc_device(n, d), gpu.alloc_host(n)});
+    devices.push_back(
+        {d, evr::stream(gpu.backend(), d), gpu.alloc_device(n, d), gpu.alloc_host(n)});
 
   // --- 1. independent work on every device ----------------------------------------------------
   // Device d fills its memory with d + 1 and multiplies it by 10: each device ends with 10(d + 1).
@@ -135,13 +134,13 @@ int main(int argc, char** argv) try {
     ok = ok && right;
   }
 
-  // --- 2. an NCCL all-reduce across the devices ---------------------------------------------------
+  // --- 2. an NCCL all-reduce across the devices --------------------------------------------------
   std::printf("\n2. NCCL all-reduce (sum) across the devices\n");
   if (!gpu.on_gpu()) {
     std::printf("   skipped: the simulated device has no NCCL (it needs real GPUs)\n");
   } else {
 #if defined(EVR_EXAMPLES_HAVE_NCCL)
-    ok = all_reduce(waiter, devices) && ok;
+    ok = all_reduce(gpu, waiter, devices) && ok;
     // Every device held 10(d + 1); the sum over d = 0..count-1 is 10 * count(count + 1) / 2.
     const float expected = 10.0f * static_cast<float>(count * (count + 1) / 2);
     for (auto& d : devices) {
