@@ -314,6 +314,24 @@ TEST_CASE("release_after keeps a resource alive until the GPU is past the point"
   CHECK(evr::test::wait_until([&] { return watch.expired(); }));
 }
 
+TEST_CASE("release_after with an executor keeps it busy until the resource is freed there") {
+  evr::reactor r(dut().backend(), quick_options(evr::strategy::fence));
+  evr::stream st(dut().backend(), 0);
+  asio::io_context io;
+  auto gate = dut().make_gate();
+  gate->launch(st.native());
+  auto alive = std::make_shared<int>(7);
+  std::weak_ptr<int> watch = alive;
+  CHECK_FALSE(evr::release_after(r, st, std::move(alive), io.get_executor()));
+  std::thread opener([&] {
+    std::this_thread::sleep_for(20ms);
+    gate->open();
+  });
+  io.run();  // returns only once the resource was freed on this thread
+  opener.join();
+  CHECK(watch.expired());
+}
+
 TEST_CASE("plain callbacks (on_complete) run once on the reactor thread") {
   evr::reactor r(dut().backend(), quick_options(evr::strategy::adaptive));
   evr::stream st(dut().backend(), 0);

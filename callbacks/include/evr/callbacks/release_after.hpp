@@ -18,7 +18,9 @@
 #include <type_traits>
 #include <utility>
 
+#include <asio/execution.hpp>
 #include <asio/post.hpp>
+#include <asio/prefer.hpp>
 
 #include <evr/callbacks/on_complete.hpp>
 
@@ -63,8 +65,12 @@ std::error_code release_after(reactor& r, const wait_target& target, Resource&& 
   using holder = detail::resource_holder<std::decay_t<Resource>>;
   auto keep = std::make_unique<holder>(holder{std::forward<Resource>(resource)});
   holder* raw = keep.get();
-  std::error_code ec =
-      on_complete(r, target, [raw, ex](std::error_code) { asio::post(ex, [raw] { delete raw; }); });
+  // Outstanding work on `ex` until the resource is freed there: run() does not return while a
+  // release is still to come.
+  auto work = asio::prefer(ex, asio::execution::outstanding_work.tracked);
+  std::error_code ec = on_complete(r, target, [raw, work](std::error_code) {
+    asio::post(work, [raw] { delete raw; });
+  });
   if (ec) {
     detail::synchronize_target(target);
     return ec;
