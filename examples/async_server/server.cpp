@@ -140,6 +140,9 @@ void server::stop() {
 
 asio::awaitable<void> server::accept_loop() {
   asio::steady_timer backoff(accept_strand_);
+  std::error_code ignored;
+  acceptor_.non_blocking(true,
+                         ignored);  // for the draining accepts below (async ones are unaffected)
   for (;;) {
     // Every connection gets its own strand: with several io threads, its socket and timer are
     // only ever used from one at a time.
@@ -152,23 +155,36 @@ asio::awaitable<void> server::accept_loop() {
       co_await backoff.async_wait(use_tuple);
       continue;
     }
-    std::error_code ignored;
-    socket.set_option(asio::ip::tcp::no_delay(true), ignored);  // small responses, sent at once
-    auto c = std::make_shared<connection>(std::move(socket), reactor_);
-    {
-      std::lock_guard lock(mutex_);
-      if (stopping_) co_return;  // c's socket closes as it goes
-      connections_.insert(c);
+    if (!start_connection(std::move(socket))) co_return;
+    // Then take what else is waiting in the backlog without another trip through the scheduler:
+    // when every io thread is busy (blocking mode), each trip can take milliseconds, and 256
+    // clients connecting at once would otherwise wait in line for one accept each.
+    for (int i = 0; i < 256; ++i) {
+      asio::ip::tcp::socket more = acceptor_.accept(asio::make_strand(io_), ec);
+      if (ec) break;  // would_block: the backlog is empty (other errors: the async accept reports)
+      if (!start_connection(std::move(more))) co_return;
     }
-    asio::co_spawn(c->socket.get_executor(), serve(c), [](std::exception_ptr e) {
-      if (!e) return;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        std::fprintf(stderr, "evr-async-server: connection ended by an exception: %s\n", ex.what());
-      }
-    });
   }
+}
+
+bool server::start_connection(asio::ip::tcp::socket socket) {
+  std::error_code ignored;
+  socket.set_option(asio::ip::tcp::no_delay(true), ignored);  // small responses, sent at once
+  auto c = std::make_shared<connection>(std::move(socket), reactor_);
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return false;  // c's socket closes as it goes
+    connections_.insert(c);
+  }
+  asio::co_spawn(c->socket.get_executor(), serve(c), [](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "evr-async-server: connection ended by an exception: %s\n", ex.what());
+    }
+  });
+  return true;
 }
 
 void server::arm_deadline(const std::shared_ptr<connection>& c) {

@@ -82,6 +82,8 @@ class server {
   };
 
   asio::awaitable<void> accept_loop();
+  /// Registers and serves an accepted socket; false once the server is stopping.
+  bool start_connection(asio::ip::tcp::socket socket);
   asio::awaitable<void> serve(std::shared_ptr<connection> c);
   asio::awaitable<response> handle(const http::request& req, connection& c);
   asio::awaitable<response> run_job(const job::spec& spec, connection& c);
