@@ -331,8 +331,8 @@ TEST_CASE("zero heap allocations per wait in steady state (Asio front end, poste
     REQUIRE(run_until(
         io, [&] { return done == warmup + measured; }, 60s));
     const std::uint64_t allocations = g_allocations.load() - at_start;
-    MESSAGE(evr::to_string(s) << ": " << allocations << " heap allocations in " << measured
-                              << " waits");
+    MESSAGE(std::string(evr::to_string(s))
+            << ": " << allocations << " heap allocations in " << measured << " waits");
     CHECK(allocations == 0);
   }
 }

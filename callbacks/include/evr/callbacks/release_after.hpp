@@ -68,9 +68,8 @@ std::error_code release_after(reactor& r, const wait_target& target, Resource&& 
   // Outstanding work on `ex` until the resource is freed there: run() does not return while a
   // release is still to come.
   auto work = asio::prefer(ex, asio::execution::outstanding_work.tracked);
-  std::error_code ec = on_complete(r, target, [raw, work](std::error_code) {
-    asio::post(work, [raw] { delete raw; });
-  });
+  std::error_code ec = on_complete(
+      r, target, [raw, work](std::error_code) { asio::post(work, [raw] { delete raw; }); });
   if (ec) {
     detail::synchronize_target(target);
     return ec;
