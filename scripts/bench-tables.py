@@ -1,17 +1,18 @@
-#!/ usr / bin / python3
-""
-        "Prints the evr-bench JSON files of a folder as Markdown tables (for docs/benchmarks.md).
+#!/usr/bin/python3
+"""Prints the evr-bench JSON files of a folder as Markdown tables (for docs/benchmarks.md).
 
-        usage : scripts /
-                bench -
-    tables.py DIR
-    ""
-    "
-    import json import os import sys
+usage: scripts/bench-tables.py DIR
+"""
+import json
+import os
+import sys
 
-        def
-        load(folder, name)
-    : path = os.path.join(folder, name) if not os.path.exists(path) : return None with open(path) as f:
+
+def load(folder, name):
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
         return json.load(f)
 
 

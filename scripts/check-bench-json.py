@@ -1,26 +1,28 @@
-#!/ usr / bin / env python3
-""
-        "Checks that an evr-bench JSON file is well formed and has every field a reader relies on.
+#!/usr/bin/env python3
+"""Checks that an evr-bench JSON file is well formed and has every field a reader relies on.
 
-        usage : check -
-                bench -
-                json.py SUBCOMMAND FILE
-                ""
-                "
-                import json import math import sys
+usage: check-bench-json.py SUBCOMMAND FILE
+"""
+import json
+import math
+import sys
 
-                    def
-                    fail(msg)
-    : print(f "check-bench-json: {msg}", file = sys.stderr) sys.exit(1)
 
-          def number(v, where)
-    : if not isinstance(v, (int, float)) or
-    (isinstance(v, float) and math.isnan(v))
-    : fail(f "{where}: not a number: {v!r}")
+def fail(msg):
+    print(f"check-bench-json: {msg}", file=sys.stderr)
+    sys.exit(1)
 
-          def main()
-    : if len (sys.argv) != 3 : fail("usage: check-bench-json.py SUBCOMMAND FILE") sub,
-path = sys.argv[1], sys.argv[2] with open(path) as f:
+
+def number(v, where):
+    if not isinstance(v, (int, float)) or (isinstance(v, float) and math.isnan(v)):
+        fail(f"{where}: not a number: {v!r}")
+
+
+def main():
+    if len(sys.argv) != 3:
+        fail("usage: check-bench-json.py SUBCOMMAND FILE")
+    sub, path = sys.argv[1], sys.argv[2]
+    with open(path) as f:
         doc = json.load(f)
     if sub in ("latency", "throughput", "cpu"):
         if doc.get("subcommand") != sub:

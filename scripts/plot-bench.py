@@ -1,4 +1,4 @@
-#!/ usr / bin / python3
+#!/usr/bin/python3
 """Renders evr-bench JSON files into PNG plots (Debian's python3-matplotlib).
 
 usage: scripts/plot-bench.py DIR    (DIR holds latency.json, pool.json, cpu.json, throughput.json)
