@@ -78,6 +78,7 @@ reactor_core::reactor_core(device::backend& backend, reactor_options options)
              pool_options{.initial = 0, .batch = std::max<std::size_t>(1, options.pool_batch)}),
       streams_(options.max_streams),
       fences_(backend) {
+  if (backend_.device_count(device_count_)) device_count_ = 0;
   ready_.reserve(256);
   to_release_.reserve(256);
   active_.reserve(64);
@@ -212,8 +213,20 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
       return refuse(make_error_code(errc::per_thread_default_stream));
     }
     stream_state* st = nullptr;
-    if (auto ec = find_stream(target, st)) return refuse(ec);
-    if (auto ec = put_marker(*st, *op)) return refuse(ec);
+    std::error_code ec = find_stream(target, st);
+    if (!ec) ec = put_marker(*st, *op);
+    if (ec) {
+      if (is_sticky(ec)) {
+        // The device is dead: fail its pending waits too. Where the stream's device is unknown
+        // (its very first wait), the calling thread's current device is the best guess: a sticky
+        // error is reported by the calls made in that device's context.
+        int device = st != nullptr ? st->device : -1;
+        if (device < 0 && backend_.current_device(device)) device = -1;
+        if (device < 0 && device_count_ == 1) device = 0;  // the only one it can be
+        report_fault(device, ec);
+      }
+      return refuse(ec);
+    }
   }
 
   switch (submissions_.push(op)) {
@@ -229,6 +242,29 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
   // must not be reused before the GPU passes it, so destroy it (CUDA defers the free).
   if (op->event_pool_ != nullptr) op->event_pool_->discard_native(op->event_);
   return refuse(make_error_code(errc::reactor_stopped));
+}
+
+void reactor_core::report_fault(int device, std::error_code ec) noexcept {
+  if (device < 0 || device >= max_devices) return;
+  int expected = 0;
+  reported_fault_[device].compare_exchange_strong(expected, ec.value(), std::memory_order_relaxed);
+  fault_reported_.store(true, std::memory_order_seq_cst);  // seq_cst: part of the wake handshake
+  wake_->wake_urgent();
+}
+
+bool reactor_core::take_reported_faults() {
+  if (!fault_reported_.load(std::memory_order_relaxed) ||
+      !fault_reported_.exchange(false, std::memory_order_acq_rel))
+    return false;
+  bool any = false;
+  for (int d = 0; d < max_devices; ++d) {
+    const int v = reported_fault_[d].load(std::memory_order_relaxed);
+    if (v != 0 && !device_fault_[d]) {
+      fail_device(d, make_cuda_error(v));
+      any = true;
+    }
+  }
+  return any;
 }
 
 void reactor_core::host_func_done(void* state) noexcept {
@@ -357,8 +393,8 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
       drain_deadline_ = now + options_.shutdown_drain;
     }
     const bool took_new = take_inputs(now);
-    bool progress = false;  // something retired or was cancelled: what resets the idle ladder
-    if (!active_.empty() || !loose_.empty()) progress = sweep(now);
+    bool progress = take_reported_faults();  // retired or cancelled: what resets the idle ladder
+    if (!active_.empty() || !loose_.empty()) progress |= sweep(now);
     progress |= !ready_.empty();
     deliver_batch(now);
     if (closed_) {
@@ -385,6 +421,7 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
 bool reactor_core::has_inputs() const noexcept {
   if (!submissions_.empty_or_closed() || !cancels_.empty_or_closed()) return true;
   if (owner_cancel_pending_.load(std::memory_order_seq_cst)) return true;
+  if (fault_reported_.load(std::memory_order_seq_cst)) return true;
   if (stopping_.load(std::memory_order_seq_cst) && !closed_) return true;
   for (stream_state* st : active_)
     if (st->doorbell_rang.load(std::memory_order_seq_cst)) return true;

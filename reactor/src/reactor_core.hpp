@@ -69,11 +69,13 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
 
   // --- reactor thread ------------------------------------------------------------------------
   void run(std::shared_ptr<reactor_core> self);
-  bool take_inputs(clock::time_point now);          // (reactor) controls + submissions
-  void accept(wait_op* op, clock::time_point now);  // (reactor)
-  void handle_cancel(wait_op* op);                  // (reactor)
-  void handle_owner_cancel(std::uintptr_t owner);   // (reactor)
-  bool sweep(clock::time_point now);                // (reactor) all active streams + loose
+  bool take_inputs(clock::time_point now);                     // (reactor) controls + submissions
+  void report_fault(int device, std::error_code ec) noexcept;  // any thread
+  bool take_reported_faults();                                 // (reactor)
+  void accept(wait_op* op, clock::time_point now);             // (reactor)
+  void handle_cancel(wait_op* op);                             // (reactor)
+  void handle_owner_cancel(std::uintptr_t owner);              // (reactor)
+  bool sweep(clock::time_point now);  // (reactor) all active streams + loose
   bool sweep_poll(stream_state& st);
   bool sweep_word(stream_state& st, std::uint64_t word);
   bool probe(stream_state& st, clock::time_point now);
@@ -98,6 +100,12 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::mutex owner_cancel_mutex_;
   std::vector<std::uintptr_t> owner_cancels_;  // guarded by owner_cancel_mutex_
   std::atomic<bool> owner_cancel_pending_{false};
+  // Sticky errors met by submitters (a marker that could not be enqueued): the driver reports a
+  // fault lazily, sometimes only to calls on the faulted stream, so a submitter may learn of it
+  // before any of the reactor's own queries do. The reactor then fails the whole device.
+  std::array<std::atomic<int>, max_devices> reported_fault_{};
+  int device_count_ = 0;  // at construction; names the device of a fault when only one exists
+  std::atomic<bool> fault_reported_{false};
   std::atomic<bool> stopping_{false};
   std::mutex stop_mutex_;  // serializes stop() callers (join once)
   std::thread thread_;
