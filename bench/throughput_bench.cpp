@@ -254,8 +254,9 @@ int throughput_main(int argc, char** argv) {
     std::thread w([&] {
       for (int i = 1; i <= 8192 && !stop.load(); ++i) {
         if (fences) {
-          evr::throw_if(be.write_fence(s.native(), fb.device_word(0), static_cast<std::uint64_t>(i)),
-                        "fence");
+          evr::throw_if(
+              be.write_fence(s.native(), fb.device_word(0), static_cast<std::uint64_t>(i)),
+              "fence");
         } else {
           device::native_event e = nullptr;
           evr::throw_if(be.create_event(0, device::event_flags::none, e), "create");
@@ -460,8 +461,8 @@ int throughput_main(int argc, char** argv) {
             ",\"poller_cpu_ns_per_completion\":" +
             json_writer::number(drain_rows[i].poller_cpu_ns_per_completion) + "}");
     }
-    j.raw("],\"fence_queue_depth\":" + std::to_string(fence_depth) + ",\"record_queue_depth\":" +
-          std::to_string(record_depth) +
+    j.raw("],\"fence_queue_depth\":" + std::to_string(fence_depth) +
+          ",\"record_queue_depth\":" + std::to_string(record_depth) +
           ",\"bytes_per_inflight_wait\":" + json_writer::number(bytes_per_wait) + "}\n");
     std::fclose(f);
   }
