@@ -2,10 +2,12 @@
 // injected faults, huge numbers of pending waits, counted allocations, stress from many threads.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <random>
 #include <string>
@@ -114,6 +116,42 @@ TEST_CASE("fence: the sweep makes no event query and no driver call but the slow
   CHECK(m.event_queries == 0);
   CHECK(m.stream_queries <= 1);
   CHECK(sim->counters().fence_writes_landed >= 100);
+}
+
+TEST_CASE("fence: beyond max_pending_fences, waits record events instead, in order") {
+  for (evr::strategy s : {evr::strategy::fence, evr::strategy::adaptive}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+    auto opts = quick_options(s);
+    opts.max_pending_fences = 4;
+    evr::reactor r(sim, opts);
+    evr::stream a(sim, 0), b(sim, 0);
+    std::vector<int> order;
+    std::mutex m;
+    std::atomic<int> done{0};
+    constexpr int n = 40;
+    for (int i = 0; i < n; ++i) {
+      REQUIRE_FALSE(evr::on_complete(r, i % 2 ? b : a, [&, i](std::error_code ec) {
+        std::lock_guard<std::mutex> lock(m);
+        if (!ec) order.push_back(i);
+        ++done;
+      }));
+    }
+    // Only max_pending_fences fence writes were enqueued; the rest recorded pooled events.
+    CHECK(sim.counters().fence_writes_enqueued == 4);
+    CHECK(sim.counters().event_records == n - 4);
+    sim.step(a.native(), 5);  // part of a: fences and events mixed
+    REQUIRE(wait_until([&] { return done.load() == 5; }));
+    sim.run_until_blocked();
+    REQUIRE(wait_until([&] { return done.load() == n; }));
+    std::vector<int> on_a, on_b;
+    for (int i : order) (i % 2 ? on_b : on_a).push_back(i);
+    CHECK(std::is_sorted(on_a.begin(), on_a.end()));
+    CHECK(std::is_sorted(on_b.begin(), on_b.end()));
+    CHECK(order.size() == static_cast<std::size_t>(n));
+    // Every marker event came back once the GPU was past it.
+    CHECK(wait_until([&] { return r.pools().stats().in_use == 0; }));
+  }
 }
 
 TEST_CASE("host_func: one host function per wait; the reactor sleeps until one runs") {

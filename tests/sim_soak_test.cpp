@@ -302,7 +302,8 @@ TEST_CASE(
       const auto ps = r.pools().stats();
       CHECK(ps.created == ps.destroyed + ps.cached + ps.in_use);
       CHECK(ps.in_use <= rec.aborted.load());
-      if (strat != evr::strategy::poll) CHECK(ps.created == 0);
+      // host_func never uses events; fence and adaptive only past max_pending_fences per device.
+      if (strat == evr::strategy::host_func) CHECK(ps.created == 0);
 
       grand_ok += rec.ok;
       grand_aborted += rec.aborted;

@@ -150,7 +150,13 @@ std::error_code reactor_core::put_marker(stream_state& st, wait_op& op) noexcept
   // batch of events on this thread).
   event_pool* pool = nullptr;
   device::native_event ev = nullptr;
-  if (options_.strategy == strategy::poll) {
+  const bool fences =
+      options_.strategy == strategy::fence || options_.strategy == strategy::adaptive;
+  // Too many fence markers queued on this device: record an event instead (see
+  // reactor_options::max_pending_fences); the enqueue would otherwise block in the driver.
+  const bool overflow = fences && pending_fences_[st.device].load(std::memory_order_relaxed) >=
+                                      static_cast<std::int64_t>(options_.max_pending_fences);
+  if (options_.strategy == strategy::poll || overflow) {
     std::error_code ec;
     pool = pools_.get(st.device, event_class::plain, ec);
     if (ec) return ec;
@@ -163,7 +169,14 @@ std::error_code reactor_core::put_marker(stream_state& st, wait_op& op) noexcept
   switch (options_.strategy) {
     case strategy::poll: ec = backend_.record_event(ev, st.native); break;
     case strategy::fence:
-    case strategy::adaptive: ec = backend_.write_fence(st.native, st.fence_device, seq); break;
+    case strategy::adaptive:
+      if (ev != nullptr) {
+        ec = backend_.record_event(ev, st.native);
+      } else {
+        ec = backend_.write_fence(st.native, st.fence_device, seq);
+        if (!ec) pending_fences_[st.device].fetch_add(1, std::memory_order_relaxed);
+      }
+      break;
     case strategy::host_func:
       st.host_funcs_outstanding.fetch_add(1, std::memory_order_relaxed);
       ec = backend_.launch_host_func(st.native, &reactor_core::host_func_done, &st);
@@ -570,6 +583,8 @@ void reactor_core::retire_op(wait_op* op, std::error_code ec) {
 void reactor_core::retire_front(stream_state& st, std::error_code ec) {
   timeline_entry e = st.entries.front();
   st.entries.pop_front();
+  if (e.event == nullptr && st.fence_host != nullptr)
+    pending_fences_[st.device].fetch_sub(1, std::memory_order_relaxed);
   st.completed_seq = std::max(st.completed_seq, e.seq);
   if (e.pool != nullptr) {
     if (!ec) {
@@ -635,6 +650,24 @@ bool reactor_core::sweep_word(stream_state& st, std::uint64_t word) {
   bool progress = false;
   while (!st.entries.empty() && st.entries.front().seq <= word) {
     retire_front(st, {});
+    progress = true;
+  }
+  return progress;
+}
+
+bool reactor_core::sweep_event_front(stream_state& st) {
+  // Overflow markers are events among fence entries: the word cannot vouch for an event entry at
+  // the front until a later fence lands, so query it (one at a time: this is the rare path).
+  bool progress = false;
+  while (!st.entries.empty() && st.entries.front().event != nullptr) {
+    m_.event_queries.fetch_add(1, std::memory_order_relaxed);
+    std::error_code ec = backend_.query_event(st.entries.front().event);
+    if (is_not_ready(ec)) break;
+    if (ec && is_sticky(ec)) {
+      fail_device(st.device, ec);
+      return true;
+    }
+    retire_front(st, ec);
     progress = true;
   }
   return progress;
@@ -726,7 +759,10 @@ bool reactor_core::sweep(clock::time_point now) {
     switch (options_.strategy) {
       case strategy::poll: moved = sweep_poll(st); break;
       case strategy::fence:
-      case strategy::adaptive: moved = sweep_word(st, load_fence(st.fence_host)); break;
+      case strategy::adaptive:
+        moved = sweep_word(st, load_fence(st.fence_host));
+        moved |= sweep_event_front(st);
+        break;
       case strategy::host_func:
         moved = sweep_word(st, st.host_done.load(std::memory_order_acquire));
         break;
@@ -785,8 +821,10 @@ void reactor_core::abort_everything() {
       st->entries.pop_front();
       // The GPU may not be past the marker: keep pooled events out of the pool for good.
       if (e.pool != nullptr) abandoned_.emplace_back(e.pool, e.event);
-      if (options_.strategy == strategy::fence || options_.strategy == strategy::adaptive)
+      if (e.event == nullptr && st->fence_host != nullptr) {
         aborted_fences_ = true;
+        pending_fences_[st->device].fetch_sub(1, std::memory_order_relaxed);
+      }
       if (e.op != nullptr) retire_op(e.op, asio::error::operation_aborted);
     }
     st->active = false;

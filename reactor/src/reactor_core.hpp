@@ -78,6 +78,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   bool sweep(clock::time_point now);  // (reactor) all active streams + loose
   bool sweep_poll(stream_state& st);
   bool sweep_word(stream_state& st, std::uint64_t word);
+  bool sweep_event_front(stream_state& st);  // fence strategies: event markers at the front
   bool probe(stream_state& st, clock::time_point now);
   bool sweep_loose();
   void arm_doorbell(stream_state& st);
@@ -104,6 +105,9 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   // fault lazily, sometimes only to calls on the faulted stream, so a submitter may learn of it
   // before any of the reactor's own queries do. The reactor then fails the whole device.
   std::array<std::atomic<int>, max_devices> reported_fault_{};
+  // fence / adaptive: fence markers enqueued and not yet retired, per device (submitters add,
+  // the reactor subtracts; relaxed: a threshold, not a synchronization).
+  std::array<std::atomic<std::int64_t>, max_devices> pending_fences_{};
   int device_count_ = 0;  // at construction; names the device of a fault when only one exists
   std::atomic<bool> fault_reported_{false};
   std::atomic<bool> stopping_{false};

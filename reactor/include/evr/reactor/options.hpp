@@ -47,6 +47,11 @@ struct reactor_options {
   std::size_t loose_query_budget = 64;
   /// Distinct streams the reactor can track (a lock-free table of twice this size is allocated).
   std::size_t max_streams = 4096;
+  /// fence / adaptive: fence markers pending on one device beyond which new waits on that device
+  /// record a pooled event instead. The driver queues only so many stream memory operations
+  /// behind unfinished work (about 1021 on the H100) and then blocks the enqueuing thread inside
+  /// cuStreamWriteValue64; event records were seen not to block at 8192.
+  std::size_t max_pending_fences = 512;
   /// Events created per pool growth (pools of the reactor's own events).
   std::size_t pool_batch = 64;
 };
