@@ -137,6 +137,13 @@ class baseline_poller {
   std::thread thread_;
 };
 
+/// One evr wait (plain callback on the reactor thread) whose completion bumps `done`.
+void wait_counting(reactor& r, const evr::stream& s, std::atomic<std::uint64_t>& done) {
+  evr::throw_if(
+      on_complete(r, s, [&done](std::error_code) { done.fetch_add(1, std::memory_order_release); }),
+      "on_complete");
+}
+
 tp_settings parse(int argc, char** argv, bool cpu) {
   tp_settings s;
   for (int i = 1; i < argc; ++i) {
@@ -212,14 +219,8 @@ int throughput_main(int argc, char** argv) {
     const auto cpu0 = r.cpu_time();
     tp_row row;
     row.name = std::string("evr ") + to_string(strat);
-    row.seconds = drive(
-        [&](int s) {
-          evr::throw_if(
-              on_complete(r, streams[s],
-                          [&](std::error_code) { done.fetch_add(1, std::memory_order_release); }),
-              "on_complete");
-        },
-        [&] { return done.load(std::memory_order_acquire); });
+    row.seconds = drive([&](int s) { wait_counting(r, streams[s], done); },
+                        [&] { return done.load(std::memory_order_acquire); });
     row.per_second = cfg.ops / row.seconds;
     row.poller_cpu_ns_per_completion = static_cast<double>((r.cpu_time() - cpu0).count()) / cfg.ops;
     std::fprintf(stderr, "  %-40s %10.0f completions/s  %8.1f ns CPU each\n", row.name.c_str(),
@@ -366,13 +367,7 @@ int throughput_main(int argc, char** argv) {
     reactor r(be, opts);
     std::atomic<std::uint64_t> done{0};
     drain(
-        std::string("evr ") + to_string(strat),
-        [&](int s) {
-          evr::throw_if(
-              on_complete(r, streams[s],
-                          [&](std::error_code) { done.fetch_add(1, std::memory_order_release); }),
-              "on_complete");
-        },
+        std::string("evr ") + to_string(strat), [&](int s) { wait_counting(r, streams[s], done); },
         [&] { return r.metrics().submitted; }, [&] { return done.load(std::memory_order_acquire); },
         [&] { return static_cast<double>(r.cpu_time().count()); });
   }

@@ -25,6 +25,7 @@
 
 #include "support/device_under_test.hpp"
 #include "support/forwarding_backend.hpp"
+#include "support/helpers.hpp"
 
 extern char** environ;  // for posix_spawn (declared by <unistd.h> only under _GNU_SOURCE)
 
@@ -40,22 +41,6 @@ int device_count() {
   REQUIRE_FALSE(be().device_count(n));
   REQUIRE(n >= 1);
   return n;
-}
-
-/// The error an evr::error thrown by f carries ({} when nothing was thrown); `what` gets what().
-template <class F>
-std::error_code thrown(F&& f, std::string* what = nullptr) {
-  try {
-    f();
-  } catch (const evr::error& e) {
-    if (what) *what = e.what();
-    return e.code();
-  }
-  return {};
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 /// Long enough for a device to pass anything not held back (so "still pending" means held back).

@@ -20,30 +20,16 @@
 #include "support/helpers.hpp"
 
 using namespace std::chrono_literals;
+using evr::test::contains;
 using evr::test::quick_options;
 using evr::test::run_until;
+using evr::test::thrown;
 using evr::test::wait_until;
 
 namespace {
 
 const std::error_code invalid_handle =
     evr::make_cuda_error(evr::cuda_value::invalid_resource_handle);
-
-/// The evr::error `fn` throws ({} if none); `what` gets its message.
-template <class Fn>
-std::error_code thrown(Fn&& fn, std::string* what = nullptr) {
-  try {
-    fn();
-  } catch (const evr::error& e) {
-    if (what) *what = e.what();
-    return e.code();
-  }
-  return {};
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 /// A callback's outcome, written on whichever thread completes it.
 struct result {

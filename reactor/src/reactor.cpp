@@ -839,12 +839,11 @@ void reactor_core::deliver_batch(clock::time_point detected) {
     release_events();
     return;
   }
-  // Handlers may submit (re-entrancy): iterate over a moved-out batch so that pushes into ready_
-  // made by nested reactor calls are not lost. Capacity stays with ready_ (no allocation).
-  std::size_t n = ready_.size();
+  // Inline handlers may call submit/cancel/stop: those only push onto the stacks, never onto
+  // ready_, so the batch cannot change under this loop. clear() keeps the capacity (no
+  // allocation in steady state).
   const clock::time_point now = clock::now();
-  for (std::size_t i = 0; i < n; ++i) {
-    auto [op, ec] = ready_[i];
+  for (auto [op, ec] : ready_) {
     if (!ec) {
       m_.completed.fetch_add(1, std::memory_order_relaxed);
     } else if (ec == asio::error::operation_aborted) {
@@ -856,7 +855,7 @@ void reactor_core::deliver_batch(clock::time_point detected) {
     add_sample(m_.submit_to_deliver, now - op->submitted_at_);
     op->complete(ec);  // frees op; may run a user handler (inline delivery)
   }
-  ready_.erase(ready_.begin(), ready_.begin() + static_cast<std::ptrdiff_t>(n));
+  ready_.clear();
   release_events();
 }
 

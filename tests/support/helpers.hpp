@@ -3,13 +3,32 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
+#include <system_error>
 #include <thread>
 
 #include <asio/io_context.hpp>
 
+#include <evr/device/error.hpp>
 #include <evr/reactor/options.hpp>
 
 namespace evr::test {
+
+/// The error an evr::error thrown by f carries ({} when nothing was thrown); `what` gets what().
+template <class F>
+std::error_code thrown(F&& f, std::string* what = nullptr) {
+  try {
+    f();
+  } catch (const evr::error& e) {
+    if (what) *what = e.what();
+    return e.code();
+  }
+  return {};
+}
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 /// Runs `io` until `done()` or `timeout`; returns done(). Never hangs a test.
 inline bool run_until(asio::io_context& io, const std::function<bool()>& done,
