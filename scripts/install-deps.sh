@@ -14,7 +14,7 @@
 # exits 1. Never reads stdin (CI=true, no terminal).
 set -euo pipefail
 
-readonly base_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev doctest-dev)
+readonly base_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev doctest-dev libcli11-dev)
 readonly extra_packages=(wrk python3-matplotlib)
 
 want_extras="${EVR_DEPS_EXTRAS:-0}"
