@@ -207,6 +207,99 @@ TEST_CASE("idle: with nothing pending the reactor thread is parked (no wake-ups)
   CHECK(b.wakeups == a.wakeups);
 }
 
+namespace {
+
+/// Launches a kernel of `d` on `st` and waits for it through `r` (inline callback); returns when
+/// the wait completed.
+void run_one(evr::sim::device& sim, evr::reactor& r, evr::stream& st, std::chrono::nanoseconds d) {
+  std::atomic<int> done{0};
+  sim.launch_kernel(st.native(), d);
+  REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += ec ? 100 : 1; }));
+  REQUIRE(wait_until([&] { return done.load() != 0; }, 10s));
+  REQUIRE(done.load() == 1);
+}
+
+evr::reactor_options predictive_fence() {
+  auto opts = quick_options(evr::strategy::fence);
+  opts.idle = evr::idle_mode::predictive;
+  opts.fault_probe_interval = 10s;  // no probe may wake the reactor in these tests
+  return opts;
+}
+
+}  // namespace
+
+TEST_CASE("predictive: the reactor never sleeps past a submission that could finish first") {
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  evr::reactor r(sim, predictive_fence());
+  evr::stream a(sim, 0), b(sim, 0);
+  // Teach stream a that its waits take ~200 ms, then start one more: the reactor sleeps until
+  // shortly before its predicted end.
+  for (int i = 0; i < 3; ++i) run_one(sim, r, a, 200ms);
+  std::atomic<int> a_done{0};
+  sim.launch_kernel(a.native(), 200ms);
+  REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code) { ++a_done; }));
+  std::this_thread::sleep_for(20ms);
+
+  // More waits behind a's pending work cannot finish before it: they must not wake the reactor.
+  const auto before = r.metrics();
+  for (int i = 0; i < 10; ++i)
+    REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code) { ++a_done; }));
+  std::this_thread::sleep_for(5ms);
+  CHECK(r.metrics().wakeups == before.wakeups);
+
+  // A wait on an idle stream could be done at once: it wakes the reactor and is found within one
+  // look, not ~160 ms later when the reactor would have woken for a's prediction.
+  std::atomic<bool> b_done{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<std::int64_t> latency_ns{0};
+  REQUIRE_FALSE(evr::on_complete(r, b, [&](std::error_code) {
+    latency_ns = (std::chrono::steady_clock::now() - t0).count();
+    b_done = true;
+  }));
+  REQUIRE(wait_until([&] { return b_done.load(); }, 5s));
+  CHECK(a_done.load() == 0);
+  CHECK(r.metrics().wakeups > before.wakeups);
+  CHECK(std::chrono::nanoseconds(latency_ns.load()) < 100ms);
+  REQUIRE(wait_until([&] { return a_done.load() == 11; }, 5s));
+}
+
+TEST_CASE("predictive: a missed prediction falls back, and the new length is learned") {
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  evr::reactor r(sim, predictive_fence());
+  evr::stream st(sim, 0);
+  for (int i = 0; i < 4; ++i) run_one(sim, r, st, 5ms);
+  CHECK(r.metrics().prediction_misses == 0);
+  run_one(sim, r, st, 60ms);  // far longer than anything seen: missed, still found
+  CHECK(r.metrics().prediction_misses == 1);
+  for (int i = 0; i < 2; ++i) run_one(sim, r, st, 60ms);  // three in a row: the new regime
+  const auto learned = r.metrics().prediction_misses;
+  CHECK(learned <= 3);
+  for (int i = 0; i < 3; ++i) run_one(sim, r, st, 60ms);
+  CHECK(r.metrics().prediction_misses == learned);  // no more misses at the new length
+}
+
+TEST_CASE("predictive: the reactor sleeps through predictable work instead of spinning") {
+  std::uint64_t sweeps[2] = {};
+  for (evr::idle_mode mode : {evr::idle_mode::spin, evr::idle_mode::predictive}) {
+    CAPTURE(std::string(evr::to_string(mode)));
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+    auto opts = predictive_fence();
+    opts.idle = mode;
+    evr::reactor r(sim, opts);
+    evr::stream st(sim, 0);
+    for (int i = 0; i < 4; ++i) run_one(sim, r, st, 20ms);  // learning
+    const auto a = r.metrics();
+    for (int i = 0; i < 10; ++i) run_one(sim, r, st, 20ms);
+    const auto b = r.metrics();
+    sweeps[mode == evr::idle_mode::spin ? 0 : 1] = b.sweeps - a.sweeps;
+    if (mode == evr::idle_mode::predictive) CHECK(b.parks - a.parks >= 10);
+  }
+  CAPTURE(sweeps[0]);
+  CAPTURE(sweeps[1]);
+  // Spinning sweeps continuously for 200 ms; the prediction only around each completion.
+  CHECK(sweeps[1] * 10 < sweeps[0]);
+}
+
 TEST_CASE("a sticky fault fails every wait of that device; other devices go on") {
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));

@@ -17,13 +17,17 @@
 #include <utility>
 #include <vector>
 
+#include <asio/error.hpp>
+
 #include <evr/pool/pool_set.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
 #include <evr/reactor/wait_op.hpp>
 #include <evr/reactor/wait_target.hpp>
 
+#include "idle_policy.hpp"
 #include "intrusive_stack.hpp"
+#include "strategy_traits.hpp"
 #include "stream_state.hpp"
 #include "wakeup.hpp"
 
@@ -32,10 +36,18 @@ namespace evr::detail {
 /// Cumulative counters written by the reactor (relaxed: they are statistics, read racily).
 struct atomic_metrics {
   std::atomic<std::uint64_t> submitted{0}, completed{0}, cancelled{0}, failed{0}, rejected{0},
-      sweeps{0}, event_queries{0}, stream_queries{0}, doorbells{0}, parks{0}, device_faults{0};
+      sweeps{0}, event_queries{0}, stream_queries{0}, doorbells{0}, parks{0}, device_faults{0},
+      prediction_misses{0};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> detect_to_deliver{};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> submit_to_deliver{};
 };
+
+/// What a wait aborted by cancellation or shutdown completes with.
+inline std::error_code aborted_error() noexcept { return asio::error::operation_aborted; }
+
+/// Adds one sample to a latency histogram (relaxed: statistics).
+void add_sample(std::array<std::atomic<std::uint64_t>, latency_histogram::buckets>& h,
+                std::chrono::nanoseconds d) noexcept;
 
 class reactor_core : public std::enable_shared_from_this<reactor_core> {
  public:
@@ -55,6 +67,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
 
   device::backend& backend_;
   const reactor_options options_;
+  const strategy_traits traits_;
   pool_set pools_;
 
  private:
@@ -82,6 +95,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   bool probe(stream_state& st, clock::time_point now);
   bool sweep_loose();
   void arm_doorbell(stream_state& st);
+  void learn(stream_state& st, clock::time_point now);  // (reactor) a service-time sample
   void retire_front(stream_state& st, std::error_code ec);
   void retire_op(wait_op* op, std::error_code ec);
   void fail_stream(stream_state& st, std::error_code ec);
@@ -89,7 +103,12 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void abort_everything();
   void deliver_batch(clock::time_point detected);
   void release_events();  // (reactor) returns retired markers to their pools
+  // idle policy (reactor/src/reactor_idle.cpp)
   void idle(clock::time_point now, bool progress, bool took_new);
+  void idle_ladder(clock::time_point now);
+  void idle_predictive(clock::time_point now);
+  void nap_until(clock::time_point until, bool learn_overshoot);
+  clock::time_point service_start(const stream_state& st) const noexcept;
   bool has_inputs() const noexcept;
   std::error_code select_device(int device) noexcept;
 
@@ -132,8 +151,12 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   bool closed_ = false;
   bool aborted_fences_ = false;
   clock::time_point drain_deadline_{};
-  clock::time_point last_progress_{};
-  std::chrono::nanoseconds sleep_step_{};
+  // idle policy state (reactor thread)
+  const idle_settings idle_settings_;
+  ladder ladder_;                    // idle_mode::ladder
+  sleep_overshoot overshoot_;        // idle_mode::predictive: how late timed sleeps end
+  clock::time_point replan_at_{};    // predictive: while spinning, re-plan no sooner than this
+  clock::time_point loose_since_{};  // last progress of the loose waits (or the first one)
 };
 
 }  // namespace evr::detail

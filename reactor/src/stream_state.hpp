@@ -7,7 +7,10 @@
 //   * submit side, any thread: marker_lock_ orders markers; next_seq_ is guarded by it.
 //   * device side: fence_host_ is written by the GPU (fence strategy); host_done_, doorbell_rang_
 //     and host_funcs_outstanding_ by host functions on a driver thread.
-//   * reactor side (reactor thread only): the timeline and the sweep's bookkeeping.
+//   * reactor side (reactor thread only): the timeline, the sweep's bookkeeping and the idle
+//     policy's model of the stream; two values of it are published for submitters (relaxed
+//     atomics: a submission reads them only after seeing the reactor napping, and the reactor
+//     stores them before announcing the nap, see wakeup.hpp).
 #pragma once
 
 #include <atomic>
@@ -21,6 +24,7 @@
 
 #include <evr/device/backend.hpp>
 
+#include "idle_policy.hpp"
 #include "timeline.hpp"
 #include "wakeup.hpp"
 
@@ -62,6 +66,18 @@ struct stream_state {
   std::uint64_t completed_seq = 0;
   std::chrono::steady_clock::time_point waiting_since{};  // since the last progress
   std::chrono::steady_clock::time_point last_probe{};
+
+  // --- reactor side: the idle policy's view of the stream (idle_policy.hpp) -----------------
+  service_time_model model;
+  idle_time last_look{};       // the last sweep that saw the oldest wait still pending
+  idle_time last_done{};       // estimated completion of the newest retired wait
+  idle_time retired_submit{};  // submission of the newest wait retired by the current sweep
+  bool retired_in_sweep = false;
+  bool missed = false;  // the oldest wait outlived its prediction (counted once)
+
+  // --- published for submitters (wakeup.hpp: may a new wait finish before the reactor looks?) -
+  std::atomic<std::int64_t> published_low_ns{0};          // model.low() once ready, else 0
+  std::atomic<std::uint64_t> published_completed_seq{0};  // = completed_seq
 };
 
 /// Keeps `st` alive, and reachable, for the rest of the process: for a state that a host function

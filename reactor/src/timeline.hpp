@@ -31,7 +31,11 @@ class timeline {
   std::size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
   timeline_entry& at(std::size_t i) noexcept { return buffer_[(head_ + i) & (buffer_.size() - 1)]; }
+  const timeline_entry& at(std::size_t i) const noexcept {
+    return buffer_[(head_ + i) & (buffer_.size() - 1)];
+  }
   timeline_entry& front() noexcept { return at(0); }
+  const timeline_entry& front() const noexcept { return at(0); }
   timeline_entry& back() noexcept { return at(size_ - 1); }
   void pop_front() noexcept {
     head_ = (head_ + 1) & (buffer_.size() - 1);

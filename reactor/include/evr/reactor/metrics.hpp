@@ -33,6 +33,9 @@ struct reactor_metrics {
   std::uint64_t wakeups = 0;         ///< times a submission or host function woke a sleeping thread
   std::uint64_t streams = 0;         ///< distinct streams known
   std::uint64_t device_faults = 0;   ///< sticky faults seen (each device counted once)
+  /// idle_mode::predictive: times a stream's oldest wait outlived the window its model predicted
+  /// (the work got longer, or is irregular beyond what was seen); each counts once.
+  std::uint64_t prediction_misses = 0;
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;
   /// Time from submission to the handler being posted / run inline (includes GPU time).

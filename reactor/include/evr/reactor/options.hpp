@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
+#include <string_view>
 
 namespace evr {
 
@@ -20,26 +22,66 @@ enum class strategy {
   /// the reactor sleeps until woken. Slow (~75 us on an H100) but costs no CPU while waiting. A
   /// fault probe as for fence catches faults (host functions never run after one).
   host_func,
-  /// The default: fence marks; the reactor spins while waits are young, then yields, then sleeps
-  /// growing up to max_sleep; once the oldest wait of a stream is older than doorbell_after it
-  /// arms one host-function doorbell on that stream and sleeps up to fault_probe_interval.
+  /// The default: fence marks, the predictive idle policy (idle_mode::predictive), and, for a
+  /// wait the prediction does not cover (the first waits of a stream, a missed prediction) once it
+  /// is older than doorbell_after, one host-function doorbell on its stream so that the driver
+  /// wakes the reactor instead of naps.
   adaptive,
 };
 
 const char* to_string(strategy s) noexcept;
+/// "poll", "fence", "host_func" or "adaptive"; std::nullopt for anything else.
+std::optional<evr::strategy> strategy_from_string(std::string_view name) noexcept;
 
+/// How the reactor thread waits while waits are pending (strategy::host_func always sleeps until
+/// a host function wakes it, whatever this says).
+enum class idle_mode {
+  /// Learns per stream how long the GPU takes to reach a wait, sleeps until shortly before the
+  /// earliest predicted completion, then polls until it arrives (hybrid polling). Near the
+  /// polling floor for steady work of any length at a fraction of a core; irregular work is
+  /// polled every poll_period inside the range it was seen to take. The default.
+  predictive,
+  /// Busy-polls spin_window after the last progress, yields yield_window, then naps doubling from
+  /// 10 us up to max_sleep. Cheap, but work of a millisecond or more is found up to max_sleep
+  /// late. Kept for comparison.
+  ladder,
+  /// Never sleeps while waits are pending: the lowest latency, one core busy.
+  spin,
+};
+
+const char* to_string(idle_mode m) noexcept;
+/// "predictive", "ladder" or "spin"; std::nullopt for anything else.
+std::optional<idle_mode> idle_mode_from_string(std::string_view name) noexcept;
+
+/// Every duration must be >= 0 and spin_fraction in [0, 1]; the reactor's constructor refuses
+/// anything else with std::invalid_argument naming the option.
 struct reactor_options {
   evr::strategy strategy = strategy::adaptive;
-  /// After the last progress the reactor busy-polls this long (lowest latency, one core busy).
+  /// How the reactor waits while waits are pending; see idle_mode.
+  idle_mode idle = idle_mode::predictive;
+  /// predictive: how long a stream's waits are busy-polled before its model has learned anything
+  /// (its first few waits): short work is found at once; longer work is then looked at with naps
+  /// of a quarter of its age. ladder: busy-poll this long after the last progress.
   std::chrono::nanoseconds spin_window = std::chrono::microseconds(50);
-  /// ... then polls with a yield between sweeps this long ...
+  /// ladder: then poll with a yield between sweeps this long ...
   std::chrono::nanoseconds yield_window = std::chrono::microseconds(200);
-  /// ... then sleeps between sweeps, doubling from 10 us up to this cap (a submission wakes it).
+  /// ladder: ... then nap between sweeps, doubling from 10 us up to this cap. predictive: the
+  /// longest nap while a stream's model is learning or after a missed prediction.
   std::chrono::nanoseconds max_sleep = std::chrono::microseconds(1000);
-  /// adaptive: age of a stream's oldest wait after which a host-function doorbell is armed.
+  /// predictive: the nap between looks while a completion is expected but its time is too
+  /// uncertain to spin through (irregular work). Each nap costs the reactor a few us of CPU (a
+  /// futex wait and wake): 50 us is about 8 % of a core while such a window is open, and finds
+  /// the completion about 25 us late on average.
+  std::chrono::nanoseconds poll_period = std::chrono::microseconds(50);
+  /// predictive: spin through the window in which a completion is expected when the window is at
+  /// most this fraction of the expected service time (or at most two poll_periods); otherwise
+  /// poll it every poll_period. Higher: lower latency for jittery work, more CPU.
+  double spin_fraction = 0.25;
+  /// adaptive: age of a wait that the prediction does not cover after which one host-function
+  /// doorbell is armed on its stream (ladder: age of the stream's oldest wait).
   std::chrono::nanoseconds doorbell_after = std::chrono::milliseconds(5);
   /// fence / host_func / adaptive: how often each stream with pending waits is probed for faults
-  /// (one stream query); also the longest sleep while every pending stream has a doorbell.
+  /// (one stream query); the reactor never sleeps past a probe that is due.
   std::chrono::nanoseconds fault_probe_interval = std::chrono::milliseconds(10);
   /// stop(): how long pending waits may still complete normally before they are aborted.
   std::chrono::nanoseconds shutdown_drain = std::chrono::seconds(2);

@@ -1,0 +1,148 @@
+// reactor/src/idle_policy.cpp — see idle_policy.hpp.
+#include "idle_policy.hpp"
+
+#include <algorithm>
+
+namespace evr::detail {
+namespace {
+
+/// The second smallest and second largest of `v[0..n)` (smallest and largest below 8 values):
+/// one outlier on either side moves neither bound.
+void robust_bounds(const std::int64_t* v, int n, std::int64_t& low, std::int64_t& high) noexcept {
+  std::array<std::int64_t, service_time_model::window> s{};
+  std::copy(v, v + n, s.begin());
+  std::sort(s.begin(), s.begin() + n);
+  const int trim = n >= 8 ? 1 : 0;
+  low = s[trim];
+  high = s[n - 1 - trim];
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// service_time_model
+
+void service_time_model::add(nanoseconds sample) noexcept {
+  const std::int64_t v = std::max<std::int64_t>(0, sample.count());
+  if (ready()) {
+    // A sample well outside the range of the regime before it (by half the range's width, at
+    // least 1/16 of its high, at least 1 us) counts towards a regime change; jitter within a
+    // steady regime does not. The reference stays that of the regime while a run lasts, so the
+    // run is judged against what came before it, not against bounds it has already moved.
+    const std::int64_t tolerance =
+        std::max({(ref_high_ - ref_low_) / 2, ref_high_ / 16, std::int64_t{1000}});
+    if (v > ref_high_ + tolerance) {
+      ++run_above_;
+      run_below_ = 0;
+    } else if (v < ref_low_ - tolerance) {
+      ++run_below_;
+      run_above_ = 0;
+    } else {
+      run_above_ = run_below_ = 0;
+    }
+  }
+  ring_[static_cast<std::size_t>(next_)] = v;
+  next_ = (next_ + 1) % window;
+  count_ = std::min(count_ + 1, window);
+  if (run_above_ >= regime_run || run_below_ >= regime_run) {
+    // The work changed (a longer or shorter kernel): forget the old regime, keep the new samples.
+    std::array<std::int64_t, regime_run> recent{};
+    for (int i = 0; i < regime_run; ++i)
+      recent[static_cast<std::size_t>(i)] =
+          ring_[static_cast<std::size_t>((next_ - regime_run + i + window) % window)];
+    std::copy(recent.begin(), recent.end(), ring_.begin());
+    count_ = regime_run;
+    next_ = regime_run % window;
+    run_above_ = run_below_ = 0;
+  }
+  robust_bounds(ring_.data(), count_, low_, high_);
+  if (run_above_ == 0 && run_below_ == 0) {
+    ref_low_ = low_;
+    ref_high_ = high_;
+  }
+}
+
+void service_time_model::reset() noexcept {
+  count_ = next_ = 0;
+  low_ = high_ = ref_low_ = ref_high_ = 0;
+  run_above_ = run_below_ = 0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// sleep_overshoot
+
+void sleep_overshoot::add(nanoseconds overshoot) noexcept {
+  ring_[static_cast<std::size_t>(next_)] = std::max<std::int64_t>(0, overshoot.count());
+  next_ = (next_ + 1) % window;
+  count_ = std::min(count_ + 1, window);
+  std::array<std::int64_t, window> s{};
+  std::copy(ring_.begin(), ring_.begin() + count_, s.begin());
+  std::sort(s.begin(), s.begin() + count_);
+  // The second largest of the recent overshoots: about the 95th percentile of 32.
+  const std::int64_t high = s[static_cast<std::size_t>(count_ >= 8 ? count_ - 2 : count_ - 1)];
+  margin_ = std::max(high, floor.count());
+}
+
+// ------------------------------------------------------------------------------------------------
+// predict
+
+stream_outlook predict(const idle_settings& settings, const service_time_model& model,
+                       idle_time start, idle_time now, nanoseconds margin) noexcept {
+  using phase = stream_outlook::phase;
+  stream_outlook o;
+  const nanoseconds age = std::max(nanoseconds(0), now - start);
+  if (!model.ready()) {
+    // Nothing learned yet: spin briefly (short work is found at once), then naps of a quarter
+    // of the age: lateness at most ~25 % of the wait, at a logarithmic number of wake-ups.
+    o.where = phase::learning;
+    if (age < settings.spin_window) {
+      o.next_look = now;
+    } else {
+      o.next_look =
+          now + std::clamp<nanoseconds>(age / 4, std::chrono::microseconds(10), settings.max_sleep);
+    }
+    return o;
+  }
+  const nanoseconds low = model.low(), high = model.high();
+  const nanoseconds spread = high - low;
+  const idle_time open = start + low - margin;
+  const idle_time close = start + high + std::max(margin, spread / 2);
+  if (open - now >= min_nap) {
+    o.where = phase::before_window;
+    o.next_look = open;
+    return o;
+  }
+  if (now <= close) {
+    const nanoseconds width = close - open;
+    const bool narrow =
+        width <= std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
+                          2 * settings.poll_period);
+    if (narrow) {
+      o.where = phase::window_spin;
+      o.next_look = now;
+    } else {
+      o.where = phase::window_poll;
+      o.next_look = now + settings.poll_period;
+    }
+    return o;
+  }
+  // Missed: the work outlasted everything seen lately. Back off with the time since the miss.
+  o.where = phase::missed;
+  o.next_look =
+      now + std::clamp<nanoseconds>((now - close) / 2, settings.poll_period, settings.max_sleep);
+  return o;
+}
+
+// ------------------------------------------------------------------------------------------------
+// ladder
+
+ladder::action ladder::next(const reactor_options& o, idle_time now, nanoseconds& nap) noexcept {
+  const nanoseconds quiet = now - last_progress_;
+  if (quiet < o.spin_window) return action::spin;
+  if (quiet < o.spin_window + o.yield_window) return action::yield;
+  nap = step_;
+  step_ = std::min<nanoseconds>(step_ * 2, o.max_sleep);
+  return action::nap;
+}
+
+}  // namespace evr::detail

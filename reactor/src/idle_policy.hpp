@@ -1,0 +1,151 @@
+// reactor/src/idle_policy.hpp — when the reactor thread looks at the GPU again, and how it waits
+// meanwhile. Pure logic on times: no device, no reactor, no threads (tests drive it with synthetic
+// durations: tests/idle_policy_test.cpp).
+//
+// The predictive policy (reactor_options::idle = idle_mode::predictive, the default) is hybrid
+// polling, as the Linux block layer does for fast storage: learn, per stream, how long the GPU
+// takes to reach a wait ("service time"), sleep until shortly before the earliest predicted end
+// among the pending streams, then poll (fence words: a memory read) until it arrives.
+//
+//   service start  = max(the wait's submission, the stream's previous completion): back-to-back
+//                    work starts when the previous work ends, an isolated request when it is sent.
+//   service time   = completion - start, where completion is estimated as the midpoint between
+//                    the last sweep that saw the wait pending and the sweep that saw it done (the
+//                    two are a few hundred ns apart while the reactor polls).
+//   model          = the last `service_time_model::window` samples of the stream; `low` and
+//                    `high` are their second smallest and second largest (one outlier on either
+//                    side moves neither), and three samples in a row well outside [low, high] on
+//                    the same side mean the work changed: the model restarts from those three.
+//   margin         = how late this machine's timed sleeps end (learned: sleep_overshoot), so the
+//                    reactor is awake and polling when the earliest completion can arrive.
+//
+// Per stream, from now and the model (stream_outlook):
+//   learning        fewer than `min_samples` samples: spin `spin_window` after the start, then
+//                   naps that grow with the wait's age (a quarter of it), up to `max_sleep`.
+//   before_window   now < start + low - margin - min_nap: nothing can finish; sleep until then.
+//   window_spin     the window [start + low - margin, start + high + slack] is narrow (at most
+//                   `spin_fraction` of high): busy-poll through it. Cost: the width of the
+//                   window on a miss, about half of it plus the margin on a hit.
+//   window_poll     the window is wide (irregular work): look every `poll_period` through it.
+//   missed          past the window: the prediction failed (the work got longer): naps that grow
+//                   with the time since the miss, up to `max_sleep`; the adaptive strategy arms a
+//                   host-function doorbell so the driver wakes the reactor.
+// The reactor sweeps again at once if any stream wants spinning, else sleeps until the earliest
+// look any stream wants (and never past a fault probe). A submission that could finish before
+// that wakes it (wakeup.hpp); so does a doorbell.
+//
+// Thread safety: none; every object here belongs to the reactor thread.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+
+#include <evr/reactor/options.hpp>
+
+namespace evr::detail {
+
+using idle_clock = std::chrono::steady_clock;
+using idle_time = idle_clock::time_point;
+using std::chrono::nanoseconds;
+
+/// Below this a nap costs more than it saves (a futex wait and wake: a few us of CPU): spin.
+inline constexpr nanoseconds min_nap = std::chrono::microseconds(5);
+
+/// Recent service times of one stream, and robust bounds of them.
+class service_time_model {
+ public:
+  static constexpr int window = 16;      ///< samples kept
+  static constexpr int min_samples = 3;  ///< samples before the model predicts
+  /// Samples in a row well outside [low, high] (by half its width, at least high/16 and 1 us)
+  /// that mean the work changed; the model then keeps only those (still `ready()`).
+  static constexpr int regime_run = 3;
+
+  /// Adds one observed service time (negative values count as 0).
+  void add(nanoseconds sample) noexcept;
+  void reset() noexcept;
+  int samples() const noexcept { return count_; }
+  bool ready() const noexcept { return count_ >= min_samples; }
+  /// Second smallest / second largest of the kept samples (smallest / largest below 8 samples).
+  /// Meaningful when samples() > 0.
+  nanoseconds low() const noexcept { return nanoseconds(low_); }
+  nanoseconds high() const noexcept { return nanoseconds(high_); }
+
+ private:
+  void recompute() noexcept;
+  std::array<std::int64_t, window> ring_{};
+  int count_ = 0;  // samples in ring_ (<= window)
+  int next_ = 0;   // where the next sample goes
+  std::int64_t low_ = 0, high_ = 0;
+  std::int64_t ref_low_ = 0, ref_high_ = 0;  // the bounds before the current run began
+  int run_above_ = 0, run_below_ = 0;  // consecutive samples well beyond / below the reference
+};
+
+/// How much later than asked the reactor's timed sleeps end (timer slack, scheduling). The
+/// margin is the second largest of the last `window` overshoots, never below `floor`.
+class sleep_overshoot {
+ public:
+  static constexpr int window = 32;
+  static constexpr nanoseconds initial = std::chrono::microseconds(20);  ///< before any sample
+  static constexpr nanoseconds floor = std::chrono::microseconds(2);
+
+  void add(nanoseconds overshoot) noexcept;
+  nanoseconds margin() const noexcept { return nanoseconds(margin_); }
+  int samples() const noexcept { return count_; }
+
+ private:
+  std::array<std::int64_t, window> ring_{};
+  int count_ = 0, next_ = 0;
+  std::int64_t margin_ = initial.count();
+};
+
+/// The predictive policy's view of one stream's oldest pending wait.
+struct stream_outlook {
+  enum class phase : unsigned char { learning, before_window, window_spin, window_poll, missed };
+  phase where = phase::learning;
+  /// When the reactor should look at the stream again; <= now means "keep polling" (spin).
+  idle_time next_look{};
+  /// The prediction is not helping (learning, missed): a doorbell may be armed once the wait is
+  /// old enough (adaptive strategy).
+  bool unpredicted() const noexcept { return where == phase::learning || where == phase::missed; }
+};
+
+/// The tunables of reactor_options the policy reads (copied once).
+struct idle_settings {
+  nanoseconds spin_window{};
+  nanoseconds max_sleep{};
+  nanoseconds poll_period{};
+  double spin_fraction = 0.25;
+
+  static idle_settings from(const reactor_options& o) noexcept {
+    return {o.spin_window, o.max_sleep, o.poll_period, o.spin_fraction};
+  }
+};
+
+/// Where the oldest wait of a stream stands, and when to look at it next. `start` is the wait's
+/// service start (see the file comment); `margin` the learned sleep overshoot.
+stream_outlook predict(const idle_settings& settings, const service_time_model& model,
+                       idle_time start, idle_time now, nanoseconds margin) noexcept;
+
+/// The older, non-predictive policy (idle_mode::ladder), kept for comparison: busy-poll
+/// spin_window after the last progress, yield yield_window, then naps doubling from 10 us to
+/// max_sleep. Every progress restarts it.
+class ladder {
+ public:
+  enum class action : unsigned char { spin, yield, nap };
+  void progress(idle_time now) noexcept {
+    last_progress_ = now;
+    step_ = first_step;
+  }
+  /// New waits while others pend: naps restart short, without going back to spinning.
+  void new_waits() noexcept { step_ = first_step; }
+  /// What to do now; for action::nap, `nap` is its length (and the next one doubles).
+  action next(const reactor_options& o, idle_time now, nanoseconds& nap) noexcept;
+
+ private:
+  static constexpr nanoseconds first_step = std::chrono::microseconds(10);
+  idle_time last_progress_{};
+  nanoseconds step_ = first_step;
+};
+
+}  // namespace evr::detail

@@ -1,0 +1,131 @@
+// reactor/src/reactor_idle.cpp — how the reactor thread waits between sweeps: park when nothing
+// is pending; otherwise what reactor_options::idle says (idle_policy.hpp holds the predictive
+// logic and the ladder; this file applies them to the reactor's streams). Reactor thread only.
+#include <algorithm>
+#include <thread>
+
+#include "reactor_core.hpp"
+
+namespace evr::detail {
+namespace {
+
+/// While spinning for a predicted completion, the plan is made again at least this often (and at
+/// once after any progress or new wait): a window that closes, or another stream's window that
+/// opens, is noticed this late at most, for a fraction of the cost of planning every sweep.
+constexpr std::chrono::nanoseconds replan_interval = std::chrono::microseconds(10);
+/// While stopping, sweeps are at most this far apart (the drain deadline is checked per pass).
+constexpr std::chrono::nanoseconds closing_nap = std::chrono::milliseconds(1);
+
+}  // namespace
+
+void reactor_core::idle(clock::time_point now, bool progress, bool took_new) {
+  if (progress) {
+    ladder_.progress(now);
+  } else if (took_new) {
+    ladder_.new_waits();
+  }
+  if (progress || took_new) replan_at_ = {};
+  const bool nothing_pending = active_.empty() && loose_.empty() && pending_ops_ == 0;
+  if (nothing_pending && !closed_) {
+    m_.parks.fetch_add(1, std::memory_order_relaxed);
+    wake_->park([this] { return has_inputs(); });  // zero wake-ups until a submission
+    ladder_.progress(clock::now());
+    return;
+  }
+  if (progress) return;  // more may be done by now: sweep again at once
+  if (traits_.woken_by_host_funcs) {
+    // host_func: a host function wakes the reactor; the timer is the fault probe.
+    nap_until(now + (closed_ ? std::min(closing_nap, options_.fault_probe_interval)
+                             : options_.fault_probe_interval),
+              /*learn_overshoot=*/false);
+    return;
+  }
+  switch (options_.idle) {
+    case idle_mode::spin: return;
+    case idle_mode::ladder: idle_ladder(now); return;
+    case idle_mode::predictive: idle_predictive(now); return;
+  }
+}
+
+void reactor_core::idle_ladder(clock::time_point now) {
+  std::chrono::nanoseconds nap{};
+  switch (ladder_.next(options_, now, nap)) {
+    case ladder::action::spin: return;
+    case ladder::action::yield: std::this_thread::yield(); return;
+    case ladder::action::nap: break;
+  }
+  // adaptive: when every pending stream has a doorbell armed, a host function wakes the reactor;
+  // the timer is only the fault probe.
+  bool all_doorbells = traits_.doorbells && !active_.empty() && loose_.empty();
+  for (std::size_t i = 0; all_doorbells && i < active_.size(); ++i)
+    all_doorbells = active_[i]->doorbell_armed;
+  if (all_doorbells) nap = options_.fault_probe_interval;
+  if (closed_) nap = std::min(nap, closing_nap);
+  nap_until(now + nap, /*learn_overshoot=*/false);
+}
+
+void reactor_core::idle_predictive(clock::time_point now) {
+  if (now < replan_at_) return;  // spinning: the plan made at most replan_interval ago holds
+  using phase = stream_outlook::phase;
+  const std::chrono::nanoseconds margin = overshoot_.margin();
+  clock::time_point wake = now + options_.fault_probe_interval;
+  bool spin = false;
+  for (stream_state* st : active_) {
+    if (st->entries.empty()) continue;
+    const clock::time_point start = service_start(*st);
+    const stream_outlook o = predict(idle_settings_, st->model, start, now, margin);
+    if (o.where == phase::missed && !st->missed) {
+      st->missed = true;
+      m_.prediction_misses.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (traits_.fault_probes) wake = std::min(wake, st->last_probe + options_.fault_probe_interval);
+    if (o.unpredicted()) {
+      // Nothing learned yet, or the prediction failed: let the driver wake the reactor once the
+      // wait is old (adaptive), and then rely on that doorbell and the probe rather than naps.
+      if (traits_.doorbells && !st->doorbell_armed && now - start >= options_.doorbell_after)
+        arm_doorbell(*st);
+      if (st->doorbell_armed) continue;
+    }
+    if (o.next_look <= now) {
+      spin = true;
+    } else {
+      wake = std::min(wake, o.next_look);
+    }
+  }
+  if (!loose_.empty()) {
+    // Waits on a user's event: no stream, no model. Spin briefly, then naps of a quarter of the
+    // time since their last progress.
+    const std::chrono::nanoseconds age = now - loose_since_;
+    if (age < options_.spin_window) {
+      spin = true;
+    } else {
+      wake = std::min(wake, now + std::clamp<std::chrono::nanoseconds>(
+                                      age / 4, std::chrono::microseconds(10), options_.max_sleep));
+    }
+  }
+  if (closed_) wake = std::min(wake, now + closing_nap);
+  if (spin || wake - now < min_nap) {
+    replan_at_ = now + replan_interval;
+    return;
+  }
+  replan_at_ = {};
+  nap_until(wake, /*learn_overshoot=*/true);
+}
+
+void reactor_core::nap_until(clock::time_point until, bool learn_overshoot) {
+  m_.parks.fetch_add(1, std::memory_order_relaxed);
+  const bool timed_out = wake_->nap_until(until, [this] { return has_inputs(); });
+  // Only a nap that ran its course says how late this machine's timers fire.
+  if (learn_overshoot && timed_out) overshoot_.add(clock::now() - until);
+}
+
+reactor_core::clock::time_point reactor_core::service_start(const stream_state& st) const noexcept {
+  // The oldest wait's work could start once it was submitted and the stream's previous wait was
+  // done (a cancelled wait's marker has no submission time: the previous completion then).
+  const timeline_entry& e = st.entries.front();
+  clock::time_point s = st.last_done;
+  if (e.op != nullptr) s = std::max(s, e.op->submitted_at_);
+  return s;
+}
+
+}  // namespace evr::detail

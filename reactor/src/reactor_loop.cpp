@@ -1,0 +1,243 @@
+// reactor/src/reactor_loop.cpp — the reactor thread's loop: take inputs (cancellations, then
+// submissions), sweep, deliver one batch, then idle. Also acceptance into the timelines,
+// cancellation handling and batched delivery. Everything here runs on the reactor thread.
+#include <algorithm>
+#include <cstdio>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sys/prctl.h>
+#include <time.h>
+#endif
+
+#include "reactor_core.hpp"
+
+namespace evr::detail {
+
+void reactor_core::run(std::shared_ptr<reactor_core> self) {
+#if defined(__linux__)
+  // A nap must end when asked, not 50 us later: Linux adds 50 us of timer slack to every sleep
+  // of a normal thread by default. 1 ns is the least it takes (0 would mean "the default").
+  (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  clockid_t cid;
+  if (pthread_getcpuclockid(pthread_self(), &cid) == 0) {
+    cpu_clock_id_ = static_cast<std::uint64_t>(cid);
+    cpu_clock_valid_.store(true, std::memory_order_release);
+  }
+#endif
+  thread_id_.store(std::this_thread::get_id(), std::memory_order_release);
+  backend_.prepare_polling_thread();  // relaxed capture mode: never invalidate a user's capture
+  ladder_.progress(clock::now());
+  for (;;) {
+    clock::time_point now = clock::now();
+    if (!closed_ && stopping_.load(std::memory_order_acquire)) {
+      // Refuse further submissions (the sentinel makes a racing push fail) and keep what came.
+      for (wait_op* op = submissions_.close(); op != nullptr;) {
+        wait_op* next = op->next_;
+        accept(op, now);
+        op = next;
+      }
+      closed_ = true;
+      drain_deadline_ = now + options_.shutdown_drain;
+    }
+    const bool took_new = take_inputs(now);
+    bool progress = take_reported_faults();  // retired or cancelled: what the idle policy counts
+    // A fresh time for the sweep: waits taken above may have been submitted after `now`, and the
+    // idle policy's samples compare the sweep's time with their submission.
+    now = clock::now();
+    if (!active_.empty() || !loose_.empty()) progress |= sweep(now);
+    progress |= !ready_.empty();
+    deliver_batch(now);
+    if (closed_) {
+      if (pending_ops_ == 0 && awaiting_cancel_ == 0 && active_.empty()) break;
+      if (clock::now() >= drain_deadline_) {
+        abort_everything();
+        deliver_batch(clock::now());
+        // Waits retired while their cancel request is in flight: the canceller pushes right
+        // after its CAS, so this ends promptly.
+        while (awaiting_cancel_ > 0) {
+          take_inputs(clock::now());
+          deliver_batch(clock::now());
+          if (awaiting_cancel_ > 0) std::this_thread::yield();
+        }
+        break;
+      }
+    }
+    idle(now, progress, took_new);
+  }
+  thread_id_.store(std::thread::id{}, std::memory_order_release);
+  (void)self;  // dropping the last reference (self-stop case) frees the core on this thread
+}
+
+bool reactor_core::has_inputs() const noexcept {
+  if (!submissions_.empty_or_closed() || !cancels_.empty_or_closed()) return true;
+  if (owner_cancel_pending_.load(std::memory_order_seq_cst)) return true;
+  if (fault_reported_.load(std::memory_order_seq_cst)) return true;
+  if (stopping_.load(std::memory_order_seq_cst) && !closed_) return true;
+  for (stream_state* st : active_)
+    if (st->doorbell_rang.load(std::memory_order_seq_cst)) return true;
+  if (traits_.host_func_markers) {
+    for (stream_state* st : active_)
+      if (st->host_done.load(std::memory_order_seq_cst) > st->completed_seq) return true;
+  }
+  return false;
+}
+
+bool reactor_core::take_inputs(clock::time_point now) {
+  // Order matters: controls first, then submissions. A cancel is pushed after its wait was
+  // submitted, so once we have seen the cancel, taking submissions afterwards includes the wait.
+  wait_op* cancels = cancels_.take_all();
+  std::vector<std::uintptr_t> owners;
+  if (owner_cancel_pending_.load(std::memory_order_relaxed) &&
+      owner_cancel_pending_.exchange(false, std::memory_order_acq_rel)) {
+    std::lock_guard<std::mutex> lock(owner_cancel_mutex_);
+    owners.swap(owner_cancels_);
+  }
+  wait_op* subs = closed_ ? nullptr : submissions_.take_all();
+  bool any = cancels != nullptr || !owners.empty() || subs != nullptr;
+  for (wait_op* op = subs; op != nullptr;) {
+    wait_op* next = op->next_;
+    accept(op, now);
+    op = next;
+  }
+  for (wait_op* op = cancels; op != nullptr;) {
+    wait_op* next = op->cancel_next_;
+    handle_cancel(op);
+    op = next;
+  }
+  for (std::uintptr_t owner : owners) handle_owner_cancel(owner);
+  return any;
+}
+
+void reactor_core::accept(wait_op* op, clock::time_point now) {
+  m_.submitted.fetch_add(1, std::memory_order_relaxed);
+  ++pending_ops_;
+  op->phase_ = wait_op::phase::pending;
+  if (op->device_ >= 0 && device_fault_[op->device_]) {
+    // The device is dead: nothing will ever complete there. Its event is kept out of the pool
+    // and destroyed with the reactor, off this thread (cudaEventDestroy may block).
+    if (op->stream_ != nullptr && op->event_pool_ != nullptr)
+      abandoned_.emplace_back(op->event_pool_, op->event_);
+    op->event_pool_ = nullptr;
+    retire_op(op, device_fault_[op->device_]);
+    return;
+  }
+  stream_state* st = op->stream_;
+  if (st == nullptr) {
+    if (loose_.empty()) loose_since_ = now;
+    loose_.push_back(op);
+    return;
+  }
+  st->entries.insert(timeline_entry{op->seq_, op->event_, op->event_pool_, op});
+  if (!st->active) {
+    st->active = true;
+    st->waiting_since = now;
+    st->last_probe = now;
+    st->doorbell_armed = false;
+    st->missed = false;
+    // Its work cannot have finished before its marker was enqueued, during submission.
+    st->last_look = op->submitted_at_;
+    active_.push_back(st);
+  }
+}
+
+void reactor_core::handle_cancel(wait_op* op) {
+  switch (op->phase_) {
+    case wait_op::phase::pending: {
+      if (stream_state* st = op->stream_) {
+        // Leave a ghost entry: the marker stays until the GPU is past it.
+        std::size_t i = st->entries.find(op->seq_);
+        if (i < st->entries.size()) st->entries.at(i).op = nullptr;
+      } else {
+        auto it = std::find(loose_.begin(), loose_.end(), op);
+        if (it != loose_.end()) {
+          *it = loose_.back();
+          loose_.pop_back();
+        }
+      }
+      op->state_.store(wait_op::done, std::memory_order_release);
+      --pending_ops_;
+      ready_.emplace_back(op, aborted_error());
+      break;
+    }
+    case wait_op::phase::retired_awaiting_cancel:
+      --awaiting_cancel_;
+      ready_.emplace_back(op, aborted_error());
+      break;
+    case wait_op::phase::queued:
+      // Cannot happen: take_inputs accepts submissions before handling cancels, and a cancel is
+      // only pushed for a submitted wait. Complete it anyway rather than lose it.
+      std::fprintf(stderr, "evr: internal: cancel of a wait the reactor has not seen\n");
+      ready_.emplace_back(op, aborted_error());
+      break;
+  }
+}
+
+void reactor_core::handle_owner_cancel(std::uintptr_t owner) {
+  auto abort_if_owned = [&](wait_op* op) {
+    if (op == nullptr || op->owner_ != owner) return false;
+    std::uint32_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
+    if (prev == wait_op::cancel_requested) {
+      // A per-operation cancel is in flight and will deliver; wait for it.
+      op->phase_ = wait_op::phase::retired_awaiting_cancel;
+      ++awaiting_cancel_;
+    } else {
+      ready_.emplace_back(op, aborted_error());
+    }
+    --pending_ops_;
+    return true;
+  };
+  for (stream_state* st : active_) {
+    for (std::size_t i = 0; i < st->entries.size(); ++i) {
+      timeline_entry& e = st->entries.at(i);
+      if (abort_if_owned(e.op)) e.op = nullptr;  // ghost: the marker stays
+    }
+  }
+  for (std::size_t i = 0; i < loose_.size();) {
+    if (abort_if_owned(loose_[i])) {
+      loose_[i] = loose_.back();
+      loose_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::error_code reactor_core::select_device(int device) noexcept {
+  if (device == current_device_ || device < 0) return {};
+  if (auto ec = backend_.set_current_device(device)) return ec;
+  current_device_ = device;
+  return {};
+}
+
+void reactor_core::deliver_batch(clock::time_point detected) {
+  if (ready_.empty()) {
+    release_events();
+    return;
+  }
+  // Inline handlers may call submit/cancel/stop: those only push onto the stacks, never onto
+  // ready_, so the batch cannot change under this loop. clear() keeps the capacity (no
+  // allocation in steady state).
+  const clock::time_point now = clock::now();
+  for (auto [op, ec] : ready_) {
+    if (!ec) {
+      m_.completed.fetch_add(1, std::memory_order_relaxed);
+    } else if (ec == aborted_error()) {
+      m_.cancelled.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      m_.failed.fetch_add(1, std::memory_order_relaxed);
+    }
+    add_sample(m_.detect_to_deliver, now - detected);
+    add_sample(m_.submit_to_deliver, now - op->submitted_at_);
+    op->complete(ec);  // frees op; may run a user handler (inline delivery)
+  }
+  ready_.clear();
+  release_events();
+}
+
+void reactor_core::release_events() {
+  for (auto& [pool, ev] : to_release_) pool->release_native(ev);
+  to_release_.clear();
+}
+
+}  // namespace evr::detail

@@ -1,0 +1,206 @@
+// The idle policy on synthetic durations: no reactor, no device (reactor/src/idle_policy.hpp).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <random>
+
+#include "idle_policy.hpp"
+
+using namespace std::chrono_literals;
+using evr::detail::idle_settings;
+using evr::detail::idle_time;
+using evr::detail::ladder;
+using evr::detail::predict;
+using evr::detail::service_time_model;
+using evr::detail::sleep_overshoot;
+using evr::detail::stream_outlook;
+using phase = stream_outlook::phase;
+using std::chrono::nanoseconds;
+
+namespace {
+
+idle_settings defaults() { return idle_settings::from(evr::reactor_options{}); }
+
+/// Service times uniform in [d - d*jitter, d + d*jitter].
+class work {
+ public:
+  work(nanoseconds d, double jitter, unsigned seed = 1) : d_(d), jitter_(jitter), rng_(seed) {}
+  nanoseconds next() {
+    std::uniform_real_distribution<double> u(-jitter_, jitter_);
+    return nanoseconds(
+        static_cast<std::int64_t>(static_cast<double>(d_.count()) * (1.0 + u(rng_))));
+  }
+
+ private:
+  nanoseconds d_;
+  double jitter_;
+  std::mt19937 rng_;
+};
+
+const idle_time t0 = idle_time{} + 1000s;  // an arbitrary start on the steady clock
+
+}  // namespace
+
+TEST_CASE("idle model: steady work converges to bounds around the work's range") {
+  for (nanoseconds d : {200us, 1000us, 5000us, 20000us}) {
+    CAPTURE(d.count());
+    service_time_model m;
+    work w(d, 0.05);
+    for (int i = 0; i < 100; ++i) m.add(w.next());
+    REQUIRE(m.ready());
+    CHECK(m.samples() == service_time_model::window);
+    // Within the jitter range, and narrow: the second smallest / largest of 16 uniform samples.
+    CHECK(m.low() >= d * 95 / 100);
+    CHECK(m.high() <= d * 105 / 100);
+    CHECK(m.high() - m.low() <= d / 10);
+    CHECK(m.high() - m.low() >= d / 20);
+  }
+}
+
+TEST_CASE("idle model: one outlier on either side moves neither bound") {
+  service_time_model m;
+  for (int i = 0; i < 15; ++i) m.add(1000us + nanoseconds(i * 1000));  // 1.000 .. 1.014 ms
+  const nanoseconds low = m.low(), high = m.high();
+  m.add(50ms);  // one kernel that took far longer
+  CHECK(m.high() <= high + 1us);
+  m.add(10us);  // and one that was far shorter
+  CHECK(m.low() >= low - 1us);
+}
+
+TEST_CASE("idle model: a jump in work length is learned within three samples") {
+  SUBCASE("longer: 1 ms -> 5 ms") {
+    service_time_model m;
+    work before(1ms, 0.05), after(5ms, 0.05, 2);
+    for (int i = 0; i < 40; ++i) m.add(before.next());
+    for (int i = 0; i < service_time_model::regime_run; ++i) m.add(after.next());
+    REQUIRE(m.ready());
+    CHECK(m.low() >= 4750us);
+    CHECK(m.high() <= 5250us);
+  }
+  SUBCASE("shorter: 5 ms -> 200 us") {
+    service_time_model m;
+    work before(5ms, 0.05), after(200us, 0.05, 3);
+    for (int i = 0; i < 40; ++i) m.add(before.next());
+    for (int i = 0; i < service_time_model::regime_run; ++i) m.add(after.next());
+    CHECK(m.low() >= 190us);
+    CHECK(m.high() <= 210us);
+  }
+  SUBCASE("jitter alone never resets it") {
+    service_time_model m;
+    work w(1ms, 0.05, 4);
+    for (int i = 0; i < 16; ++i) m.add(w.next());
+    for (int i = 0; i < 10000; ++i) {
+      m.add(w.next());
+      REQUIRE(m.samples() == service_time_model::window);
+    }
+  }
+}
+
+TEST_CASE("idle predict: learning, then sleep until the window, spin through it, back off after") {
+  const idle_settings s = defaults();
+  const nanoseconds margin = 15us;
+  service_time_model m;
+
+  // Nothing learned: spin spin_window, then naps of a quarter of the age, capped at max_sleep.
+  stream_outlook o = predict(s, m, t0, t0 + 10us, margin);
+  CHECK(o.where == phase::learning);
+  CHECK(o.unpredicted());
+  CHECK(o.next_look <= t0 + 10us);
+  o = predict(s, m, t0, t0 + 400us, margin);
+  CHECK(o.where == phase::learning);
+  CHECK(o.next_look == t0 + 400us + 100us);
+  o = predict(s, m, t0, t0 + 40ms, margin);
+  CHECK(o.next_look == t0 + 40ms + s.max_sleep);
+
+  work w(1ms, 0.05);
+  for (int i = 0; i < 32; ++i) m.add(w.next());
+  const idle_time open = t0 + m.low() - margin;
+
+  // Before the window: sleep until it opens, margin included.
+  o = predict(s, m, t0, t0 + 100us, margin);
+  CHECK(o.where == phase::before_window);
+  CHECK_FALSE(o.unpredicted());
+  CHECK(o.next_look == open);
+  // In the window (narrow for steady work): spin.
+  o = predict(s, m, t0, open, margin);
+  CHECK(o.where == phase::window_spin);
+  CHECK(o.next_look <= open);
+  o = predict(s, m, t0, t0 + m.high(), margin);
+  CHECK(o.where == phase::window_spin);
+  // Far past it: the prediction missed; naps grow with the time since, up to max_sleep.
+  o = predict(s, m, t0, t0 + 3ms, margin);
+  CHECK(o.where == phase::missed);
+  CHECK(o.unpredicted());
+  CHECK(o.next_look > t0 + 3ms);
+  CHECK(o.next_look <= t0 + 3ms + s.max_sleep);
+  o = predict(s, m, t0, t0 + 1s, margin);
+  CHECK(o.next_look == t0 + 1s + s.max_sleep);
+}
+
+TEST_CASE("idle predict: irregular work is polled every poll_period inside its range") {
+  const idle_settings s = defaults();
+  service_time_model m;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::int64_t> u(100'000, 5'000'000);  // 100 us .. 5 ms
+  for (int i = 0; i < 64; ++i) m.add(nanoseconds(u(rng)));
+  CHECK(m.low() < 2ms);
+  CHECK(m.high() > 3ms);
+  const idle_time mid = t0 + m.low() + (m.high() - m.low()) / 2;
+  stream_outlook o = predict(s, m, t0, mid, 15us);
+  CHECK(o.where == phase::window_poll);
+  CHECK(o.next_look == mid + s.poll_period);
+  // Before its short end can happen, it still sleeps.
+  o = predict(s, m, t0, t0 + 1us, 15us);
+  if (m.low() > 20us) CHECK(o.where == phase::before_window);
+}
+
+TEST_CASE("idle predict: very short work is spun for from the start") {
+  service_time_model m;
+  work w(20us, 0.05);
+  for (int i = 0; i < 16; ++i) m.add(w.next());
+  const stream_outlook o = predict(defaults(), m, t0, t0, 15us);
+  CHECK(o.where == phase::window_spin);
+  CHECK(o.next_look <= t0);
+}
+
+TEST_CASE("idle predict: a wider spin_fraction spins where the default polls") {
+  service_time_model m;
+  for (int i = 0; i < 16; ++i) m.add(i % 2 ? 600us : 1000us);  // bimodal, 40 % apart
+  idle_settings s = defaults();
+  CHECK(predict(s, m, t0, t0 + 800us, 15us).where == phase::window_poll);
+  s.spin_fraction = 1.0;
+  CHECK(predict(s, m, t0, t0 + 800us, 15us).where == phase::window_spin);
+}
+
+TEST_CASE("idle overshoot: starts conservative, learns this machine's, never below the floor") {
+  sleep_overshoot o;
+  CHECK(o.margin() == sleep_overshoot::initial);
+  for (int i = 0; i < 64; ++i) o.add(nanoseconds(3000 + (i % 8) * 100));  // 3.0 .. 3.7 us
+  CHECK(o.margin() == 3700ns);
+  o.add(40us);  // one late wake-up: the second largest ignores it
+  CHECK(o.margin() == 3700ns);
+  o.add(40us);
+  CHECK(o.margin() == 40us);
+  sleep_overshoot fast;
+  for (int i = 0; i < 64; ++i) fast.add(100ns);
+  CHECK(fast.margin() == sleep_overshoot::floor);
+}
+
+TEST_CASE("idle ladder: spin, yield, then naps doubling from 10 us to max_sleep") {
+  evr::reactor_options o;
+  ladder l;
+  l.progress(t0);
+  nanoseconds nap{};
+  CHECK(l.next(o, t0 + 10us, nap) == ladder::action::spin);
+  CHECK(l.next(o, t0 + o.spin_window + 10us, nap) == ladder::action::yield);
+  const idle_time late = t0 + o.spin_window + o.yield_window + 1us;
+  nanoseconds expect = 10us;
+  for (int i = 0; i < 12; ++i) {
+    REQUIRE(l.next(o, late, nap) == ladder::action::nap);
+    CHECK(nap == expect);
+    expect = std::min<nanoseconds>(expect * 2, o.max_sleep);
+  }
+  l.new_waits();
+  REQUIRE(l.next(o, late, nap) == ladder::action::nap);
+  CHECK(nap == 10us);
+}
