@@ -1,6 +1,8 @@
 #include "bench_device.hpp"
 
 #include <chrono>
+#include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 
@@ -17,23 +19,34 @@ namespace {
 
 class sim_bench_device final : public bench_device {
  public:
+  sim_bench_device() { reserve_gates(1); }
   device::backend& backend() override { return sim_; }
   std::string name() const override { return "sim"; }
   std::string describe() const override {
     return sim_.describe() + " (simulated: no timing claims)";
   }
-  void close_gate() override {
-    gate_.store(false, std::memory_order_release);
+  void reserve_gates(std::size_t count) override {
+    if (count <= gate_count_) return;
+    gates_ = std::make_unique<std::atomic<int>[]>(count);
+    for (std::size_t i = 0; i < count; ++i) gates_[i].store(0, std::memory_order_relaxed);
+    gate_count_ = count;
+  }
+  void close_gate(std::size_t gate) override {
+    gates_[gate].store(0, std::memory_order_release);
     ack_.store(false, std::memory_order_release);
   }
-  void launch_gate(device::native_stream stream, bool ack) override {
-    sim_.launch_kernel(stream, {}, [this, ack] {
-      while (!gate_.load(std::memory_order_acquire)) {
-      }
+  void launch_gate(device::native_stream stream, bool ack, std::size_t gate) override {
+    std::atomic<int>* flag = &gates_[gate];
+    sim_.launch_kernel(stream, {}, [this, ack, flag] {
+      // The simulated kernel blocks (no spinning worker threads on a small CI machine).
+      while (flag->load(std::memory_order_acquire) == 0) flag->wait(0, std::memory_order_acquire);
       if (ack) ack_.store(true, std::memory_order_release);
     });
   }
-  void open_gate() override { gate_.store(true, std::memory_order_release); }
+  void open_gate(std::size_t gate) override {
+    gates_[gate].store(1, std::memory_order_release);
+    gates_[gate].notify_all();
+  }
   bool acked() const override { return ack_.load(std::memory_order_acquire); }
   void launch_busy(device::native_stream stream, unsigned us) override {
     sim_.launch_kernel(stream, std::chrono::microseconds(us));
@@ -42,7 +55,8 @@ class sim_bench_device final : public bench_device {
 
  private:
   sim::device sim_{sim::options{.devices = 1, .mode = sim::run_mode::threaded}};
-  std::atomic<bool> gate_{false};
+  std::unique_ptr<std::atomic<int>[]> gates_;
+  std::size_t gate_count_ = 0;
   std::atomic<bool> ack_{false};
 };
 
@@ -55,37 +69,49 @@ class cuda_bench_device final : public bench_device {
  public:
   cuda_bench_device() {
     check(cudaSetDevice(0), "cudaSetDevice");
-    // One word per 64-byte line: the gate (host writes) and the ack (GPU writes).
-    void* host = nullptr;
-    void* dev = nullptr;
-    check(cudaHostAlloc(&host, 256, cudaHostAllocMapped), "cudaHostAlloc");
-    check(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
-    host_ = static_cast<volatile int*>(host);
-    dev_ = static_cast<volatile int*>(dev);
+    reserve_gates(1);
   }
   ~cuda_bench_device() override {
-    open_gate();
+    for (std::size_t g = 0; g < gate_count_; ++g) open_gate(g);
     cudaDeviceSynchronize();
     cudaFreeHost(const_cast<int*>(host_));
   }
   device::backend& backend() override { return device::cuda_backend(); }
   std::string name() const override { return "cuda"; }
   std::string describe() const override { return device::cuda_backend().describe(); }
-  void close_gate() override {
+  // Mapped host memory, one int per 64-byte line: line 0 holds the ack (the GPU writes it), line
+  // 1 + g gate g (the host writes it).
+  void reserve_gates(std::size_t count) override {
+    if (count <= gate_count_) return;
+    if (host_ != nullptr) {
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before regrowing the gates");
+      check(cudaFreeHost(const_cast<int*>(host_)), "cudaFreeHost");
+    }
+    void* host = nullptr;
+    void* dev = nullptr;
+    const std::size_t bytes = (count + 1) * line_ints * sizeof(int);
+    check(cudaHostAlloc(&host, bytes, cudaHostAllocMapped), "cudaHostAlloc");
+    check(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
+    std::memset(host, 0, bytes);
+    host_ = static_cast<volatile int*>(host);
+    dev_ = static_cast<volatile int*>(dev);
+    gate_count_ = count;
+  }
+  void close_gate(std::size_t gate) override {
+    host_[gate_index(gate)] = 0;
     host_[0] = 0;
-    host_[16] = 0;
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
-  void launch_gate(device::native_stream stream, bool ack) override {
-    check(static_cast<cudaError_t>(launch_gate_kernel(static_cast<CUstream_st*>(stream), dev_,
-                                                      ack ? dev_ + 16 : nullptr)),
+  void launch_gate(device::native_stream stream, bool ack, std::size_t gate) override {
+    check(static_cast<cudaError_t>(launch_gate_kernel(
+              static_cast<CUstream_st*>(stream), dev_ + gate_index(gate), ack ? dev_ : nullptr)),
           "gate kernel");
   }
-  void open_gate() override {
+  void open_gate(std::size_t gate) override {
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    host_[0] = 1;
+    host_[gate_index(gate)] = 1;
   }
-  bool acked() const override { return host_[16] != 0; }
+  bool acked() const override { return host_[0] != 0; }
   void launch_busy(device::native_stream stream, unsigned us) override {
     check(static_cast<cudaError_t>(launch_busy_kernel(static_cast<CUstream_st*>(stream), us)),
           "busy kernel");
@@ -96,8 +122,11 @@ class cuda_bench_device final : public bench_device {
   }
 
  private:
+  static constexpr std::size_t line_ints = 64 / sizeof(int);
+  static std::size_t gate_index(std::size_t gate) { return (gate + 1) * line_ints; }
   volatile int* host_ = nullptr;
   volatile int* dev_ = nullptr;
+  std::size_t gate_count_ = 0;
 };
 #endif
 

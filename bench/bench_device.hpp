@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -17,12 +18,16 @@ class bench_device {
   /// "cuda" or "sim", and a line naming the device.
   virtual std::string name() const = 0;
   virtual std::string describe() const = 0;
-  /// Closes the gate (and clears the ack) for the next sample.
-  virtual void close_gate() = 0;
-  /// Enqueues on `stream` a one-thread kernel spinning until open_gate(); with `ack`, the kernel
-  /// writes the ack word (host-visible) just before it exits.
-  virtual void launch_gate(device::native_stream stream, bool ack) = 0;
-  virtual void open_gate() = 0;
+  /// Gates: independent flags (one 64-byte line each) that gate kernels spin on until the host
+  /// opens them; gate 0 always exists. Makes gates 0..count-1 usable; must not be called while a
+  /// gate kernel may still be running.
+  virtual void reserve_gates(std::size_t count) = 0;
+  /// Closes gate `gate` (and clears the ack) for the next sample.
+  virtual void close_gate(std::size_t gate = 0) = 0;
+  /// Enqueues on `stream` a one-thread kernel spinning until open_gate(gate); with `ack`, the
+  /// kernel writes the ack word (host-visible) just before it exits.
+  virtual void launch_gate(device::native_stream stream, bool ack, std::size_t gate = 0) = 0;
+  virtual void open_gate(std::size_t gate = 0) = 0;
   /// The ack word the gate kernel writes (floor measurement).
   virtual bool acked() const = 0;
   /// Enqueues a kernel that runs about `microseconds` on `stream`.

@@ -12,9 +12,25 @@
 // option (CLI11's validators: CLI::Range, CLI::IsMember, ...).
 #pragma once
 
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace evr::bench {
+
+/// --device cuda|sim|auto (every subcommand has it).
+inline void add_device_option(CLI::App& app, std::string& device) {
+  app.add_option("--device", device,
+                 "cuda: the GPU (fails without one); sim: the simulated device; auto: cuda when a "
+                 "GPU is usable, else sim")
+      ->check(CLI::IsMember({"auto", "cuda", "sim"}))
+      ->capture_default_str();
+}
+
+/// --json FILE.
+inline void add_json_option(CLI::App& app, std::string& file) {
+  app.add_option("--json", file, "also write every figure to FILE");
+}
 
 /// Parses argv (argv[0] is the subcommand's name). Returns -1 when the subcommand should run, or
 /// the process exit code when it should not (0 after --help, non-zero for a bad command line).

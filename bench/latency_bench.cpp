@@ -23,6 +23,7 @@
 #include <evr/evr.hpp>
 
 #include "bench_device.hpp"
+#include "cli.hpp"
 #include "stats.hpp"
 #include "subcommands.hpp"
 
@@ -95,31 +96,6 @@ class runner {
   evr::stream stream_;
 };
 
-latency_settings parse(int argc, char** argv) {
-  latency_settings s;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--device")
-      s.device = next();
-    else if (a == "--samples")
-      s.samples = std::max(10, std::atoi(next().c_str()));
-    else if (a == "--warmup")
-      s.warmup = std::max(0, std::atoi(next().c_str()));
-    else if (a == "--gap-us")
-      s.gap_us = std::max(0, std::atoi(next().c_str()));
-    else if (a == "--json")
-      s.json = next();
-    else
-      throw std::runtime_error("unknown argument '" + a +
-                               "' (latency takes --device, --samples, --warmup, --gap-us, --json)");
-  }
-  return s;
-}
-
 /// An io_context served by one thread, parked in run() or spinning in poll().
 class io_thread {
  public:
@@ -154,7 +130,24 @@ class io_thread {
 }  // namespace
 
 int latency_main(int argc, char** argv) {
-  latency_settings cfg = parse(argc, argv);
+  latency_settings cfg;
+  CLI::App app{
+      "GPU done -> handler, per evr strategy and delivery, against the floor and the "
+      "baselines a user would pick instead (the gate-kernel method, one work length)",
+      "evr-bench latency"};
+  add_device_option(app, cfg.device);
+  app.add_option("--samples", cfg.samples, "samples per row")
+      ->check(CLI::Range(10, 1000000))
+      ->capture_default_str();
+  app.add_option("--warmup", cfg.warmup, "warm-up samples per row (discarded)")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  app.add_option("--gap-us", cfg.gap_us,
+                 "how long the host waits before opening the gate (the work's length), us")
+      ->check(CLI::Range(0, 10000000))
+      ->capture_default_str();
+  add_json_option(app, cfg.json);
+  if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   auto dev = make_bench_device(cfg.device);
   device::backend& be = dev->backend();
   std::fprintf(stderr, "latency on %s: %d samples per row (+%d warm-up), gap %d us\n",

@@ -21,6 +21,8 @@ constexpr subcommand subcommands[] = {
     {"pool", evr_bench_pool,
      "acquire+release pairs/s of evr's event pool vs mutex pools, 1..16 threads"},
     {"cpu", evr_bench_cpu, "reactor CPU while 1000 waits sit on a 100 ms kernel, and when idle"},
+    {"idle", evr_bench_idle,
+     "work of 20 us..20 ms, steady and irregular, 1 and 64 streams: latency vs CPU per strategy"},
 };
 
 int usage(std::FILE* out, int code) {

@@ -28,6 +28,7 @@
 #include <evr/device/sim.hpp>
 #include <evr/pool/event_pool.hpp>
 
+#include "cli.hpp"
 #include "subcommands.hpp"
 
 namespace {
@@ -224,109 +225,6 @@ struct options {
   std::size_t batch = 32;
 };
 
-void print_help(std::FILE* out) {
-  std::fprintf(
-      out,
-      "usage: evr-bench pool [--ms N] [--threads 1,2,4,8,16] [--device auto|sim|cuda]\n"
-      "                      [--methods evr,mutex-deque,mps-stack,create-destroy] [--batch N]\n"
-      "                      [--json FILE]\n"
-      "  acquire+release pairs per second of event pools, for each thread count and method.\n"
-      "  --ms N        measuring time per point (default 200)\n"
-      "  --threads L   thread counts (default 1,2,4,8,16)\n"
-      "  --device D    cuda: the CUDA backend (fails without a GPU); sim: the simulated device;\n"
-      "                auto (default): cuda when a GPU is usable, else sim\n"
-      "  --methods L   which pools to measure (default: all four)\n"
-      "  --batch N     evr's growth batch (default 32)\n"
-      "  --json FILE   also write every raw number to FILE\n");
-}
-
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t at = 0;
-  while (at <= s.size()) {
-    std::size_t comma = s.find(',', at);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > at) out.push_back(s.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return out;
-}
-
-bool parse_positive(const std::string& s, long max, long& out) {
-  char* end = nullptr;
-  const long v = std::strtol(s.c_str(), &end, 10);
-  if (end == s.c_str() || *end != '\0' || v < 1 || v > max) return false;
-  out = v;
-  return true;
-}
-
-/// 0 on success, else an exit code (help: -1 → 0).
-int parse(int argc, char** argv, options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](std::string& out) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "evr-bench pool: %s needs a value\n", arg.c_str());
-        return false;
-      }
-      out = argv[++i];
-      return true;
-    };
-    std::string v;
-    long n = 0;
-    if (arg == "--help" || arg == "-h") {
-      print_help(stdout);
-      return -1;
-    } else if (arg == "--ms") {
-      if (!value(v) || !parse_positive(v, 600000, n)) {
-        std::fprintf(stderr, "evr-bench pool: --ms wants a positive number of milliseconds\n");
-        return 2;
-      }
-      o.ms = static_cast<int>(n);
-    } else if (arg == "--threads") {
-      if (!value(v)) return 2;
-      o.threads.clear();
-      for (const std::string& t : split(v)) {
-        if (!parse_positive(t, 1024, n)) {
-          std::fprintf(stderr, "evr-bench pool: bad thread count '%s'\n", t.c_str());
-          return 2;
-        }
-        o.threads.push_back(static_cast<int>(n));
-      }
-      if (o.threads.empty()) return 2;
-    } else if (arg == "--device") {
-      if (!value(o.device)) return 2;
-      if (o.device != "auto" && o.device != "sim" && o.device != "cuda") {
-        std::fprintf(stderr, "evr-bench pool: --device is auto, sim or cuda\n");
-        return 2;
-      }
-    } else if (arg == "--methods") {
-      if (!value(v)) return 2;
-      o.methods = split(v);
-      for (const std::string& m : o.methods) {
-        if (std::find_if(std::begin(all_methods), std::end(all_methods),
-                         [&](const char* k) { return m == k; }) == std::end(all_methods)) {
-          std::fprintf(stderr, "evr-bench pool: unknown method '%s'\n", m.c_str());
-          return 2;
-        }
-      }
-    } else if (arg == "--batch") {
-      if (!value(v) || !parse_positive(v, 1 << 20, n)) {
-        std::fprintf(stderr, "evr-bench pool: --batch wants a positive number\n");
-        return 2;
-      }
-      o.batch = static_cast<std::size_t>(n);
-    } else if (arg == "--json") {
-      if (!value(o.json)) return 2;
-    } else {
-      std::fprintf(stderr, "evr-bench pool: unknown option '%s'\n", arg.c_str());
-      print_help(stderr);
-      return 2;
-    }
-  }
-  return 0;
-}
-
 // --- output ----------------------------------------------------------------------------------
 
 std::string json_escape(const std::string& s) {
@@ -442,7 +340,26 @@ bool write_json(const options& o, const std::string& device_name, const std::str
 
 int evr_bench_pool(int argc, char** argv) {
   options o;
-  if (int rc = parse(argc, argv, o); rc != 0) return rc < 0 ? 0 : rc;
+  CLI::App app{"acquire+release pairs per second of event pools, per thread count and method",
+               "evr-bench pool"};
+  app.add_option("--ms", o.ms, "measuring time per point, ms")
+      ->check(CLI::Range(1, 600000))
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "thread counts")
+      ->check(CLI::Range(1, 1024))
+      ->delimiter(',')
+      ->capture_default_str();
+  evr::bench::add_device_option(app, o.device);
+  app.add_option("--methods", o.methods, "which pools to measure")
+      ->check(
+          CLI::IsMember(std::vector<std::string>(std::begin(all_methods), std::end(all_methods))))
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "evr's growth batch")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->capture_default_str();
+  evr::bench::add_json_option(app, o.json);
+  if (int rc = evr::bench::parse_cli(app, argc, argv); rc >= 0) return rc;
 
   std::unique_ptr<evr::sim::device> sim;
   dev::backend* backend = nullptr;

@@ -17,3 +17,7 @@ int evr_bench_throughput(int argc, char** argv);
 /// `evr-bench cpu`: reactor CPU while waits sit on a long kernel, and when idle
 /// (bench/throughput_bench.cpp).
 int evr_bench_cpu(int argc, char** argv);
+/// `evr-bench idle`: GPU work of the lengths users run, steady and irregular, on 1 and 64
+/// streams: notification latency (ratio to the floor) and CPU per strategy and baseline
+/// (bench/idle_bench.cpp).
+int evr_bench_idle(int argc, char** argv);

@@ -17,6 +17,9 @@
 #include <evr/evr.hpp>
 
 #include "bench_device.hpp"
+#include "cli.hpp"
+#include "cpu_case.hpp"
+#include "methods.hpp"
 #include "stats.hpp"
 #include "subcommands.hpp"
 
@@ -144,45 +147,45 @@ void wait_counting(reactor& r, const evr::stream& s, std::atomic<std::uint64_t>&
       "on_complete");
 }
 
-tp_settings parse(int argc, char** argv, bool cpu) {
-  tp_settings s;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error("missing value after " + a);
-      return argv[++i];
-    };
-    auto positive = [&]() {
-      int v = std::atoi(next().c_str());
-      if (v < 1) throw std::runtime_error(a + " takes a positive number");
-      return v;
-    };
-    if (a == "--device")
-      s.device = next();
-    else if (a == "--json")
-      s.json = next();
-    else if (!cpu && a == "--streams")
-      s.streams = positive();
-    else if (!cpu && a == "--ops")
-      s.ops = positive();
-    else if (!cpu && a == "--threads")
-      s.threads = positive();
-    else if (!cpu && a == "--inflight-streams")
-      s.inflight_streams = positive();
-    else if (!cpu && a == "--inflight-waits")
-      s.inflight_waits = positive();
-    else if (cpu && a == "--waits")
-      s.ops = positive();
-    else
-      throw std::runtime_error("unknown argument '" + a + "'");
+/// The command line of `throughput` (cpu == false) or `cpu`; returns -1 to run, else the exit
+/// code.
+int parse(int argc, char** argv, bool cpu, tp_settings& s) {
+  CLI::App app{cpu ? "reactor CPU while waits sit on a 100 ms kernel, and when idle"
+                   : "completions per second and reactor CPU per completion, sustained and in a "
+                     "burst; bytes per in-flight wait",
+               cpu ? "evr-bench cpu" : "evr-bench throughput"};
+  add_device_option(app, s.device);
+  add_json_option(app, s.json);
+  if (cpu) {
+    s.ops = 1000;
+    app.add_option("--waits", s.ops, "waits on the long kernel")
+        ->check(CLI::Range(1, 10000000))
+        ->capture_default_str();
+  } else {
+    app.add_option("--streams", s.streams, "streams")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    app.add_option("--ops", s.ops, "waits per run")
+        ->check(CLI::Range(1, 100000000))
+        ->capture_default_str();
+    app.add_option("--threads", s.threads, "submitting threads")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
+    app.add_option("--inflight-streams", s.inflight_streams, "streams of the bytes-per-wait run")
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    app.add_option("--inflight-waits", s.inflight_waits, "waits of the bytes-per-wait run")
+        ->check(CLI::Range(1, 100000000))
+        ->capture_default_str();
   }
-  return s;
+  return parse_cli(app, argc, argv);
 }
 
 }  // namespace
 
 int throughput_main(int argc, char** argv) {
-  tp_settings cfg = parse(argc, argv, false);
+  tp_settings cfg;
+  if (int rc = parse(argc, argv, false, cfg); rc >= 0) return rc;
   auto dev = make_bench_device(cfg.device);
   device::backend& be = dev->backend();
   std::fprintf(stderr, "throughput on %s: %d streams x %d ops from %d threads\n",
@@ -465,53 +468,19 @@ int throughput_main(int argc, char** argv) {
 }
 
 int cpu_main(int argc, char** argv) {
-  tp_settings cfg = parse(argc, argv, true);
-  const int waits = cfg.ops == 100000 ? 1000 : cfg.ops;
+  tp_settings cfg;
+  if (int rc = parse(argc, argv, true, cfg); rc >= 0) return rc;
+  const int waits = cfg.ops;
   auto dev = make_bench_device(cfg.device);
-  device::backend& be = dev->backend();
   std::fprintf(stderr, "cpu on %s: %d waits on a 100 ms kernel, then 1 s idle\n",
                dev->describe().c_str(), waits);
-  struct cpu_row {
-    std::string name;
-    double busy_percent = 0;
-    double idle_wakeups_per_s = 0;
-    double idle_percent = 0;
-  };
-  std::vector<cpu_row> rows;
-  evr::stream s(be, 0);
-  for (strategy strat :
-       {strategy::adaptive, strategy::fence, strategy::poll, strategy::host_func}) {
-    reactor_options opts;
-    opts.strategy = strat;
-    reactor r(be, opts);
-    cpu_row row;
-    row.name = std::string("evr ") + to_string(strat) + " (defaults)";
-    std::atomic<int> done{0};
-    dev->launch_busy(s.native(), 100000);
-    const auto t0 = bench_clock::now();
-    const auto c0 = r.cpu_time();
-    for (int i = 0; i < waits; ++i)
-      evr::throw_if(on_complete(r, s, [&](std::error_code) { done.fetch_add(1); }), "on_complete");
-    while (done.load() < waits) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    const double wall = std::chrono::duration<double, std::nano>(bench_clock::now() - t0).count();
-    row.busy_percent = 100.0 * static_cast<double>((r.cpu_time() - c0).count()) / wall;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const auto m0 = r.metrics();
-    const auto i0 = r.cpu_time();
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-    const auto m1 = r.metrics();
-    row.idle_wakeups_per_s = static_cast<double>((m1.parks - m0.parks) + (m1.sweeps - m0.sweeps));
-    row.idle_percent = 100.0 * static_cast<double>((r.cpu_time() - i0).count()) / 1e9;
-    std::fprintf(stderr, "  %-30s busy %6.2f%%  idle %6.3f%%, %g wake-ups/s\n", row.name.c_str(),
-                 row.busy_percent, row.idle_percent, row.idle_wakeups_per_s);
-    rows.push_back(row);
-  }
+  const std::vector<cpu_case_row> rows = measure_cpu_case(*dev, evr_methods(), waits, 100000);
   std::printf("\ncpu: reactor thread CPU while %d waits sit on a 100 ms kernel, and idle (%s)\n",
               waits, dev->describe().c_str());
-  std::printf("%-32s %18s %14s %18s\n", "strategy", "busy % of a core", "idle % core",
+  std::printf("%-44s %18s %14s %18s\n", "method", "busy % of a core", "idle % core",
               "idle wake-ups/s");
   for (auto& r : rows)
-    std::printf("%-32s %18.2f %14.3f %18.0f\n", r.name.c_str(), r.busy_percent, r.idle_percent,
+    std::printf("%-44s %18.2f %14.3f %18.0f\n", r.name.c_str(), r.busy_percent, r.idle_percent,
                 r.idle_wakeups_per_s);
   if (!cfg.json.empty()) {
     std::FILE* f = std::fopen(cfg.json.c_str(), "w");
@@ -519,15 +488,7 @@ int cpu_main(int argc, char** argv) {
     json_writer j(f);
     j.raw("{\"subcommand\":\"cpu\",\"device\":" + json_writer::quote(dev->describe()) +
           ",\"backend\":" + json_writer::quote(dev->name()) +
-          ",\"waits\":" + std::to_string(waits) + ",\"rows\":[");
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(rows[i].name) +
-            ",\"busy_percent\":" + json_writer::number(rows[i].busy_percent) +
-            ",\"idle_percent\":" + json_writer::number(rows[i].idle_percent) +
-            ",\"idle_wakeups_per_second\":" + json_writer::number(rows[i].idle_wakeups_per_s) +
-            "}");
-    }
-    j.raw("]}\n");
+          ",\"waits\":" + std::to_string(waits) + ",\"rows\":" + cpu_case_json(rows) + "}\n");
     std::fclose(f);
   }
   return 0;

@@ -60,6 +60,34 @@ def main():
         for r in doc["rows"]:
             for k in ("busy_percent", "idle_percent", "idle_wakeups_per_second"):
                 number(r[k], f"{r['name']}.{k}")
+    elif sub == "idle":
+        if doc.get("subcommand") != "idle":
+            fail(f"subcommand is {doc.get('subcommand')!r}, expected 'idle'")
+        for k in ("p50_ns", "p90_ns", "p99_ns"):
+            number(doc["floor"][k], f"floor.{k}")
+        if not doc.get("scenarios"):
+            fail("no scenarios")
+        kinds = {sc["kind"] for sc in doc["scenarios"]}
+        for needed in ("steady", "uniform", "bimodal"):
+            if needed not in kinds:
+                fail(f"no {needed} scenario")
+        for sc in doc["scenarios"]:
+            keys = {r["key"] for r in sc["rows"]}
+            if "default" not in keys:
+                fail(f"{sc['name']}: no row for the default strategy")
+            for r in sc["rows"]:
+                where = f"{sc['name']}: {r['name']} ({r['delivery']})"
+                if r["samples"] < 1:
+                    fail(f"{where}: no samples")
+                if r["failed"]:
+                    fail(f"{where}: a wait failed")
+                for k in ("p50_ns", "p99_ns", "p50_over_floor", "cpu_percent",
+                          "cpu_ns_per_completion"):
+                    number(r[k], f"{where}.{k}")
+        for r in doc["cpu_case"]:
+            number(r["busy_percent"], r["name"])
+        if not doc.get("goals"):
+            fail("no goals evaluated")
     elif sub == "pool":
         if not isinstance(doc, dict) or not doc:
             fail("empty pool document")

@@ -12,7 +12,10 @@
 #              GPU), unless EVR_ALLOW_SKIP=1
 #   bench-*    build/gpu/bench/evr-bench pool --json OUTDIR/pool.json, then latency, throughput and
 #              cpu when `evr-bench --help` names them (or as listed in EVR_BENCH_SUBCOMMANDS)
-#   example-*  every executable in build/gpu/examples, no arguments (EVR_SKIP_EXAMPLES="a b" skips)
+#              (evr-bench idle, the work-length sweep, gets up to EVR_IDLE_TIMEOUT_S, default 420 s;
+#              the others 90 s each)
+#   example-*  every executable in build/gpu/examples, no arguments (EVR_SKIP_EXAMPLES="a b" skips
+#              some, EVR_SKIP_EXAMPLES=all every one)
 # Each step's output is tee'd into OUTDIR/<step>.log; a failing step is remembered and the run goes
 # on (after a failed configure/build the rest is skipped). A summary table ends the output and is
 # written to OUTDIR/summary.txt. Exit status: 0 only if every step passed.
@@ -128,21 +131,23 @@ if ((built)) && [[ -x "$bench" ]]; then
     read -r -a subcommands <<<"$EVR_BENCH_SUBCOMMANDS"
   else
     help="$(timeout 10 "$bench" --help 2>&1 || true)"
-    for sub in latency throughput cpu; do
+    for sub in latency throughput cpu idle; do
       if grep -qw -- "$sub" <<<"$help"; then
         subcommands+=("$sub")
       fi
     done
   fi
   for sub in "${subcommands[@]}"; do
-    run_step "bench-$sub" 90 "$bench" "$sub" --json "$outdir/$sub.json"
+    limit=90
+    [[ "$sub" == idle ]] && limit="${EVR_IDLE_TIMEOUT_S:-420}"
+    run_step "bench-$sub" "$limit" "$bench" "$sub" --json "$outdir/$sub.json"
   done
 elif ((built)); then
   echo "==> [gpu-run] bench: $bench not built, nothing to run"
 fi
 
 # --- examples ------------------------------------------------------------------------------------
-if ((built)) && [[ -d "$build_dir/examples" ]]; then
+if ((built)) && [[ -d "$build_dir/examples" ]] && [[ "${EVR_SKIP_EXAMPLES:-}" != all ]]; then
   while IFS= read -r example; do
     name="$(basename "$example")"
     if [[ " ${EVR_SKIP_EXAMPLES:-} " == *" $name "* ]]; then

@@ -26,7 +26,9 @@
 //   window_spin     the window [start + low - margin, start + high + slack] is narrow (at most
 //                   `spin_fraction` of high): busy-poll through it. Cost: the width of the
 //                   window on a miss, about half of it plus the margin on a hit.
-//   window_poll     the window is wide (irregular work): look every `poll_period` through it.
+//   window_poll     the window is wide (irregular work): look every `poll_period` through it,
+//                   from a quarter of the spread earlier (the shortest irregular work is less
+//                   certain than its usual range; a few more naps cost little).
 //   missed          past the window: the prediction failed (the work got longer): naps that grow
 //                   with the time since the miss, up to `max_sleep`; the adaptive strategy arms a
 //                   host-function doorbell so the driver wakes the reactor.
