@@ -28,26 +28,33 @@ class sim_bench_device final : public bench_device {
   void reserve_gates(std::size_t count) override {
     if (count <= gate_count_) return;
     gates_ = std::make_unique<std::atomic<int>[]>(count);
-    for (std::size_t i = 0; i < count; ++i) gates_[i].store(0, std::memory_order_relaxed);
+    acks_ = std::make_unique<std::atomic<int>[]>(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      gates_[i].store(0, std::memory_order_relaxed);
+      acks_[i].store(0, std::memory_order_relaxed);
+    }
     gate_count_ = count;
   }
   void close_gate(std::size_t gate) override {
     gates_[gate].store(0, std::memory_order_release);
-    ack_.store(false, std::memory_order_release);
+    acks_[gate].store(0, std::memory_order_release);
   }
   void launch_gate(device::native_stream stream, bool ack, std::size_t gate) override {
     std::atomic<int>* flag = &gates_[gate];
-    sim_.launch_kernel(stream, {}, [this, ack, flag] {
+    std::atomic<int>* done = ack ? &acks_[gate] : nullptr;
+    sim_.launch_kernel(stream, {}, [flag, done] {
       // The simulated kernel blocks (no spinning worker threads on a small CI machine).
       while (flag->load(std::memory_order_acquire) == 0) flag->wait(0, std::memory_order_acquire);
-      if (ack) ack_.store(true, std::memory_order_release);
+      if (done != nullptr) done->store(1, std::memory_order_release);
     });
   }
   void open_gate(std::size_t gate) override {
     gates_[gate].store(1, std::memory_order_release);
     gates_[gate].notify_all();
   }
-  bool acked() const override { return ack_.load(std::memory_order_acquire); }
+  bool acked(std::size_t gate) const override {
+    return acks_[gate].load(std::memory_order_acquire) != 0;
+  }
   void launch_busy(device::native_stream stream, unsigned us) override {
     sim_.launch_kernel(stream, std::chrono::microseconds(us));
   }
@@ -55,9 +62,8 @@ class sim_bench_device final : public bench_device {
 
  private:
   sim::device sim_{sim::options{.devices = 1, .mode = sim::run_mode::threaded}};
-  std::unique_ptr<std::atomic<int>[]> gates_;
+  std::unique_ptr<std::atomic<int>[]> gates_, acks_;
   std::size_t gate_count_ = 0;
-  std::atomic<bool> ack_{false};
 };
 
 #if defined(EVR_BENCH_HAVE_KERNELS)
@@ -79,8 +85,8 @@ class cuda_bench_device final : public bench_device {
   device::backend& backend() override { return device::cuda_backend(); }
   std::string name() const override { return "cuda"; }
   std::string describe() const override { return device::cuda_backend().describe(); }
-  // Mapped host memory, one int per 64-byte line: line 0 holds the ack (the GPU writes it), line
-  // 1 + g gate g (the host writes it).
+  // Mapped host memory, one int per 64-byte line: line 2g holds gate g (the host writes it),
+  // line 2g + 1 its ack (the GPU writes it).
   void reserve_gates(std::size_t count) override {
     if (count <= gate_count_) return;
     if (host_ != nullptr) {
@@ -89,7 +95,7 @@ class cuda_bench_device final : public bench_device {
     }
     void* host = nullptr;
     void* dev = nullptr;
-    const std::size_t bytes = (count + 1) * line_ints * sizeof(int);
+    const std::size_t bytes = 2 * count * line_ints * sizeof(int);
     check(cudaHostAlloc(&host, bytes, cudaHostAllocMapped), "cudaHostAlloc");
     check(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
     std::memset(host, 0, bytes);
@@ -99,7 +105,7 @@ class cuda_bench_device final : public bench_device {
   }
   void close_gate(std::size_t gate) override {
     host_[gate_index(gate)] = 0;
-    host_[0] = 0;
+    host_[ack_index(gate)] = 0;
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
   void launch_gate(device::native_stream stream, bool ack, std::size_t gate) override {
@@ -111,7 +117,7 @@ class cuda_bench_device final : public bench_device {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     host_[gate_index(gate)] = 1;
   }
-  bool acked() const override { return host_[0] != 0; }
+  bool acked(std::size_t gate) const override { return host_[ack_index(gate)] != 0; }
   void launch_busy(device::native_stream stream, unsigned us) override {
     check(static_cast<cudaError_t>(launch_busy_kernel(static_cast<CUstream_st*>(stream), us)),
           "busy kernel");
@@ -123,7 +129,8 @@ class cuda_bench_device final : public bench_device {
 
  private:
   static constexpr std::size_t line_ints = 64 / sizeof(int);
-  static std::size_t gate_index(std::size_t gate) { return (gate + 1) * line_ints; }
+  static std::size_t gate_index(std::size_t gate) { return 2 * gate * line_ints; }
+  static std::size_t ack_index(std::size_t gate) { return (2 * gate + 1) * line_ints; }
   volatile int* host_ = nullptr;
   volatile int* dev_ = nullptr;
   std::size_t gate_count_ = 0;

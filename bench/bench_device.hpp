@@ -28,8 +28,8 @@ class bench_device {
   /// kernel writes the ack word (host-visible) just before it exits.
   virtual void launch_gate(device::native_stream stream, bool ack, std::size_t gate = 0) = 0;
   virtual void open_gate(std::size_t gate = 0) = 0;
-  /// The ack word the gate kernel writes (floor measurement).
-  virtual bool acked() const = 0;
+  /// The ack word the gate kernel writes (floor measurement); each gate has its own.
+  virtual bool acked(std::size_t gate = 0) const = 0;
   /// Enqueues a kernel that runs about `microseconds` on `stream`.
   virtual void launch_busy(device::native_stream stream, unsigned microseconds) = 0;
   /// Enqueues a near-empty kernel.

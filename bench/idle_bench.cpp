@@ -24,6 +24,7 @@
 #include <future>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -214,7 +215,82 @@ class io_thread {
   std::thread thread_;
 };
 
-/// evr: one driver thread (this one) launches every lane's jobs and collects their samples.
+/// One driver thread (this one) launches every lane's jobs and collects their samples. `submit`
+/// puts the notification under test behind the lane's gate kernel (it sets lane::t_done when it
+/// learns the job is done); `poll`, called every pass for lanes in flight, may set it too.
+template <typename Submit, typename Poll>
+void drive(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes, const workload& w,
+           bool ack, Submit submit, Poll poll, row_result& out,
+           const std::function<void()>& measuring_starts) {
+  const int quota = per_lane_quota(w);
+  const int lanes_n = static_cast<int>(lanes.size());
+  const bool sim = dev.name() == "sim";
+  gate_opener opener(dev, lanes, sim);
+  for (auto& l : lanes) {
+    l->launched = 0;
+    l->in_flight = false;
+  }
+  int warm_done = 0, finished_lanes = 0;
+  std::int64_t wall0 = now_ns();
+  while (finished_lanes < lanes_n) {
+    bool busy = false;
+    for (auto& lp : lanes) {
+      lane& l = *lp;
+      if (l.in_flight) {
+        poll(l);
+        const std::int64_t t1 = l.t_done.load(std::memory_order_acquire);
+        if (t1 == 0) continue;
+        busy = true;
+        l.in_flight = false;
+        if (l.launched > warmup_per_lane) {
+          out.samples.push_back(static_cast<double>(t1 - l.t_open.load(std::memory_order_acquire)));
+        } else if (++warm_done == lanes_n * warmup_per_lane) {
+          wall0 = now_ns();
+          measuring_starts();
+        }
+        if (l.launched == quota) ++finished_lanes;
+      }
+      if (!l.in_flight && l.launched < quota) {
+        busy = true;
+        dev.close_gate(l.gate);
+        l.t_open.store(0, std::memory_order_relaxed);
+        l.t_done.store(0, std::memory_order_relaxed);
+        dev.launch_gate(l.stream.native(), ack, l.gate);
+        submit(l);
+        schedule_open(w, l);
+        ++l.launched;
+        l.in_flight = true;
+      }
+    }
+    if (!busy && sim) std::this_thread::yield();
+  }
+  out.wall_ns = static_cast<double>(now_ns() - wall0);
+  for (auto& l : lanes) out.failed |= l->failed.exchange(false);
+}
+
+/// The floor of this workload: the gate kernel itself writes an ack to mapped memory when it
+/// ends, and the driver, spinning, sees it. Nothing waits for the GPU faster.
+row_result run_floor(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes,
+                     const workload& w) {
+  row_result out{"floor", "floor: kernel writes ack to mapped memory, host spins",
+                 "spin",  "floor",
+                 {},      0,
+                 0,       0,
+                 0,       0,
+                 false};
+  drive(
+      dev, lanes, w, /*ack=*/true, [](lane&) {},
+      [&](lane& l) {
+        if (dev.acked(l.gate)) l.t_done.store(now_ns(), std::memory_order_release);
+      },
+      out, [] {});
+  out.cpu_ns = out.wall_ns;  // one core spinning
+  // The gate kernel, and so the stream, may still be finishing: let the next row start clean.
+  for (auto& l : lanes) (void)dev.backend().synchronize_stream(l->stream.native());
+  return out;
+}
+
+/// evr with method `m`, delivered inline on the reactor thread or posted to an io_context thread.
 row_result run_evr(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes, const workload& w,
                    const evr_method& m, bool posted) {
   row_result out{m.key, m.name, posted ? "posted" : "inline", "evr", {}, 0, 0, 0, 0, 0, false};
@@ -225,64 +301,33 @@ row_result run_evr(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes,
     io = std::make_unique<io_thread>();
     waiter = std::make_unique<gpu_waiter>(io->io().get_executor(), r);
   }
-  const int quota = per_lane_quota(w);
-  const int lanes_n = static_cast<int>(lanes.size());
-  const bool sim = dev.name() == "sim";
-  gate_opener opener(dev, lanes, sim);
-  for (auto& l : lanes) {
-    l->launched = 0;
-    l->in_flight = false;
-  }
-  int warm_done = 0, finished_lanes = 0;
-  std::int64_t wall0 = 0;
-  std::chrono::nanoseconds cpu0{};
-  reactor_metrics metrics0{};
   auto mark = [](lane* l) {
     return [l](std::error_code ec) {
       if (ec) l->failed.store(true, std::memory_order_relaxed);
       l->t_done.store(now_ns(), std::memory_order_release);
     };
   };
-  while (finished_lanes < lanes_n) {
-    bool busy = false;
-    for (auto& lp : lanes) {
-      lane& l = *lp;
-      if (l.in_flight) {
-        const std::int64_t t1 = l.t_done.load(std::memory_order_acquire);
-        if (t1 == 0) continue;
-        busy = true;
-        l.in_flight = false;
-        if (l.launched > warmup_per_lane) {
-          out.samples.push_back(static_cast<double>(t1 - l.t_open.load(std::memory_order_acquire)));
-        } else if (++warm_done == lanes_n * warmup_per_lane) {
-          wall0 = now_ns();
-          cpu0 = r.cpu_time();
-          metrics0 = r.metrics();
-        }
-        if (l.launched == quota) ++finished_lanes;
-      }
-      if (!l.in_flight && l.launched < quota) {
-        busy = true;
-        launch_gate(dev, l);
+  std::chrono::nanoseconds cpu0{};
+  reactor_metrics metrics0{};
+  drive(
+      dev, lanes, w, /*ack=*/false,
+      [&](lane& l) {
         if (posted) {
           waiter->async_wait(l.stream, mark(&l));
         } else {
           evr::throw_if(on_complete(r, l.stream, mark(&l)), "on_complete");
         }
-        schedule_open(w, l);
-        ++l.launched;
-        l.in_flight = true;
-      }
-    }
-    if (!busy && sim) std::this_thread::yield();
-  }
-  out.wall_ns = static_cast<double>(now_ns() - wall0);
+      },
+      [](lane&) {}, out,
+      [&] {
+        cpu0 = r.cpu_time();
+        metrics0 = r.metrics();
+      });
   out.cpu_ns = static_cast<double>((r.cpu_time() - cpu0).count());
   const reactor_metrics m1 = r.metrics();
   out.misses = m1.prediction_misses - metrics0.prediction_misses;
   out.doorbells = m1.doorbells - metrics0.doorbells;
   out.wakeups = m1.wakeups - metrics0.wakeups;
-  for (auto& l : lanes) out.failed |= l->failed.exchange(false);
   return out;
 }
 
@@ -390,6 +435,70 @@ series measure_floor(bench_device& dev, int samples) {
 
 // ---- settings, report ---------------------------------------------------------------------------
 
+/// "NAME:key=value,key=value": the default's options with some changed, as an extra method named
+/// "evr default, NAME" (tuning runs compare them with the default in one run). Keys: strategy,
+/// idle, prespin_us, poll_period_us, spin_fraction, spin_window_us, max_sleep_us,
+/// doorbell_after_us, fence_streams (a number, or "unlimited"). Throws std::invalid_argument
+/// naming what is wrong.
+evr_method parse_variant(const std::string& spec) {
+  const std::size_t colon = spec.find(':');
+  if (colon == 0 || colon == std::string::npos || colon + 1 == spec.size())
+    throw std::invalid_argument("--variant '" + spec + "': expected NAME:key=value[,key=value]");
+  evr_method m{"default-" + spec.substr(0, colon), "evr default, " + spec.substr(0, colon), {}};
+  std::size_t at = colon + 1;
+  while (at < spec.size()) {
+    std::size_t comma = spec.find(',', at);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string kv = spec.substr(at, comma - at);
+    at = comma + 1;
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string::npos)
+      throw std::invalid_argument("--variant '" + spec + "': '" + kv + "' is not key=value");
+    const std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+    auto number = [&] {
+      std::size_t used = 0;
+      double v = 0;
+      try {
+        v = std::stod(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != value.size() || v < 0)
+        throw std::invalid_argument("--variant '" + spec + "': " + key +
+                                    " takes a number >= 0, not '" + value + "'");
+      return v;
+    };
+    auto us = [&] { return nanoseconds(static_cast<std::int64_t>(number() * 1000)); };
+    reactor_options& o = m.options;
+    if (key == "strategy") {
+      auto v = strategy_from_string(value);
+      if (!v) throw std::invalid_argument("--variant '" + spec + "': no strategy '" + value + "'");
+      o.strategy = *v;
+    } else if (key == "idle") {
+      auto v = idle_mode_from_string(value);
+      if (!v) throw std::invalid_argument("--variant '" + spec + "': no idle mode '" + value + "'");
+      o.idle = *v;
+    } else if (key == "prespin_us") {
+      o.prespin = us();
+    } else if (key == "poll_period_us") {
+      o.poll_period = us();
+    } else if (key == "spin_window_us") {
+      o.spin_window = us();
+    } else if (key == "max_sleep_us") {
+      o.max_sleep = us();
+    } else if (key == "doorbell_after_us") {
+      o.doorbell_after = us();
+    } else if (key == "spin_fraction") {
+      o.spin_fraction = number();
+    } else if (key == "fence_streams") {
+      o.max_fence_streams = value == "unlimited" ? SIZE_MAX : static_cast<std::size_t>(number());
+    } else {
+      throw std::invalid_argument("--variant '" + spec + "': unknown key '" + key + "'");
+    }
+  }
+  return m;
+}
+
 struct idle_settings_cli {
   std::string device = "auto";
   std::vector<double> lengths_us{20, 200, 1000, 5000, 20000};
@@ -473,7 +582,15 @@ std::string row_json(const row_result& r, const series& floor) {
          ",\"prediction_misses\":" + std::to_string(r.misses) +
          ",\"doorbells\":" + std::to_string(r.doorbells) +
          ",\"wakeups\":" + std::to_string(r.wakeups) +
-         ",\"failed\":" + (r.failed ? "true" : "false") + "}";
+         ",\"failed\":" + (r.failed ? "true" : "false") +
+         ",\"samples_ns\":" + json_writer::array(r.samples) + "}";
+}
+
+/// The floor of a scenario (its "floor" row), or `fallback` when it has none.
+series floor_of(const scenario_result& sc, const series& fallback) {
+  for (const auto& r : sc.rows)
+    if (r.key == "floor" && !r.samples.empty()) return series{r.name, r.group, r.samples};
+  return fallback;
 }
 
 /// One goal line: met / missed and the numbers.
@@ -494,14 +611,14 @@ std::string evaluate_goals(const std::vector<scenario_result>& results, const se
                            const std::vector<cpu_case_row>& cpu_rows) {
   std::string json = "[";
   std::printf(
-      "\ngoals (default = evr default, inline delivery; ratios to the floor of this run: "
-      "p50 %.2f us, p99 %.2f us)\n",
-      floor.p50() / 1000, floor.p99() / 1000);
-  auto ratio = [&](const row_result& r, double q) {
-    const series s{"", "", r.samples};
-    return q == 0.5 ? s.p50() / floor.p50() : s.p99() / floor.p99();
-  };
+      "\ngoals (default = evr default, inline delivery; ratios to the floor of the same "
+      "workload, measured in this run)\n");
   for (const auto& sc : results) {
+    const series fl = floor_of(sc, floor);
+    auto ratio = [&](const row_result& r, double q) {
+      const series s{"", "", r.samples};
+      return q == 0.5 ? s.p50() / fl.p50() : s.p99() / fl.p99();
+    };
     const row_result* d = find_row(sc, "default", "inline");
     if (d == nullptr || d->samples.empty()) continue;
     const workload& w = sc.w;
@@ -599,8 +716,20 @@ int idle_main(int argc, char** argv) {
   app.add_option("--floor-samples", cfg.floor_samples, "samples of the floor")
       ->check(CLI::Range(10, 100000))
       ->capture_default_str();
+  std::vector<std::string> variants;
+  app.add_option("--variant", variants,
+                 "NAME:key=value[,key=value]: also the default with these options changed (keys: "
+                 "strategy, idle, prespin_us, poll_period_us, spin_fraction, spin_window_us, "
+                 "max_sleep_us, doorbell_after_us, fence_streams); repeatable");
   app.add_option("--json", cfg.json, "write the results here");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
+  std::vector<evr_method> extra;
+  try {
+    for (const auto& v : variants) extra.push_back(parse_variant(v));
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\nRun with --help for more information.\n", e.what());
+    return 2;
+  }
 
   auto dev = make_bench_device(cfg.device);
   auto wanted = [&](const std::string& key) {
@@ -609,6 +738,7 @@ int idle_main(int argc, char** argv) {
   std::vector<evr_method> methods;
   for (auto& m : evr_methods())
     if (wanted(m.key)) methods.push_back(m);
+  methods.insert(methods.end(), extra.begin(), extra.end());
   std::vector<baseline> baselines;
   if (wanted("blocking-sync"))
     baselines.push_back({"blocking-sync",
@@ -651,6 +781,7 @@ int idle_main(int argc, char** argv) {
                    r.cpu_percent(), r.failed ? "  (ERRORS)" : "");
       sr.rows.push_back(r);
     };
+    report(run_floor(*dev, lanes, w));
     for (const auto& m : methods) {
       report(run_evr(*dev, lanes, w, m, false));
       if (cfg.posted) report(run_evr(*dev, lanes, w, m, true));
@@ -673,6 +804,7 @@ int idle_main(int argc, char** argv) {
       "p99 %.2f us\n",
       floor.p50() / 1000, floor.p90() / 1000, floor.p99() / 1000);
   for (const auto& sc : results) {
+    const series fl = floor_of(sc, floor);
     std::printf("\n%s (%zu samples per row, %.1f s)\n", sc.w.name().c_str(),
                 sc.rows.empty() ? std::size_t{0} : sc.rows.front().samples.size(), sc.seconds);
     std::printf("  %-58s %-8s %9s %9s %9s %7s %7s %7s %9s\n", "method", "delivery", "p50 us",
@@ -681,8 +813,8 @@ int idle_main(int argc, char** argv) {
       const series s{r.name, r.group, r.samples};
       std::printf("  %-58s %-8s %9.2f %9.2f %9.2f %7.2f %7.2f %7.1f %9.0f%s\n", r.name.c_str(),
                   r.delivery.c_str(), s.p50() / 1000, s.p90() / 1000, s.p99() / 1000,
-                  s.p50() / floor.p50(), s.p99() / floor.p99(), r.cpu_percent(),
-                  r.cpu_per_completion(), r.failed ? "  ERRORS" : "");
+                  s.p50() / fl.p50(), s.p99() / fl.p99(), r.cpu_percent(), r.cpu_per_completion(),
+                  r.failed ? "  ERRORS" : "");
     }
   }
   if (!cpu_rows.empty()) {
@@ -713,7 +845,7 @@ int idle_main(int argc, char** argv) {
             ",\"streams\":" + std::to_string(sc.w.lanes) +
             ",\"seconds\":" + json_writer::number(sc.seconds) + ",\"rows\":[");
       for (std::size_t k = 0; k < sc.rows.size(); ++k)
-        j.raw(std::string(k ? "," : "") + row_json(sc.rows[k], floor));
+        j.raw(std::string(k ? "," : "") + row_json(sc.rows[k], floor_of(sc, floor)));
       j.raw("]}");
     }
     j.raw("],\"cpu_case\":" + cpu_case_json(cpu_rows) + ",\"goals\":" + goals + "}\n");

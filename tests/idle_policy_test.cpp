@@ -39,6 +39,15 @@ class work {
 
 const idle_time t0 = idle_time{} + 1000s;  // an arbitrary start on the steady clock
 
+/// Timer overshoots of `margin` learned for sleeps of every length.
+sleep_overshoot overshoot_of(nanoseconds margin) {
+  sleep_overshoot o;
+  for (nanoseconds sleep :
+       {nanoseconds(10us), nanoseconds(500us), nanoseconds(5ms), nanoseconds(50ms)})
+    for (int i = 0; i < sleep_overshoot::window; ++i) o.add(sleep, margin);
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("idle model: steady work converges to bounds around the work's range") {
@@ -97,43 +106,47 @@ TEST_CASE("idle model: a jump in work length is learned within three samples") {
 }
 
 TEST_CASE("idle predict: learning, then sleep until the window, spin through it, back off after") {
-  const idle_settings s = defaults();
+  idle_settings s = defaults();
+  s.prespin = 10us;
   const nanoseconds margin = 15us;
+  const sleep_overshoot timers = overshoot_of(margin);
   service_time_model m;
 
   // Nothing learned: spin spin_window, then naps of a quarter of the age, capped at max_sleep.
-  stream_outlook o = predict(s, m, t0, t0 + 10us, margin);
+  stream_outlook o = predict(s, m, t0, t0 + 10us, timers);
   CHECK(o.where == phase::learning);
   CHECK(o.unpredicted());
   CHECK(o.next_look <= t0 + 10us);
-  o = predict(s, m, t0, t0 + 400us, margin);
+  o = predict(s, m, t0, t0 + 400us, timers);
   CHECK(o.where == phase::learning);
   CHECK(o.next_look == t0 + 400us + 100us);
-  o = predict(s, m, t0, t0 + 40ms, margin);
+  o = predict(s, m, t0, t0 + 40ms, timers);
   CHECK(o.next_look == t0 + 40ms + s.max_sleep);
 
   work w(1ms, 0.05);
   for (int i = 0; i < 32; ++i) m.add(w.next());
-  const idle_time open = t0 + m.low() - margin;
+  // The window opens a quarter of the spread before the shortest work seen lately, prespin and
+  // the timer margin earlier still.
+  const idle_time open = t0 + m.low() - (m.high() - m.low()) / 4 - s.prespin - margin;
 
   // Before the window: sleep until it opens, margin included.
-  o = predict(s, m, t0, t0 + 100us, margin);
+  o = predict(s, m, t0, t0 + 100us, timers);
   CHECK(o.where == phase::before_window);
   CHECK_FALSE(o.unpredicted());
   CHECK(o.next_look == open);
   // In the window (narrow for steady work): spin.
-  o = predict(s, m, t0, open, margin);
+  o = predict(s, m, t0, open, timers);
   CHECK(o.where == phase::window_spin);
   CHECK(o.next_look <= open);
-  o = predict(s, m, t0, t0 + m.high(), margin);
+  o = predict(s, m, t0, t0 + m.high(), timers);
   CHECK(o.where == phase::window_spin);
   // Far past it: the prediction missed; naps grow with the time since, up to max_sleep.
-  o = predict(s, m, t0, t0 + 3ms, margin);
+  o = predict(s, m, t0, t0 + 3ms, timers);
   CHECK(o.where == phase::missed);
   CHECK(o.unpredicted());
   CHECK(o.next_look > t0 + 3ms);
   CHECK(o.next_look <= t0 + 3ms + s.max_sleep);
-  o = predict(s, m, t0, t0 + 1s, margin);
+  o = predict(s, m, t0, t0 + 1s, timers);
   CHECK(o.next_look == t0 + 1s + s.max_sleep);
 }
 
@@ -146,12 +159,12 @@ TEST_CASE("idle predict: irregular work is polled every poll_period inside its r
   CHECK(m.low() < 2ms);
   CHECK(m.high() > 3ms);
   const idle_time mid = t0 + m.low() + (m.high() - m.low()) / 2;
-  stream_outlook o = predict(s, m, t0, mid, 15us);
+  stream_outlook o = predict(s, m, t0, mid, overshoot_of(15us));
   CHECK(o.where == phase::window_poll);
   CHECK(o.next_look == mid + s.poll_period);
   // The window opens a quarter of the spread before the short end seen lately: work shorter than
   // anything in the model's window is still found by polling, not when the window opens.
-  o = predict(s, m, t0, t0 + 1us, 15us);
+  o = predict(s, m, t0, t0 + 1us, overshoot_of(15us));
   const idle_time open = o.where == phase::before_window ? o.next_look : t0;
   CHECK(open <= t0 + std::max(nanoseconds(0), m.low() - (m.high() - m.low()) / 4));
 }
@@ -160,7 +173,7 @@ TEST_CASE("idle predict: very short work is spun for from the start") {
   service_time_model m;
   work w(20us, 0.05);
   for (int i = 0; i < 16; ++i) m.add(w.next());
-  const stream_outlook o = predict(defaults(), m, t0, t0, 15us);
+  const stream_outlook o = predict(defaults(), m, t0, t0, overshoot_of(15us));
   CHECK(o.where == phase::window_spin);
   CHECK(o.next_look <= t0);
 }
@@ -169,23 +182,34 @@ TEST_CASE("idle predict: a wider spin_fraction spins where the default polls") {
   service_time_model m;
   for (int i = 0; i < 16; ++i) m.add(i % 2 ? 600us : 1000us);  // bimodal, 40 % apart
   idle_settings s = defaults();
-  CHECK(predict(s, m, t0, t0 + 800us, 15us).where == phase::window_poll);
+  CHECK(predict(s, m, t0, t0 + 800us, overshoot_of(15us)).where == phase::window_poll);
   s.spin_fraction = 1.0;
-  CHECK(predict(s, m, t0, t0 + 800us, 15us).where == phase::window_spin);
+  CHECK(predict(s, m, t0, t0 + 800us, overshoot_of(15us)).where == phase::window_spin);
 }
 
-TEST_CASE("idle overshoot: starts conservative, learns this machine's, never below the floor") {
+TEST_CASE("idle overshoot: starts conservative, learns per sleep length, bounded both ways") {
   sleep_overshoot o;
-  CHECK(o.margin() == sleep_overshoot::initial);
-  for (int i = 0; i < 64; ++i) o.add(nanoseconds(3000 + (i % 8) * 100));  // 3.0 .. 3.7 us
-  CHECK(o.margin() == 3700ns);
-  o.add(40us);  // one late wake-up: the second largest ignores it
-  CHECK(o.margin() == 3700ns);
-  o.add(40us);
-  CHECK(o.margin() == 40us);
+  CHECK(o.margin(5ms) == sleep_overshoot::initial);
+  // Short sleeps overshoot a little, long ones more (a core waking from a deep idle state).
+  for (int i = 0; i < 64; ++i) {
+    o.add(50us, nanoseconds(3000 + (i % 8) * 100));    // 3.0 .. 3.7 us
+    o.add(20ms, nanoseconds(40000 + (i % 4) * 1000));  // 40 .. 43 us
+  }
+  CHECK(o.margin(50us) == 3700ns);
+  CHECK(o.margin(20ms) == 43us);
+  CHECK(o.margin(2ms) == sleep_overshoot::initial);  // nothing learned for that length yet
+  // One late wake-up counts for the next `window` sleeps of its class, then ages out.
+  o.add(50us, 9us);
+  CHECK(o.margin(50us) == 9us);
+  for (int i = 0; i < sleep_overshoot::window; ++i) o.add(50us, 3us);
+  CHECK(o.margin(50us) == 3us);
+  // Never below the floor, never more than half the sleep it is for.
   sleep_overshoot fast;
-  for (int i = 0; i < 64; ++i) fast.add(100ns);
-  CHECK(fast.margin() == sleep_overshoot::floor);
+  for (int i = 0; i < 64; ++i) fast.add(10us, 100ns);
+  CHECK(fast.margin(10us) == sleep_overshoot::floor);
+  sleep_overshoot slow;
+  for (int i = 0; i < 64; ++i) slow.add(10us, 30us);
+  CHECK(slow.margin(10us) == 5us);
 }
 
 TEST_CASE("idle ladder: spin, yield, then naps doubling from 10 us to max_sleep") {

@@ -154,6 +154,37 @@ TEST_CASE("fence: beyond max_pending_fences, waits record events instead, in ord
   }
 }
 
+TEST_CASE("fence: beyond max_fence_streams, other streams' waits record events instead") {
+  for (evr::strategy s : {evr::strategy::fence, evr::strategy::adaptive}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+    auto opts = quick_options(s);
+    opts.max_fence_streams = 2;
+    evr::reactor r(sim, opts);
+    std::vector<std::unique_ptr<evr::stream>> streams;
+    for (int i = 0; i < 4; ++i) streams.push_back(std::make_unique<evr::stream>(sim, 0));
+    std::atomic<int> done{0};
+    auto wait_on = [&](int i) {
+      REQUIRE_FALSE(evr::on_complete(r, *streams[static_cast<std::size_t>(i)],
+                                     [&](std::error_code ec) { done += ec ? 1000 : 1; }));
+    };
+    // Two waits on each of four streams: the first two streams take fences (and keep them for
+    // their second wait); the other two, arriving while two streams have fences pending, events.
+    for (int i = 0; i < 4; ++i) wait_on(i);
+    for (int i = 0; i < 4; ++i) wait_on(i);
+    CHECK(sim.counters().fence_writes_enqueued == 4);
+    CHECK(sim.counters().event_records == 4);
+    sim.run_until_blocked();
+    REQUIRE(wait_until([&] { return done.load() == 8; }));
+    // Once those are retired, a stream may start with a fence again.
+    wait_on(3);
+    CHECK(sim.counters().fence_writes_enqueued == 5);
+    sim.run_until_blocked();
+    REQUIRE(wait_until([&] { return done.load() == 9; }));
+    CHECK(wait_until([&] { return r.pools().stats().in_use == 0; }));
+  }
+}
+
 TEST_CASE("host_func: one host function per wait; the reactor sleeps until one runs") {
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
   auto opts = quick_options(evr::strategy::host_func);

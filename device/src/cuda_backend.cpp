@@ -27,7 +27,9 @@
 #include <cuda.h>  // driver types only (CUresult, CUstream, CUdeviceptr): never linked
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -314,6 +316,20 @@ class cuda_backend_impl final : public backend {
       return ec;
     }
     return {};
+  }
+
+  std::size_t hardware_queues() const noexcept override {
+    // The driver spreads streams over CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 unless the
+    // process sets it, 1..32), read once when the context is created.
+    static const std::size_t queues = [] {
+      const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+      if (env == nullptr) return std::size_t{8};
+      char* end = nullptr;
+      const long v = std::strtol(env, &end, 10);
+      if (end == env || v < 1) return std::size_t{8};
+      return static_cast<std::size_t>(std::min(v, 32L));
+    }();
+    return queues;
   }
 
   bool stream_is_capturing(native_stream stream) noexcept override {

@@ -71,23 +71,32 @@ void service_time_model::reset() noexcept {
 // ------------------------------------------------------------------------------------------------
 // sleep_overshoot
 
-void sleep_overshoot::add(nanoseconds overshoot) noexcept {
-  ring_[static_cast<std::size_t>(next_)] = std::max<std::int64_t>(0, overshoot.count());
-  next_ = (next_ + 1) % window;
-  count_ = std::min(count_ + 1, window);
-  std::array<std::int64_t, window> s{};
-  std::copy(ring_.begin(), ring_.begin() + count_, s.begin());
-  std::sort(s.begin(), s.begin() + count_);
-  // The second largest of the recent overshoots: about the 95th percentile of 32.
-  const std::int64_t high = s[static_cast<std::size_t>(count_ >= 8 ? count_ - 2 : count_ - 1)];
-  margin_ = std::max(high, floor.count());
+int sleep_overshoot::class_of(nanoseconds sleep) noexcept {
+  using std::chrono::microseconds;
+  if (sleep < microseconds(100)) return 0;
+  if (sleep < microseconds(1000)) return 1;
+  if (sleep < microseconds(10000)) return 2;
+  return 3;
+}
+
+void sleep_overshoot::add(nanoseconds asked, nanoseconds overshoot) noexcept {
+  ring& r = rings_[static_cast<std::size_t>(class_of(asked))];
+  r.v[static_cast<std::size_t>(r.next)] = std::max<std::int64_t>(0, overshoot.count());
+  r.next = (r.next + 1) % window;
+  r.count = std::min(r.count + 1, window);
+  r.high = *std::max_element(r.v.begin(), r.v.begin() + r.count);
+}
+
+nanoseconds sleep_overshoot::margin(nanoseconds sleep) const noexcept {
+  const ring& r = of(sleep);
+  return std::max(floor, std::min(nanoseconds(r.high), sleep / 2));
 }
 
 // ------------------------------------------------------------------------------------------------
 // predict
 
 stream_outlook predict(const idle_settings& settings, const service_time_model& model,
-                       idle_time start, idle_time now, nanoseconds margin) noexcept {
+                       idle_time start, idle_time now, const sleep_overshoot& overshoot) noexcept {
   using phase = stream_outlook::phase;
   stream_outlook o;
   const nanoseconds age = std::max(nanoseconds(0), now - start);
@@ -105,22 +114,26 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   }
   const nanoseconds low = model.low(), high = model.high();
   const nanoseconds spread = high - low;
-  idle_time open = start + low - margin;
+  // The earliest the work is expected to end, a quarter of the spread before the shortest seen
+  // lately; the reactor must be awake `prespin` before that, and a sleep of that length ends up
+  // to `margin` late. The margin is that of a sleep from the start (about the sleep the reactor
+  // takes for it), so one wait's window does not move as time passes.
+  const idle_time earliest = start + low - spread / 4;
+  const idle_time awake_by = earliest - settings.prespin;
+  const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), awake_by - start));
+  const idle_time open = std::max(start, awake_by - margin);
   const idle_time close = start + high + std::max(margin, spread / 2);
-  // Steady work (a narrow window) is spun through; irregular work (a wide one) is polled every
-  // poll_period, and its window opens earlier by a quarter of the spread: the shortest of such
-  // work is less certain than its usual range, and a few more naps cost little.
-  const bool narrow =
-      close - open <=
-      std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
-               2 * settings.poll_period);
-  if (!narrow) open = std::max(start, open - spread / 4);
   if (open - now >= min_nap) {
     o.where = phase::before_window;
     o.next_look = open;
     return o;
   }
   if (now <= close) {
+    // Steady work (a narrow window) is spun through; irregular work (a wide one) is polled.
+    const bool narrow =
+        close - open <=
+        std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
+                 2 * settings.poll_period);
     if (narrow) {
       o.where = phase::window_spin;
       o.next_look = now;

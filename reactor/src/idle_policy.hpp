@@ -16,19 +16,23 @@
 //                    `high` are their second smallest and second largest (one outlier on either
 //                    side moves neither), and three samples in a row well outside [low, high] on
 //                    the same side mean the work changed: the model restarts from those three.
-//   margin         = how late this machine's timed sleeps end (learned: sleep_overshoot), so the
-//                    reactor is awake and polling when the earliest completion can arrive.
+//   margin         = how late this machine's timed sleeps of that length end (learned:
+//                    sleep_overshoot), so the reactor is awake and polling when the earliest
+//                    completion can arrive; plus `prespin`, so that it has run for a while when it
+//                    does (a core that just woke runs its first microseconds slower).
+//   window         = [start + low - spread/4 - prespin - margin, start + high + max(margin,
+//                    spread/2)], spread = high - low: the model's bounds come from a handful of
+//                    samples, and the true shortest work is a little shorter than any seen.
 //
 // Per stream, from now and the model (stream_outlook):
 //   learning        fewer than `min_samples` samples: spin `spin_window` after the start, then
 //                   naps that grow with the wait's age (a quarter of it), up to `max_sleep`.
-//   before_window   now < start + low - margin - min_nap: nothing can finish; sleep until then.
+//   before_window   the window opens more than min_nap from now: nothing can finish before;
+//                   sleep until it opens.
 //   window_spin     the window [start + low - margin, start + high + slack] is narrow (at most
 //                   `spin_fraction` of high): busy-poll through it. Cost: the width of the
 //                   window on a miss, about half of it plus the margin on a hit.
-//   window_poll     the window is wide (irregular work): look every `poll_period` through it,
-//                   from a quarter of the spread earlier (the shortest irregular work is less
-//                   certain than its usual range; a few more naps cost little).
+//   window_poll     the window is wide (irregular work): look every `poll_period` through it.
 //   missed          past the window: the prediction failed (the work got longer): naps that grow
 //                   with the time since the miss, up to `max_sleep`; the adaptive strategy arms a
 //                   host-function doorbell so the driver wakes the reactor.
@@ -83,22 +87,34 @@ class service_time_model {
   int run_above_ = 0, run_below_ = 0;  // consecutive samples well beyond / below the reference
 };
 
-/// How much later than asked the reactor's timed sleeps end (timer slack, scheduling). The
-/// margin is the second largest of the last `window` overshoots, never below `floor`.
+/// How much later than asked the reactor's timed sleeps end (timer slack, scheduling, and the
+/// time an idle core takes to wake, which grows with how long it slept). Kept per class of sleep
+/// length; a class's margin is the largest of its last `window` overshoots (about the 97th
+/// percentile), never below `floor` nor above half the sleep it is for.
 class sleep_overshoot {
  public:
   static constexpr int window = 32;
+  static constexpr int classes = 4;  ///< sleeps < 100 us, < 1 ms, < 10 ms, longer
   static constexpr nanoseconds initial = std::chrono::microseconds(20);  ///< before any sample
   static constexpr nanoseconds floor = std::chrono::microseconds(2);
 
-  void add(nanoseconds overshoot) noexcept;
-  nanoseconds margin() const noexcept { return nanoseconds(margin_); }
-  int samples() const noexcept { return count_; }
+  /// A sleep of `asked` ended `overshoot` late.
+  void add(nanoseconds asked, nanoseconds overshoot) noexcept;
+  /// How much earlier than a deadline a sleep of about `sleep` must be asked to end.
+  nanoseconds margin(nanoseconds sleep) const noexcept;
+  int samples(nanoseconds sleep) const noexcept { return of(sleep).count; }
 
  private:
-  std::array<std::int64_t, window> ring_{};
-  int count_ = 0, next_ = 0;
-  std::int64_t margin_ = initial.count();
+  struct ring {
+    std::array<std::int64_t, window> v{};
+    int count = 0, next = 0;
+    std::int64_t high = initial.count();
+  };
+  static int class_of(nanoseconds sleep) noexcept;
+  const ring& of(nanoseconds sleep) const noexcept {
+    return rings_[static_cast<std::size_t>(class_of(sleep))];
+  }
+  std::array<ring, classes> rings_{};
 };
 
 /// The predictive policy's view of one stream's oldest pending wait.
@@ -118,16 +134,17 @@ struct idle_settings {
   nanoseconds max_sleep{};
   nanoseconds poll_period{};
   double spin_fraction = 0.25;
+  nanoseconds prespin{};
 
   static idle_settings from(const reactor_options& o) noexcept {
-    return {o.spin_window, o.max_sleep, o.poll_period, o.spin_fraction};
+    return {o.spin_window, o.max_sleep, o.poll_period, o.spin_fraction, o.prespin};
   }
 };
 
 /// Where the oldest wait of a stream stands, and when to look at it next. `start` is the wait's
-/// service start (see the file comment); `margin` the learned sleep overshoot.
+/// service start (see the file comment); `overshoot` what this machine's sleeps have shown.
 stream_outlook predict(const idle_settings& settings, const service_time_model& model,
-                       idle_time start, idle_time now, nanoseconds margin) noexcept;
+                       idle_time start, idle_time now, const sleep_overshoot& overshoot) noexcept;
 
 /// The older, non-predictive policy (idle_mode::ladder), kept for comparison: busy-poll
 /// spin_window after the last progress, yield yield_window, then naps doubling from 10 us to

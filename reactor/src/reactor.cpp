@@ -11,6 +11,7 @@
 #include <evr/reactor/reactor.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -64,6 +65,7 @@ const reactor_options& validated(const reactor_options& o) {
   non_negative(o.yield_window, "yield_window");
   non_negative(o.max_sleep, "max_sleep");
   non_negative(o.doorbell_after, "doorbell_after");
+  non_negative(o.prespin, "prespin");
   non_negative(o.shutdown_drain, "shutdown_drain");
   if (o.poll_period.count() <= 0) refuse("poll_period must be > 0");
   if (o.fault_probe_interval.count() <= 0) refuse("fault_probe_interval must be > 0");
@@ -89,6 +91,12 @@ reactor_core::reactor_core(device::backend& backend, reactor_options options)
       fences_(backend),
       idle_settings_(idle_settings::from(options)) {
   if (backend_.device_count(device_count_)) device_count_ = 0;
+  // 0: the device's hardware queues (the backend knows; 0 there too means no limit).
+  const std::size_t limit =
+      options_.max_fence_streams != 0 ? options_.max_fence_streams : backend_.hardware_queues();
+  fence_stream_limit_ = limit == 0 ? std::numeric_limits<std::int64_t>::max()
+                                   : static_cast<std::int64_t>(std::min<std::size_t>(
+                                         limit, std::numeric_limits<std::int64_t>::max()));
   ready_.reserve(256);
   to_release_.reserve(256);
   active_.reserve(64);

@@ -127,6 +127,22 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   // fence / adaptive: fence markers enqueued and not yet retired, per device (submitters add,
   // the reactor subtracts; relaxed: a threshold, not a synchronization).
   std::array<std::atomic<std::int64_t>, max_devices> pending_fences_{};
+  // fence / adaptive: streams with fence markers pending, per device (a stream counts while its
+  // stream_state::pending_fence_markers is non-zero: whoever moves that from 0 to 1 adds, whoever
+  // moves it from 1 to 0 subtracts). A stream without fences pending starts with an event marker
+  // while fence_stream_limit_ streams already have some.
+  std::array<std::atomic<std::int64_t>, max_devices> fence_streams_{};
+  std::int64_t fence_stream_limit_ = 0;
+  void fence_enqueued(stream_state& st) noexcept {
+    pending_fences_[st.device].fetch_add(1, std::memory_order_relaxed);
+    if (st.pending_fence_markers.fetch_add(1, std::memory_order_relaxed) == 0)
+      fence_streams_[st.device].fetch_add(1, std::memory_order_relaxed);
+  }
+  void fence_retired(stream_state& st) noexcept {
+    pending_fences_[st.device].fetch_sub(1, std::memory_order_relaxed);
+    if (st.pending_fence_markers.fetch_sub(1, std::memory_order_relaxed) == 1)
+      fence_streams_[st.device].fetch_sub(1, std::memory_order_relaxed);
+  }
   int device_count_ = 0;  // at construction; names the device of a fault when only one exists
   std::atomic<bool> fault_reported_{false};
   std::atomic<bool> stopping_{false};

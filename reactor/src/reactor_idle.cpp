@@ -67,13 +67,12 @@ void reactor_core::idle_ladder(clock::time_point now) {
 void reactor_core::idle_predictive(clock::time_point now) {
   if (now < replan_at_) return;  // spinning: the plan made at most replan_interval ago holds
   using phase = stream_outlook::phase;
-  const std::chrono::nanoseconds margin = overshoot_.margin();
   clock::time_point wake = now + options_.fault_probe_interval;
   bool spin = false;
   for (stream_state* st : active_) {
     if (st->entries.empty()) continue;
     const clock::time_point start = service_start(*st);
-    const stream_outlook o = predict(idle_settings_, st->model, start, now, margin);
+    const stream_outlook o = predict(idle_settings_, st->model, start, now, overshoot_);
     if (o.where == phase::missed && !st->missed) {
       st->missed = true;
       m_.prediction_misses.fetch_add(1, std::memory_order_relaxed);
@@ -114,9 +113,10 @@ void reactor_core::idle_predictive(clock::time_point now) {
 
 void reactor_core::nap_until(clock::time_point until, bool learn_overshoot) {
   m_.parks.fetch_add(1, std::memory_order_relaxed);
+  const clock::time_point asked_at = clock::now();
   const bool timed_out = wake_->nap_until(until, [this] { return has_inputs(); });
   // Only a nap that ran its course says how late this machine's timers fire.
-  if (learn_overshoot && timed_out) overshoot_.add(clock::now() - until);
+  if (learn_overshoot && timed_out) overshoot_.add(until - asked_at, clock::now() - until);
 }
 
 reactor_core::clock::time_point reactor_core::service_start(const stream_state& st) const noexcept {

@@ -61,10 +61,17 @@ std::error_code reactor_core::put_marker(stream_state& st, wait_op& op) noexcept
   event_pool* pool = nullptr;
   device::native_event ev = nullptr;
   const bool fences = traits_.fence_markers;
-  // Too many fence markers queued on this device: record an event instead (see
-  // reactor_options::max_pending_fences); the enqueue would otherwise block in the driver.
-  const bool overflow = fences && pending_fences_[st.device].load(std::memory_order_relaxed) >=
-                                      static_cast<std::int64_t>(options_.max_pending_fences);
+  // Record an event instead of a fence write (reactor_options::max_pending_fences,
+  // max_fence_streams): when too many fence markers are queued on this device (the enqueue would
+  // block in the driver), or when this stream has none pending and enough other streams of the
+  // device do (a fence write holds the hardware queue it shares with other streams until the
+  // work before it is done, so more streams with fences than queues serialize unrelated work).
+  const bool overflow =
+      fences &&
+      (pending_fences_[st.device].load(std::memory_order_relaxed) >=
+           static_cast<std::int64_t>(options_.max_pending_fences) ||
+       (st.pending_fence_markers.load(std::memory_order_relaxed) == 0 &&
+        fence_streams_[st.device].load(std::memory_order_relaxed) >= fence_stream_limit_));
   if (traits_.event_markers || overflow) {
     std::error_code ec;
     pool = pools_.get(st.device, event_class::plain, ec);
@@ -79,7 +86,7 @@ std::error_code reactor_core::put_marker(stream_state& st, wait_op& op) noexcept
     ec = backend_.record_event(ev, st.native);  // poll, or a fence overflow
   } else if (fences) {
     ec = backend_.write_fence(st.native, st.fence_device, seq);
-    if (!ec) pending_fences_[st.device].fetch_add(1, std::memory_order_relaxed);
+    if (!ec) fence_enqueued(st);
   } else {  // host_func
     st.host_funcs_outstanding.fetch_add(1, std::memory_order_relaxed);
     ec = backend_.launch_host_func(st.native, &reactor_core::host_func_done, &st);

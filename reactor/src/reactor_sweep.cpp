@@ -33,8 +33,7 @@ void reactor_core::retire_op(wait_op* op, std::error_code ec) {
 void reactor_core::retire_front(stream_state& st, std::error_code ec) {
   timeline_entry e = st.entries.front();
   st.entries.pop_front();
-  if (e.event == nullptr && st.fence_host != nullptr)
-    pending_fences_[st.device].fetch_sub(1, std::memory_order_relaxed);
+  if (e.event == nullptr && st.fence_host != nullptr) fence_retired(st);
   st.completed_seq = std::max(st.completed_seq, e.seq);
   st.published_completed_seq.store(st.completed_seq, std::memory_order_relaxed);
   if (e.op != nullptr && !ec) {
@@ -301,7 +300,7 @@ void reactor_core::abort_everything() {
       if (e.pool != nullptr) abandoned_.emplace_back(e.pool, e.event);
       if (e.event == nullptr && st->fence_host != nullptr) {
         aborted_fences_ = true;
-        pending_fences_[st->device].fetch_sub(1, std::memory_order_relaxed);
+        fence_retired(*st);
       }
       if (e.op != nullptr) retire_op(e.op, aborted_error());
     }

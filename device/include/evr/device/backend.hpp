@@ -112,6 +112,9 @@ class backend {
   /// the device API, and is never called once the device has faulted.
   virtual std::error_code launch_host_func(native_stream stream, void (*fn)(void*),
                                            void* arg) noexcept = 0;
+  /// How many hardware queues the device spreads streams over (work of streams in one queue may
+  /// wait on each other behind a stream memory operation); 0 when unknown or unlimited.
+  virtual std::size_t hardware_queues() const noexcept { return 0; }
   /// True while `stream` is being captured into a graph: nothing may then be enqueued on it by
   /// anyone but the capturing code (the reactor checks before arming a doorbell).
   virtual bool stream_is_capturing(native_stream /*stream*/) noexcept { return false; }

@@ -77,6 +77,11 @@ struct reactor_options {
   /// most this fraction of the expected service time (or at most two poll_periods); otherwise
   /// poll it every poll_period. Higher: lower latency for jittery work, more CPU.
   double spin_fraction = 0.25;
+  /// predictive: how long before the earliest predicted completion the reactor is awake and
+  /// polling. A thread that has just woken runs its first microseconds slower (cold caches, a
+  /// core coming out of an idle state), which shows as latency when the completion comes at once.
+  /// Costs this much spinning per predicted completion.
+  std::chrono::nanoseconds prespin = std::chrono::microseconds(10);
   /// adaptive: age of a wait that the prediction does not cover after which one host-function
   /// doorbell is armed on its stream (ladder: age of the stream's oldest wait).
   std::chrono::nanoseconds doorbell_after = std::chrono::milliseconds(5);
@@ -94,6 +99,15 @@ struct reactor_options {
   /// behind unfinished work (about 1021 on the H100) and then blocks the enqueuing thread inside
   /// cuStreamWriteValue64; event records were seen not to block at 8192.
   std::size_t max_pending_fences = 512;
+  /// fence / adaptive: streams per device that may have fence markers pending at once; a wait on
+  /// another stream of that device records a pooled event instead while that many have some (the
+  /// sweep queries it). A fence write holds the hardware queue it is in until the work before it
+  /// on its stream is done, and the driver spreads streams over a few hardware queues (8 unless
+  /// CUDA_DEVICE_MAX_CONNECTIONS says otherwise, 32 at most): fences on more streams than queues
+  /// would hold up unrelated streams' work behind one another. 0: the backend's number of
+  /// hardware queues (CUDA: CUDA_DEVICE_MAX_CONNECTIONS or 8; simulated device: no limit).
+  /// SIZE_MAX: no limit.
+  std::size_t max_fence_streams = 0;
   /// Events created per pool growth (pools of the reactor's own events).
   std::size_t pool_batch = 64;
 };
