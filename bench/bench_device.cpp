@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include <evr/device/sim.hpp>
+#include <evr/sim/device.hpp>
 
 #if defined(EVR_BENCH_HAVE_KERNELS)
 #include <cuda_runtime.h>
@@ -109,8 +109,9 @@ class cuda_bench_device final : public bench_device {
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
   void launch_gate(device::native_stream stream, bool ack, std::size_t gate) override {
-    check(static_cast<cudaError_t>(launch_gate_kernel(
-              static_cast<CUstream_st*>(stream), dev_ + gate_index(gate), ack ? dev_ : nullptr)),
+    check(static_cast<cudaError_t>(launch_gate_kernel(static_cast<CUstream_st*>(stream),
+                                                      dev_ + gate_index(gate),
+                                                      ack ? dev_ + ack_index(gate) : nullptr)),
           "gate kernel");
   }
   void open_gate(std::size_t gate) override {

@@ -16,31 +16,16 @@
 
 #include <CLI/CLI.hpp>
 
+#include "evr_tool_cli.hpp"
+
 namespace evr::bench {
 
-/// --device cuda|sim|auto (every subcommand has it).
-inline void add_device_option(CLI::App& app, std::string& device) {
-  app.add_option("--device", device,
-                 "cuda: the GPU (fails without one); sim: the simulated device; auto: cuda when a "
-                 "GPU is usable, else sim")
-      ->check(CLI::IsMember({"auto", "cuda", "sim"}))
-      ->capture_default_str();
-}
+using evr::tool::add_device_option;  // --device auto|cuda|sim (every subcommand has it)
+using evr::tool::parse_cli;
 
 /// --json FILE.
 inline void add_json_option(CLI::App& app, std::string& file) {
   app.add_option("--json", file, "also write every figure to FILE");
-}
-
-/// Parses argv (argv[0] is the subcommand's name). Returns -1 when the subcommand should run, or
-/// the process exit code when it should not (0 after --help, non-zero for a bad command line).
-inline int parse_cli(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  return -1;
 }
 
 }  // namespace evr::bench

@@ -424,7 +424,11 @@ series measure_floor(bench_device& dev, int samples) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     const auto t0 = bench_clock::now();
     dev.open_gate(0);
-    while (!dev.acked()) {
+    // Bounded: a gate kernel that never acknowledges (a broken device or bench) must end the run
+    // with an error, not hang it.
+    while (!dev.acked(0)) {
+      if (bench_clock::now() - t0 > std::chrono::seconds(5))
+        throw std::runtime_error("floor: the gate kernel did not acknowledge within 5 s");
     }
     const auto t1 = bench_clock::now();
     if (i >= 20) out.samples.push_back(ns_between(t0, t1));
@@ -856,11 +860,4 @@ int idle_main(int argc, char** argv) {
 
 }  // namespace evr::bench
 
-int evr_bench_idle(int argc, char** argv) {
-  try {
-    return evr::bench::idle_main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "evr-bench idle: %s\n", e.what());
-    return 1;
-  }
-}
+int evr_bench_idle(int argc, char** argv) { return evr::bench::idle_main(argc, argv); }

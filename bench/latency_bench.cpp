@@ -439,11 +439,4 @@ int latency_main(int argc, char** argv) {
 
 }  // namespace evr::bench
 
-int evr_bench_latency(int argc, char** argv) {
-  try {
-    return evr::bench::latency_main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "evr-bench latency: %s\n", e.what());
-    return 1;
-  }
-}
+int evr_bench_latency(int argc, char** argv) { return evr::bench::latency_main(argc, argv); }

@@ -2,6 +2,7 @@
 // the only place that lists them.
 #include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "subcommands.hpp"
 
@@ -23,6 +24,8 @@ constexpr subcommand subcommands[] = {
     {"cpu", evr_bench_cpu, "reactor CPU while 1000 waits sit on a 100 ms kernel, and when idle"},
     {"idle", evr_bench_idle,
      "work of 20 us..20 ms, steady and irregular, 1 and 64 streams: latency vs CPU per strategy"},
+    {"sim", evr_bench_sim,
+     "the simulated device's own cost: ns per enqueue and per completion; reactor on it"},
 };
 
 int usage(std::FILE* out, int code) {
@@ -43,7 +46,15 @@ int main(int argc, char** argv) {
     return usage(stdout, 0);
   }
   for (const subcommand& s : subcommands) {
-    if (!std::strcmp(argv[1], s.name)) return s.run(argc - 1, argv + 1);
+    if (std::strcmp(argv[1], s.name) != 0) continue;
+    // One place reports what a subcommand throws (a device that fails, a file that cannot be
+    // written): its message, named by the subcommand, and exit status 1.
+    try {
+      return s.run(argc - 1, argv + 1);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "evr-bench %s: %s\n", s.name, e.what());
+      return 1;
+    }
   }
   std::fprintf(stderr, "evr-bench: unknown subcommand '%s'\n\n", argv[1]);
   return usage(stderr, 2);

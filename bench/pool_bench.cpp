@@ -25,8 +25,8 @@
 #include <vector>
 
 #include <evr/device/backend.hpp>
-#include <evr/device/sim.hpp>
 #include <evr/pool/event_pool.hpp>
+#include <evr/sim/device.hpp>
 
 #include "cli.hpp"
 #include "subcommands.hpp"

@@ -21,3 +21,6 @@ int evr_bench_cpu(int argc, char** argv);
 /// streams: notification latency (ratio to the floor) and CPU per strategy and baseline
 /// (bench/idle_bench.cpp).
 int evr_bench_idle(int argc, char** argv);
+/// `evr-bench sim`: what the simulated device costs: ns per enqueued and per completed operation,
+/// and end-to-end completions per second of a reactor on it (bench/sim_bench.cpp).
+int evr_bench_sim(int argc, char** argv);

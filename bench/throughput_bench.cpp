@@ -496,20 +496,6 @@ int cpu_main(int argc, char** argv) {
 
 }  // namespace evr::bench
 
-int evr_bench_throughput(int argc, char** argv) {
-  try {
-    return evr::bench::throughput_main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "evr-bench throughput: %s\n", e.what());
-    return 1;
-  }
-}
+int evr_bench_throughput(int argc, char** argv) { return evr::bench::throughput_main(argc, argv); }
 
-int evr_bench_cpu(int argc, char** argv) {
-  try {
-    return evr::bench::cpu_main(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "evr-bench cpu: %s\n", e.what());
-    return 1;
-  }
-}
+int evr_bench_cpu(int argc, char** argv) { return evr::bench::cpu_main(argc, argv); }

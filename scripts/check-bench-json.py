@@ -24,7 +24,7 @@ def main():
     sub, path = sys.argv[1], sys.argv[2]
     with open(path) as f:
         doc = json.load(f)
-    if sub in ("latency", "throughput", "cpu"):
+    if sub in ("latency", "throughput", "cpu", "sim"):
         if doc.get("subcommand") != sub:
             fail(f"subcommand is {doc.get('subcommand')!r}, expected {sub!r}")
         for key in ("device", "backend", "rows"):
@@ -88,6 +88,25 @@ def main():
             number(r["busy_percent"], r["name"])
         if not doc.get("goals"):
             fail("no goals evaluated")
+    elif sub == "sim":
+        names = [r["name"] for r in doc["rows"]]
+        for kind in ("record_event", "write_fence", "launch_host_func"):
+            for where in ("stalled stream", "running stream"):
+                if f"{kind}, {where}" not in names:
+                    fail(f"no enqueue row for '{kind}, {where}'")
+            if f"{kind}, one stream" not in names:
+                fail(f"no completion row for '{kind}, one stream'")
+        groups = {r["group"] for r in doc["rows"]}
+        for g in ("enqueue", "complete", "reactor"):
+            if g not in groups:
+                fail(f"no '{g}' rows")
+        for r in doc["rows"]:
+            number(r["ns_per_op"], f"{r['name']}.ns_per_op")
+            if r["ops"] <= 0 or not r["seconds"]:
+                fail(f"{r['name']}: nothing measured")
+            if r["group"] == "reactor":
+                number(r["completions_per_second"], r["name"])
+                number(r["reactor_cpu_ns_per_completion"], r["name"])
     elif sub == "pool":
         if not isinstance(doc, dict) or not doc:
             fail("empty pool document")

@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
-# Checks evr's install + package config the way a user meets them:
+# Checks evr's install, package config and pkg-config files, and its use as a sub-project, the ways
+# a user meets them:
 #   1. configure and build evr (sim-only preset, no tests/examples/bench) in build/install-check;
 #   2. cmake --install into a temporary prefix, then move that prefix elsewhere (relocatable?);
-#   3. configure, build and run tests/consumer (find_package(evr CONFIG REQUIRED), evr::evr)
-#      with -DCMAKE_PREFIX_PATH=<moved prefix>.
-# Environment: EVR_JOBS=N (default nproc), EVR_KEEP_TMP=1 (keep the temporary folder).
+#   3. find_package: tests/consumer with -DCMAKE_PREFIX_PATH=<moved prefix>, once per Asio flavour
+#      (find_package(evr CONFIG REQUIRED COMPONENTS standalone|boost); evr::evr, evr::evr_boost);
+#   4. pkg-config: tests/consumer/main.cpp built by plain g++ with
+#      `pkg-config --cflags --libs evr` (and evr-boost), PKG_CONFIG_PATH=<moved prefix>/.../pkgconfig;
+#   5. add_subdirectory: tests/consumer with evr's source tree as a sub-project (standalone Asio);
+#   6. FetchContent: tests/consumer fetching an archive of evr's tree by URL file:// (no network;
+#      Boost.Asio flavour).
+# Every consumer links evr::sim (pkg-config: -levr_sim) and runs a wait on evr's simulated device
+# through the Asio front end and one through on_complete, and must print OK.
+# Needs Boost 1.78+ (Debian 12: libboost1.81-dev), installed by scripts/install-deps.sh --boost.
+# Environment: EVR_JOBS=N (default nproc), EVR_KEEP_TMP=1 (keep the temporary folder),
+#              EVR_SKIP_DEPS=1 (do not run scripts/install-deps.sh),
+#              EVR_BOOST_ROOT=<prefix> (a Boost outside the system, e.g. a libboost1.81-dev unpacked
+#              where python3-matplotlib keeps Boost 1.74 installed: <prefix>/include/boost and
+#              <prefix>/lib/.../cmake/Boost-*; given to CMake as Boost_ROOT).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -12,6 +25,10 @@ src_dir="$PWD"
 build_dir="build/install-check"
 jobs="${EVR_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 step() { echo "==> [check-install.sh] $*"; }
+fail() {
+  echo "check-install: FAILED: $*" >&2
+  exit 1
+}
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/evr-install-check.XXXXXX")"
 cleanup() {
@@ -22,6 +39,20 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
+
+boost_cmake=()
+boost_cxxflags=()
+if [[ -n "${EVR_BOOST_ROOT:-}" ]]; then
+  [[ -f "$EVR_BOOST_ROOT/include/boost/asio.hpp" ]] || fail "EVR_BOOST_ROOT: no include/boost/asio.hpp in $EVR_BOOST_ROOT"
+  boost_cmake=(-DBoost_ROOT="$EVR_BOOST_ROOT")
+  boost_cxxflags=(-isystem "$EVR_BOOST_ROOT/include")
+  step "dependencies (scripts/install-deps.sh; Boost from EVR_BOOST_ROOT=$EVR_BOOST_ROOT)"
+  bash scripts/install-deps.sh
+else
+  step "dependencies (scripts/install-deps.sh --boost)"
+  bash scripts/install-deps.sh --boost
+fi
+command -v pkg-config >/dev/null || fail "pkg-config is missing (Debian: apt-get install pkg-config)"
 
 step "configure evr: cmake --preset sim-only -B $build_dir (tests, examples, bench off)"
 cmake --preset sim-only -B "$build_dir" \
@@ -35,29 +66,76 @@ cmake --install "$build_dir" --prefix "$tmp/staged" >/dev/null
 mv "$tmp/staged" "$tmp/prefix"
 prefix="$tmp/prefix"
 
-fail() {
-  echo "check-install: FAILED: $*" >&2
-  exit 1
-}
 config="$(find "$prefix" -name evrConfig.cmake -print -quit)"
 [[ -n "$config" ]] || fail "no evrConfig.cmake under the prefix"
 [[ -f "$(dirname "$config")/evrConfigVersion.cmake" ]] || fail "no evrConfigVersion.cmake"
 [[ -f "$prefix/include/evr/device/error.hpp" ]] || fail "headers missing (include/evr/device/error.hpp)"
+[[ -f "$prefix/include/evr/callbacks/detail/asio_forward.hpp" ]] ||
+  fail "headers missing (include/evr/callbacks/detail/asio_forward.hpp)"
 [[ -n "$(find "$prefix" -name 'libevr.*' -print -quit)" ]] || fail "no libevr.* under the prefix"
+[[ -f "$prefix/include/evr/sim/device.hpp" ]] || fail "simulator header missing (include/evr/sim/device.hpp)"
+[[ -n "$(find "$prefix" -name 'libevr_sim.*' -print -quit)" ]] || fail "no libevr_sim.* under the prefix"
 # The exported targets must not point back into the source or build tree.
 if grep -rl -e "$src_dir" -e "$tmp/staged" "$(dirname "$config")"/evrTargets*.cmake; then
   fail "the exported targets above name the source, build or staging folder"
 fi
-echo "check-install: installed $(find "$prefix" -type f | wc -l) files; package config at ${config#"$prefix"/}"
+# The compiled library links no Asio (both front ends are header-only layers over it).
+if nm -C "$(find "$prefix" -name 'libevr.*' -print -quit)" | grep -q -e ' asio::' -e 'boost::asio'; then
+  fail "libevr contains Asio symbols"
+fi
+pc_evr="$(find "$prefix" -name evr.pc -print -quit)"
+pc_boost="$(find "$prefix" -name evr-boost.pc -print -quit)"
+[[ -n "$pc_evr" && -n "$pc_boost" ]] || fail "evr.pc or evr-boost.pc missing under the prefix"
+# Written at install time with the prefix installed to.
+grep -qx "prefix=$tmp/staged" "$pc_evr" || fail "evr.pc does not say prefix=$tmp/staged: $(grep '^prefix=' "$pc_evr")"
+echo "check-install: installed $(find "$prefix" -type f | wc -l) files; package config at" \
+  "${config#"$prefix"/}; pkg-config files at ${pc_evr#"$prefix"/}, ${pc_boost#"$prefix"/}"
 
-step "configure the consumer: cmake -S tests/consumer -DCMAKE_PREFIX_PATH=$prefix"
-cmake -S tests/consumer -B "$tmp/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
+# consumer NAME [cmake args...]: configures, builds and runs tests/consumer in $tmp/NAME.
+consumer() {
+  local name="$1"
+  shift
+  step "consumer '$name': cmake -S tests/consumer $*"
+  cmake -S tests/consumer -B "$tmp/$name" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON "$@" >"$tmp/$name.configure.log" ||
+    { cat "$tmp/$name.configure.log"; fail "configuring consumer '$name'"; }
+  grep 'evr_consumer:' "$tmp/$name.configure.log" || true
+  cmake --build "$tmp/$name" -j "$jobs" >"$tmp/$name.build.log" ||
+    { cat "$tmp/$name.build.log"; fail "building consumer '$name'"; }
+  "$tmp/$name/evr_consumer" || fail "consumer '$name' did not print OK"
+}
 
-step "build the consumer"
-cmake --build "$tmp/consumer" -j "$jobs"
+consumer find_package_standalone -DCMAKE_PREFIX_PATH="$prefix" -DEVR_CONSUMER_FLAVOUR=standalone
+consumer find_package_boost -DCMAKE_PREFIX_PATH="$prefix" -DEVR_CONSUMER_FLAVOUR=boost "${boost_cmake[@]}"
 
-step "run the consumer"
-"$tmp/consumer/evr_consumer"
+# pkg-config: a moved prefix is found through --define-variable=prefix=... (the .pc files name
+# the prefix installed to, as usual).
+export PKG_CONFIG_PATH
+PKG_CONFIG_PATH="$(dirname "$pc_evr")"
+for pc in evr evr-boost; do
+  step "pkg-config consumer: g++ -std=c++20 tests/consumer/main.cpp \$(pkg-config --cflags --libs $pc)"
+  flags="$(pkg-config --define-variable=prefix="$prefix" --cflags --libs "$pc")" ||
+    fail "pkg-config --cflags --libs $pc"
+  echo "check-install: pkg-config $pc: $flags"
+  version="$(pkg-config --modversion "$pc")"
+  extra=()
+  if [[ "$pc" == evr-boost ]]; then extra=("${boost_cxxflags[@]}"); fi
+  # shellcheck disable=SC2086 # the flags are words
+  g++ -std=c++20 -O1 -o "$tmp/pkg-config-$pc" tests/consumer/main.cpp "${extra[@]}" $flags \
+    -DEVR_CONSUMER_FOUND_VERSION="\"$version\"" -DEVR_CONSUMER_HOW="\"pkg-config $pc\"" ||
+    fail "building tests/consumer/main.cpp with pkg-config $pc"
+  "$tmp/pkg-config-$pc" || fail "the pkg-config consumer ($pc) did not print OK"
+done
+
+consumer add_subdirectory -DEVR_CONSUMER_MODE=add_subdirectory -DEVR_SOURCE="$src_dir" \
+  -DEVR_CONSUMER_FLAVOUR=standalone
+
+# FetchContent from an archive of the files git would carry (tracked, and untracked but not
+# ignored): what a release tarball of this tree holds.
+step "FetchContent: archive of the source tree at $tmp/evr-src.tar.gz"
+git ls-files -z --cached --others --exclude-standard |
+  tar --null -T - --ignore-failed-read -czf "$tmp/evr-src.tar.gz" --transform 's,^,evr/,'
+consumer fetchcontent -DEVR_CONSUMER_MODE=fetchcontent -DEVR_SOURCE="file://$tmp/evr-src.tar.gz" \
+  -DEVR_CONSUMER_FLAVOUR=boost -DFETCHCONTENT_FULLY_DISCONNECTED=OFF "${boost_cmake[@]}"
 
 step "passed"

@@ -9,11 +9,11 @@
 #   configure  build/gpu: Release, EVR_WITH_CUDA=ON, sm_90, headers from .deps/include (= preset gpu)
 #   build      all cores
 #   ctest      everything, GPU tests included; a skipped test counts as a failure here (there is a
-#              GPU), unless EVR_ALLOW_SKIP=1
+#              GPU), unless EVR_ALLOW_SKIP=1; EVR_SKIP_CTEST=1 skips the step
 #   bench-*    build/gpu/bench/evr-bench pool --json OUTDIR/pool.json, then latency, throughput and
 #              cpu when `evr-bench --help` names them (or as listed in EVR_BENCH_SUBCOMMANDS)
 #              (evr-bench idle, the work-length sweep, gets up to EVR_IDLE_TIMEOUT_S, default 420 s;
-#              the others 90 s each)
+#              the others 90 s each; EVR_BENCH_ARGS_<sub> adds arguments to one subcommand)
 #   example-*  every executable in build/gpu/examples, no arguments (EVR_SKIP_EXAMPLES="a b" skips
 #              some, EVR_SKIP_EXAMPLES=all every one)
 # Each step's output is tee'd into OUTDIR/<step>.log; a failing step is remembered and the run goes
@@ -110,7 +110,9 @@ else
 fi
 
 # --- tests ---------------------------------------------------------------------------------------
-if ((built)); then
+if ((built)) && [[ "${EVR_SKIP_CTEST:-0}" == 1 ]]; then
+  skip_step ctest "by request"  # EVR_SKIP_CTEST=1: not a failure
+elif ((built)); then
   if run_step ctest 240 ctest --test-dir "$build_dir" --output-on-failure; then
     if [[ "${EVR_ALLOW_SKIP:-0}" != 1 ]] && grep -qE '\*\*\*Skipped|Not Run|SKIPPED:' "$outdir/ctest.log"; then
       echo "gpu-run: a test was skipped on the GPU machine (see ctest.log); counting that as a failure"
@@ -140,7 +142,10 @@ if ((built)) && [[ -x "$bench" ]]; then
   for sub in "${subcommands[@]}"; do
     limit=90
     [[ "$sub" == idle ]] && limit="${EVR_IDLE_TIMEOUT_S:-420}"
-    run_step "bench-$sub" "$limit" "$bench" "$sub" --json "$outdir/$sub.json"
+    # Extra arguments per subcommand: EVR_BENCH_ARGS_<sub>, e.g. EVR_BENCH_ARGS_idle="--variant ...".
+    extra_var="EVR_BENCH_ARGS_${sub}"
+    read -r -a extra <<<"${!extra_var:-}"
+    run_step "bench-$sub" "$limit" "$bench" "$sub" "${extra[@]}" --json "$outdir/$sub.json"
   done
 elif ((built)); then
   echo "==> [gpu-run] bench: $bench not built, nothing to run"

@@ -3,28 +3,39 @@
 #
 #   scripts/install-deps.sh            # the build + test set
 #   scripts/install-deps.sh --extras   # also the extras (wrk, python3-matplotlib: benchmarks, plots)
+#   scripts/install-deps.sh --boost    # also Boost (libboost1.81-dev: the Boost.Asio front end)
 #   scripts/install-deps.sh --check    # only report what is missing; exit 1 if anything is
 #
 # Environment:
 #   EVR_DEPS_EXTRAS=1  same as --extras
 #   EVR_SKIP_DEPS=1    do nothing (headers staged elsewhere, e.g. .deps/ on the GPU machine)
+#   EVR_DEPS_ALLOW_REMOVE=1  let apt remove packages that conflict (a disposable CI machine);
+#                      by default nothing is removed (see --no-remove below)
 #
 # Idempotent: asks dpkg first and only runs `apt-get update && apt-get install` when a package is
 # missing. Needs root, or sudo that works without a password; otherwise it names the packages and
 # exits 1. Never reads stdin (CI=true, no terminal).
 set -euo pipefail
 
-readonly base_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev doctest-dev libcli11-dev)
+# libhttp-parser-dev: the HTTP layer of examples/async_server; python3-prometheus-client: the ctest
+# that parses its /metrics page (run with Debian's /usr/bin/python3).
+readonly base_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev doctest-dev libcli11-dev
+  libhttp-parser-dev python3-prometheus-client)
 readonly extra_packages=(wrk python3-matplotlib)
+# Debian 12 has Boost 1.74 (libboost-dev) and 1.81; 1.74's Asio (1.18) is older than evr needs.
+# One libboost*-dev at a time (see --no-remove below).
+readonly boost_packages=(libboost1.81-dev)
 
 want_extras="${EVR_DEPS_EXTRAS:-0}"
+want_boost=0
 check_only=0
 for arg in "$@"; do
   case "$arg" in
     --extras) want_extras=1 ;;
+    --boost) want_boost=1 ;;
     --check) check_only=1 ;;
     -h | --help)
-      sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -42,6 +53,9 @@ fi
 packages=("${base_packages[@]}")
 if [[ "$want_extras" == 1 ]]; then
   packages+=("${extra_packages[@]}")
+fi
+if [[ "$want_boost" == 1 ]]; then
+  packages+=("${boost_packages[@]}")
 fi
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
@@ -83,6 +97,25 @@ fi
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null
-"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-  "${missing[@]}" </dev/null
+# --no-remove: never take other packages away to make room. On Debian 12 libboost1.81-dev and
+# libboost1.74-dev (libboost-dev) exclude each other, and python3-matplotlib needs the latter
+# (python3-scipy -> python3-pythran -> libboost-dev): installing one side would silently remove
+# the other.
+no_remove=(--no-remove)
+if [[ "${EVR_DEPS_ALLOW_REMOVE:-0}" == 1 ]]; then
+  no_remove=()
+fi
+if ! "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${no_remove[@]}" \
+  --no-install-recommends "${missing[@]}" </dev/null; then
+  echo "install-deps: apt-get could not install ${missing[*]} (see apt's messages above)" >&2
+  if [[ " ${missing[*]} " == *" libboost1.81-dev "* || " ${missing[*]} " == *" python3-matplotlib "* ]]; then
+    echo "install-deps: (Debian 12 has one Boost at a time: libboost1.81-dev, which the Boost.Asio" >&2
+    echo "  tests need, replaces libboost1.74-dev, which python3-matplotlib pulls in). Choose one and" >&2
+    echo "  run apt-get install yourself (or set EVR_DEPS_ALLOW_REMOVE=1), or point CMake at another" >&2
+    echo "  Boost (EVR_BOOST_ROOT for scripts/test.sh boost and scripts/check-install.sh)." >&2
+  fi
+  echo "install-deps: without a package registry, stage the headers elsewhere with" \
+    "scripts/stage-deps.sh and copy .deps/ here" >&2
+  exit 1
+fi
 echo "install-deps: done"

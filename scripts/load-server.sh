@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Compares evr-async-server's two ways of waiting for the GPU under HTTP load: --mode evr
-# (requests co_await evr, one io thread) and --mode blocking (each request blocks a thread of a
-# pool in cudaStreamSynchronize / the simulator's synchronize). Prints requests/s and latency
-# percentiles per mode and connection count in one table.
+# Compares evr-async-server's ways of waiting for the GPU under HTTP load, with the same number of
+# server threads: --mode evr (requests co_await evr), --mode pool (each request blocks a pool
+# thread until its GPU work is done) and, with --modes, --mode thread (a thread per connection).
+# Prints requests/s and latency percentiles per mode and connection count in one table. For the
+# whole study (every route, both blocking variants, CPU use, plots) see scripts/server-study.py.
 #
 #   scripts/load-server.sh [--seconds S] [--connections "1 16 256"] [--device auto|cuda|sim]
-#                          [--path /saxpy?n=65536] [--builtin] [-- SERVER_ARGS...]
+#                          [--path /busy?us=2000] [--modes "evr pool"] [--threads N] [--builtin]
+#                          [-- SERVER_ARGS...]
 #
-# Load: wrk (Debian package wrk; `scripts/install-deps.sh --extras` installs it) against a server
-# started on a free loopback port, when wrk is installed; otherwise (the GPU machine has no package
-# registry) the server's built-in load generator (--load-connections C --load-seconds S), which
+# Load: wrk (Debian package wrk; `scripts/install-deps.sh --extras` installs it; on the GPU machine
+# scripts/stage-tools.sh stages it in .tools/) against a server started on a free loopback port;
+# otherwise the server's built-in load generator (--load-connections C --load-seconds S), which
 # runs in the server's process on its own thread. --builtin forces the latter. The two tools
 # differ (wrk is lighter): compare rows measured by the same tool.
-# SERVER_ARGS go to every server (e.g. -- --threads 2 --streams 16 --strategy fence).
+# SERVER_ARGS go to every server (e.g. -- --streams 128 --strategy fence; pool/thread only:
+# --sync blocking-sync).
 #
 # Build: reuses build/release (scripts/test.sh) or build/gpu (scripts/gpu-run.sh) when configured,
 # else configures the release preset (or the gpu preset where only .deps/include has Asio).
@@ -27,7 +30,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 seconds=3
 connections="1 16 256"
 device=auto
-path="/saxpy?n=65536"
+path="/busy?us=2000"
+modes="evr pool"
+threads=1
 builtin=0
 server_args=()
 while [[ $# -gt 0 ]]; do
@@ -36,9 +41,11 @@ while [[ $# -gt 0 ]]; do
     --connections) connections="${2:?--connections needs a value}"; shift 2 ;;
     --device) device="${2:?--device needs a value}"; shift 2 ;;
     --path) path="${2:?--path needs a value}"; shift 2 ;;
+    --modes) modes="${2:?--modes needs a value}"; shift 2 ;;
+    --threads) threads="${2:?--threads needs a value}"; shift 2 ;;
     --builtin) builtin=1; shift ;;
     --) shift; server_args=("$@"); break ;;
-    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "load-server.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,9 +61,16 @@ for c in $connections; do
 done
 case "$device" in auto | cuda | sim) ;; *) echo "load-server.sh: --device takes auto, cuda or sim" >&2; exit 2 ;; esac
 if [[ "$path" != /* || "$path" =~ [[:space:]] ]]; then
-  echo "load-server.sh: --path takes a path starting with '/', like /saxpy?n=65536" >&2
+  echo "load-server.sh: --path takes a path starting with '/', like /busy?us=2000" >&2
   exit 2
 fi
+if ! [[ "$threads" =~ ^[0-9]+$ ]] || ((threads < 1 || threads > 1024)); then
+  echo "load-server.sh: --threads takes a whole number from 1 to 1024, not '$threads'" >&2
+  exit 2
+fi
+for m in $modes; do
+  case "$m" in evr | pool | thread) ;; *) echo "load-server.sh: --modes takes evr, pool and thread, not '$m'" >&2; exit 2 ;; esac
+done
 
 step() { echo "==> [load-server.sh] $*"; }
 jobs="${EVR_JOBS:-$(nproc 2>/dev/null || echo 2)}"
@@ -90,9 +104,13 @@ bin="$build_dir/examples/evr-async-server"
 [[ -x "$bin" ]] || { echo "load-server.sh: $bin was not built" >&2; exit 1; }
 
 tool=builtin
+wrk=(wrk)
 if ((builtin == 0)); then
   if command -v wrk >/dev/null 2>&1; then
     tool=wrk
+  elif [[ -x .tools/usr/bin/wrk ]]; then  # staged by scripts/stage-tools.sh
+    tool=wrk
+    wrk=(env "LD_LIBRARY_PATH=$PWD/.tools/usr/lib/x86_64-linux-gnu:$PWD/.tools/fallback/usr/lib/x86_64-linux-gnu" .tools/usr/bin/wrk)
   else
     step "wrk not found (scripts/install-deps.sh --extras installs it): using the server's built-in load generator"
   fi
@@ -127,17 +145,29 @@ to_us() {
 rows=()
 failed=0
 add_row() {  # mode connections rps p50 p90 p99 errors
-  rows+=("$(printf '%-9s %6s %11s %10s %10s %10s %7s' "$@")")
+  rows+=("$(printf '%-20s %6s %11s %10s %10s %10s %7s' "$@")")
   [[ "$7" == 0 ]] || failed=1
 }
 
 wrk_threads="${EVR_WRK_THREADS:-2}"
 device_line=""
 
+# The server arguments of a mode: the same thread count for evr and pool (thread mode has one per
+# connection and takes no --threads).
+mode_args() {  # mode
+  if [[ "$1" == thread ]]; then
+    echo --mode thread
+  else
+    echo --mode "$1" --threads "$threads"
+  fi
+}
+
 run_with_wrk() {  # mode
   local mode="$1" log="$logdir/server-$1.log" port="" c
-  step "start: $bin --mode $mode --device $device --port 0 ${server_args[*]}"
-  "$bin" --mode "$mode" --device "$device" --port 0 "${server_args[@]}" >"$log" 2>&1 &
+  local margs
+  read -r -a margs <<<"$(mode_args "$mode")"
+  step "start: $bin ${margs[*]} --device $device --port 0 ${server_args[*]}"
+  "$bin" "${margs[@]}" --device "$device" --port 0 "${server_args[@]}" >"$log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 300); do  # up to 30 s (CUDA initialisation can take a while)
     port="$(sed -n 's|^listening on http://[^ ]*:\([0-9][0-9]*\)/.*|\1|p' "$log")"
@@ -156,7 +186,7 @@ run_with_wrk() {  # mode
   for c in $connections; do
     local t=$((c < wrk_threads ? c : wrk_threads)) out="$logdir/wrk-$mode-$c.txt"
     step "wrk -t$t -c$c -d${seconds}s --latency http://127.0.0.1:$port$path"
-    if ! timeout $((seconds + 60)) wrk -t"$t" -c"$c" -d"${seconds}s" --timeout 10s --latency \
+    if ! timeout $((seconds + 60)) "${wrk[@]}" -t"$t" -c"$c" -d"${seconds}s" --timeout 10s --latency \
       "http://127.0.0.1:$port$path" >"$out" 2>&1; then
       echo "load-server.sh: wrk failed:" >&2
       cat "$out" >&2
@@ -186,10 +216,12 @@ run_with_wrk() {  # mode
 
 run_builtin() {  # mode
   local mode="$1" c out
+  local margs
+  read -r -a margs <<<"$(mode_args "$mode")"
   for c in $connections; do
     out="$logdir/builtin-$mode-$c.txt"
-    step "$bin --mode $mode --device $device --load-connections $c --load-seconds $seconds --load-path '$path' ${server_args[*]}"
-    timeout $((seconds + 90)) "$bin" --mode "$mode" --device "$device" --load-connections "$c" \
+    step "$bin ${margs[*]} --device $device --load-connections $c --load-seconds $seconds --load-path '$path' ${server_args[*]}"
+    timeout $((seconds + 90)) "$bin" "${margs[@]}" --device "$device" --load-connections "$c" \
       --load-seconds "$seconds" --load-path "$path" "${server_args[@]}" >"$out" 2>&1 || true
     [[ -n "$device_line" ]] || device_line="$(head -n 1 "$out")"
     local line
@@ -212,7 +244,7 @@ run_builtin() {  # mode
 }
 
 # --- run -----------------------------------------------------------------------------------------
-for mode in evr blocking; do
+for mode in $modes; do
   if [[ "$tool" == wrk ]]; then
     run_with_wrk "$mode"
   else
@@ -228,7 +260,7 @@ if [[ "$tool" == wrk ]]; then
 else
   echo "load: the server's built-in generator (one client thread in the server's process)"
 fi
-echo "server threads: evr 1, blocking 8 (the defaults) unless given after --: ${server_args[*]:-none}"
-printf '%-9s %6s %11s %10s %10s %10s %7s\n' mode conns "requests/s" "p50 us" "p90 us" "p99 us" errors
+echo "server threads: $threads (evr, pool; thread mode: one per connection); server arguments: ${server_args[*]:-none}"
+printf '%-20s %6s %11s %10s %10s %10s %7s\n' mode conns "requests/s" "p50 us" "p90 us" "p99 us" errors
 for row in "${rows[@]}"; do echo "$row"; done
 exit "$failed"

@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """Renders evr-bench JSON files into PNG plots (Debian's python3-matplotlib).
 
-usage: scripts/plot-bench.py DIR    (DIR holds latency.json, pool.json, cpu.json, throughput.json)
+usage: scripts/plot-bench.py DIR    (DIR holds latency.json, pool.json, cpu.json, throughput.json,
+                                     idle.json; each is optional)
 
-Writes into DIR: latency-cdf.png (latency CDF per method), pool-scaling.png (acquire+release
+Writes into DIR: latency-cdf.png (latency CDF, one panel per kind of method),
+idle-pareto.png and idle-pareto-64.png (p50/floor against CPU per steady work length, 1 and 64
+streams), pool-scaling.png (acquire+release
 pairs/s against threads, per pool), cpu-vs-latency.png (reactor CPU while waiting against p50
 latency, per evr strategy).
 """
@@ -26,24 +29,89 @@ def load(folder, name):
 
 
 def latency_cdf(doc, out):
-    fig, ax = plt.subplots(figsize=(11, 7))
-    ax.set_prop_cycle(color=[plt.cm.tab20(i % 20) for i in range(40)])
-    for row in doc["rows"]:
-        if row["group"] == "hand-off":
-            continue
-        xs = sorted(v / 1000.0 for v in row["samples_ns"])
-        ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        style = "-" if row["group"] == "evr" else "--"
-        width = 2.0 if row["group"] in ("evr", "floor") else 1.0
-        ax.plot(xs, ys, style, linewidth=width, label=row["name"])
-    ax.set_xscale("log")
-    ax.set_xlabel("GPU work done -> completion known (us, log scale)")
-    ax.set_ylabel("fraction of samples")
-    ax.set_title(f"latency CDF ({doc['samples']} samples per method)\n{doc['device']}", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, loc="lower right")
+    """Small multiples: one panel per kind of method, each with the floor as a grey reference, so
+    that no panel holds more than a handful of lines."""
+    rows = [r for r in doc["rows"] if r["group"] != "hand-off" and r["samples_ns"]]
+    floor = next((r for r in rows if r["group"] == "floor"), None)
+
+    def panel_of(r):
+        name = r["name"]
+        if r["group"] == "floor":
+            return None
+        if name.startswith("evr "):
+            for strategy in ("fence", "poll", "adaptive", "host_func"):
+                if name.startswith(f"evr {strategy}"):
+                    return f"evr {strategy}"
+            return "evr (other)"
+        if name.startswith("raw "):
+            return "raw mechanisms (no delivery)"
+        return "baselines: threads and pollers"
+
+    panels = {}
+    for r in rows:
+        key = panel_of(r)
+        if key is not None:
+            panels.setdefault(key, []).append(r)
+    names = sorted(panels)
+    cols = 3
+    nrows = (len(names) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(15, 4.2 * nrows), squeeze=False, sharex=True)
+    for ax, key in zip(axes.flat, names):
+        if floor is not None:
+            xs = sorted(v / 1000.0 for v in floor["samples_ns"])
+            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], color="0.6", linewidth=3,
+                    label="floor")
+        for r in panels[key]:
+            xs = sorted(v / 1000.0 for v in r["samples_ns"])
+            ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], linewidth=1.6,
+                    label=r["name"].replace(key, "").strip(" ,") or r["name"])
+        ax.set_title(key, fontsize=10)
+        ax.set_xscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+        ax.set_xlabel("GPU done -> known (us, log)")
+        ax.set_ylabel("fraction of samples")
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.suptitle(f"latency CDF, {doc['samples']} samples per method: {doc['device']}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def idle_pareto(doc, out, streams=1):
+    """One panel per steady work length: p50 latency (ratio to that workload's floor) against
+    the reactor's CPU, one point per method (inline delivery for evr); lower left is better."""
+    scen = [s for s in doc["scenarios"] if s["kind"] == "steady" and s["streams"] == streams]
+    if not scen:
+        return
+    fig, axes = plt.subplots(1, len(scen), figsize=(4.2 * len(scen), 4.4), squeeze=False)
+    markers = "os^Dv<>phX*"
+    for ax, sc in zip(axes[0], scen):
+        k = 0
+        for r in sc["rows"]:
+            if r["key"] == "floor" or r["delivery"] == "posted" or not r["samples"]:
+                continue
+            if r["key"] == "stream-sync":
+                continue  # a core per stream: off the chart
+            default = r["key"] == "default"
+            ax.scatter(r["cpu_percent"], r["p50_over_floor"], s=90 if default else 40,
+                       marker=markers[k % len(markers)], zorder=3 if default else 2,
+                       color="crimson" if default else None, label=r["name"])
+            k += 1
+        ax.set_yscale("log")
+        ax.set_xlim(-3, 103)
+        ax.axhline(1.5, color="0.5", linestyle=":", linewidth=1)
+        ax.set_title(f"{sc['name']}", fontsize=9)
+        ax.set_xlabel("reactor / waiting threads CPU (% of one core)")
+        ax.set_ylabel("p50 / floor (log)")
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7)
+    fig.suptitle(f"latency vs CPU by work length ({streams} stream{'s' if streams > 1 else ''}); "
+                 f"dotted: the 1.5x goal. {doc['device']}", fontsize=9)
+    fig.tight_layout(rect=(0, 0.12, 1, 0.95))
+    fig.savefig(out, dpi=100)
     plt.close(fig)
 
 
@@ -106,6 +174,11 @@ def main():
     if pool:
         pool_scaling(pool, os.path.join(folder, "pool-scaling.png"))
         made.append("pool-scaling.png")
+    idle = load(folder, "idle.json")
+    if idle:
+        idle_pareto(idle, os.path.join(folder, "idle-pareto.png"), 1)
+        idle_pareto(idle, os.path.join(folder, "idle-pareto-64.png"), 64)
+        made += ["idle-pareto.png", "idle-pareto-64.png"]
     if cpu and lat:
         cpu_vs_latency(cpu, lat, os.path.join(folder, "cpu-vs-latency.png"))
         made.append("cpu-vs-latency.png")

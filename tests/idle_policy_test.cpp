@@ -178,6 +178,18 @@ TEST_CASE("idle predict: very short work is spun for from the start") {
   CHECK(o.next_look <= t0);
 }
 
+TEST_CASE("idle predict: steady work is spun for even when this machine's timers are late") {
+  // 200 us +-5 % with sleeps that end up to 45 us late: the window is wide because of the margin,
+  // but the work is steady; polling it every poll_period would find it tens of us late.
+  service_time_model m;
+  work w(200us, 0.05);
+  for (int i = 0; i < 16; ++i) m.add(w.next());
+  const idle_time at = t0 + m.low() - 2us;
+  const stream_outlook o = predict(defaults(), m, t0, at, overshoot_of(45us));
+  CHECK(o.where == phase::window_spin);
+  CHECK(o.next_look <= at);
+}
+
 TEST_CASE("idle predict: a wider spin_fraction spins where the default polls") {
   service_time_model m;
   for (int i = 0; i < 16; ++i) m.add(i % 2 ? 600us : 1000us);  // bimodal, 40 % apart

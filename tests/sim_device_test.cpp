@@ -1,6 +1,8 @@
-// Tests of the simulated device itself (evr/device/sim.hpp): the CUDA semantics it models, its
+// Tests of the simulated device itself (evr/sim/device.hpp): the CUDA semantics it models, its
 // fault injection and its manual mode. Every test builds its own sim::device.
 #include <doctest/doctest.h>
+
+#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
@@ -13,7 +15,7 @@
 #include <vector>
 
 #include <evr/device/error.hpp>
-#include <evr/device/sim.hpp>
+#include <evr/sim/device.hpp>
 
 namespace {
 
@@ -781,6 +783,65 @@ TEST_CASE("sim: identity, device count and the per-thread current device") {
   CHECK(none.device_count(n) == evr::make_cuda_error(cuda_value::no_device));
   CHECK(n == 0);
   CHECK(none.describe() == "simulated device x0 (manual)");
+}
+
+TEST_CASE("sim: cheap and blocking operations interleaved keep their order and their threads") {
+  // Records and fence writes may run on the device's runner while the stream's worker sleeps;
+  // host functions and kernel bodies run on the worker. Bursts with pauses between them let the
+  // worker fall asleep, so both paths are taken.
+  evr::sim::device d(threaded());
+  native_stream s = make_stream(d);
+  native_event e = make_event(d);
+  fence_block block;
+  REQUIRE_FALSE(d.allocate_fence_block(0, 1, block));
+  std::atomic_ref<std::uint64_t> word(*block.host_word(0));
+
+  struct probe {
+    std::atomic_ref<std::uint64_t>* word = nullptr;
+    std::uint64_t expected = 0;  // the fence value written just before this host function
+    std::uint64_t seen = 0;
+    std::thread::id thread;
+    bool on_worker = false;  // the thread is a stream's worker ("evr-sim-s<id>"), not the runner
+  };
+  constexpr std::uint64_t rounds = 300;
+  std::vector<probe> probes(rounds);
+  std::vector<std::thread::id> bodies(rounds);
+  for (std::uint64_t i = 0; i < rounds; ++i) {
+    probes[i].word = &word;
+    probes[i].expected = i + 1;
+    REQUIRE_FALSE(d.write_fence(s, block.device_word(0), i + 1));
+    REQUIRE_FALSE(d.record_event(e, s));
+    REQUIRE_FALSE(d.launch_host_func(
+        s,
+        [](void* p) {
+          auto* pr = static_cast<probe*>(p);
+          pr->seen = pr->word->load(std::memory_order_acquire);
+          pr->thread = std::this_thread::get_id();
+          char name[16] = {};
+          pthread_getname_np(pthread_self(), name, sizeof name);
+          pr->on_worker = std::strncmp(name, "evr-sim-s", 9) == 0;
+        },
+        &probes[i]));
+    REQUIRE_FALSE(d.launch_kernel(s, {}, [&bodies, i] { bodies[i] = std::this_thread::get_id(); }));
+    if (i % 10 == 9) std::this_thread::sleep_for(200us);  // the worker may fall asleep here
+  }
+  REQUIRE_FALSE(d.synchronize_stream(s));
+  CHECK_FALSE(d.query_event(e));
+  CHECK(word.load() == rounds);
+  const std::thread::id worker = probes[0].thread;
+  CHECK(worker != std::this_thread::get_id());
+  std::uint64_t out_of_order = 0, elsewhere = 0;
+  for (std::uint64_t i = 0; i < rounds; ++i) {
+    out_of_order += probes[i].seen != probes[i].expected;
+    elsewhere += probes[i].thread != worker || !probes[i].on_worker;
+    elsewhere += bodies[i] != worker;
+  }
+  CHECK(out_of_order == 0);
+  CHECK(elsewhere == 0);
+  const auto c = d.counters();
+  CHECK(c.fence_writes_landed == rounds);
+  CHECK(c.host_funcs_run == rounds);
+  d.free_fence_block(block);
 }
 
 TEST_CASE("sim: concurrent use from many threads") {

@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
-#include <asio.hpp>
-
 #include <evr/evr.hpp>
+#include <evr/sim/device.hpp>
 
+#include "support/asio.hpp"
 #include "support/helpers.hpp"
 
 using namespace std::chrono_literals;
@@ -460,7 +460,7 @@ TEST_CASE("misuse: cancelling twice, and after completion") {
     sc.r.cancel(&pending);
     sc.r.cancel(&pending);
     REQUIRE(wait_until([&] { return pending.calls.load() == 1; }));
-    CHECK(pending.ec == asio::error::operation_aborted);
+    CHECK(pending.ec == evr::errc::operation_aborted);
     // A wait that already completed: cancel does nothing.
     REQUIRE_FALSE(sc.r.submit(&finished, sc.s1));
     REQUIRE(wait_until([&] { return finished.calls.load() == 1; }));
@@ -484,7 +484,7 @@ TEST_CASE("misuse: cancelling twice, and after completion") {
     CHECK(finished.calls.load() == 1);
     CHECK_FALSE(finished.ec);
     CHECK(slot_pending.calls.load() == 1);
-    CHECK(slot_pending.ec == asio::error::operation_aborted);
+    CHECK(slot_pending.ec == evr::asio_error_code(asio::error::operation_aborted));
     CHECK(slot_done.calls.load() == 1);
     CHECK_FALSE(slot_done.ec);
     CHECK(sc.r.metrics().cancelled == 2);
@@ -540,7 +540,7 @@ TEST_CASE("misuse: destroying the reactor from one of its own handlers, with wai
   }));
   for (auto& w : held) {
     CHECK(w.calls.load() == 1);
-    CHECK(w.ec == asio::error::operation_aborted);
+    CHECK(w.ec == evr::errc::operation_aborted);
   }
   // The thread's last act: destroying the markers it could not return. Then a new reactor serves.
   REQUIRE(wait_until([&] {

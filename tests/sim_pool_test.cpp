@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include <evr/device/sim.hpp>
 #include <evr/pool/event_pool.hpp>
 #include <evr/pool/pool_set.hpp>
+#include <evr/sim/device.hpp>
 
 #include "pool_test_backend.hpp"
 

@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include <evr/device/sim.hpp>
 #include <evr/pool/event_registry.hpp>
+#include <evr/sim/device.hpp>
 
 namespace {
 

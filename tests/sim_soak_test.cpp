@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
@@ -29,10 +30,10 @@
 #include <thread>
 #include <vector>
 
-#include <asio.hpp>
-
 #include <evr/evr.hpp>
+#include <evr/sim/device.hpp>
 
+#include "support/asio.hpp"
 #include "support/helpers.hpp"
 
 using namespace std::chrono_literals;
@@ -82,7 +83,7 @@ struct round_record {
     calls[id].fetch_add(1, std::memory_order_relaxed);
     if (!ec) {
       ok.fetch_add(1, std::memory_order_relaxed);
-    } else if (ec == asio::error::operation_aborted) {
+    } else if (evr::test::aborted(ec)) {  // Asio's operation_aborted or evr's
       aborted.fetch_add(1, std::memory_order_relaxed);
     } else if (ec == evr::errc::reactor_stopped) {
       refused.fetch_add(1, std::memory_order_relaxed);  // an Asio refusal arrives as a completion
@@ -152,12 +153,16 @@ TEST_CASE(
   std::vector<evr::strategy> order(std::begin(evr::test::all_strategies),
                                    std::end(evr::test::all_strategies));
   std::uint64_t grand_ok = 0, grand_aborted = 0, grand_refused = 0, grand_cancels = 0;
+  std::uint64_t grand_lost = 0, grand_duplicated = 0;
+  std::array<std::uint64_t, 8> rounds_of{};  // lifetimes per strategy (indexed by its value)  //
+                                             // waits completed 0 times, or more than once
   std::vector<std::uint64_t> heap_after, rss_after;
   const auto t_start = std::chrono::steady_clock::now();
 
   for (std::uint64_t round = 0; round < rounds; ++round) {
     if (round % order.size() == 0) std::shuffle(order.begin(), order.end(), rng);
     const evr::strategy strat = order[round % order.size()];
+    ++rounds_of[static_cast<std::size_t>(strat)];
     auto opts = quick_options(strat);
     opts.shutdown_drain = std::chrono::microseconds(rng() % 3000);  // short: waits are aborted
     // Stop somewhere in the last quarter of the submissions (racing them), or after all of them.
@@ -282,7 +287,12 @@ TEST_CASE(
 
       // Exactly once, per wait and in sum.
       std::size_t wrong = 0;
-      for (auto& c : rec.calls) wrong += c.load() != 1;
+      for (auto& c : rec.calls) {
+        const std::uint8_t n = c.load();
+        wrong += n != 1;
+        grand_lost += n == 0;
+        grand_duplicated += n > 1;
+      }
       CHECK(wrong == 0);
       CHECK(rec.ok + rec.aborted + rec.errors + rec.refused == attempts + tail_waits);
       CHECK(rec.errors == 0);
@@ -324,6 +334,28 @@ TEST_CASE(
                    << seconds << " s: " << grand_ok << " ok, " << grand_aborted << " aborted ("
                    << grand_cancels << " cancel requests), " << grand_refused
                    << " refused after stop");
+  // The one line CI shows (.ci/run greps "soak summary:").
+  std::string per_strategy;
+  for (const evr::strategy st : evr::test::all_strategies) {
+    if (!per_strategy.empty()) per_strategy += ' ';
+    per_strategy += evr::to_string(st);
+    per_strategy += ' ';
+    per_strategy += std::to_string(rounds_of[static_cast<std::size_t>(st)]);
+  }
+  const std::uint64_t waits = rounds * (attempts + tail_waits);
+  std::printf(
+      "soak summary: %llu waits, %llu completed exactly once, lost %llu, duplicated %llu, in %.1f "
+      "s; %llu reactor lifetimes (%s) x %d threads x %d streams, stop() at random points; seed "
+      "%llu\n",
+      static_cast<unsigned long long>(waits),
+      static_cast<unsigned long long>(waits - grand_lost - grand_duplicated),
+      static_cast<unsigned long long>(grand_lost),
+      static_cast<unsigned long long>(grand_duplicated), seconds,
+      static_cast<unsigned long long>(rounds), per_strategy.c_str(), threads, streams,
+      static_cast<unsigned long long>(seed));
+  std::fflush(stdout);
+  CHECK(grand_lost == 0);
+  CHECK(grand_duplicated == 0);
   // Memory: after a warm-up of a quarter of the lifetimes (at least 2), the heap in use after a
   // lifetime may wander but not grow with the number of lifetimes.
   const std::size_t warm = std::max<std::size_t>(2, heap_after.size() / 4);

@@ -36,8 +36,16 @@ class evr_category_impl final : public std::error_category {
       case errc::invalid_argument: return "invalid argument";
       case errc::no_device: return "no such device";
       case errc::unsupported: return "not supported by this device backend";
+      case errc::operation_aborted:
+        return "the wait was aborted: cancelled, or the reactor stopped before the work was done";
     }
     return "unknown evr error " + std::to_string(value);
+  }
+  // So that `ec == std::errc::operation_canceled` holds for an aborted wait whichever front end
+  // delivered it (Asio's operation_aborted maps to the same condition).
+  std::error_condition default_error_condition(int value) const noexcept override {
+    if (static_cast<errc>(value) == errc::operation_aborted) return std::errc::operation_canceled;
+    return {value, *this};
   }
 };
 

@@ -1,144 +1,189 @@
 #include "cli.hpp"
 
-#include <cerrno>
+#include "evr_tool_cli.hpp"
+
 #include <cstdio>
 #include <cstdlib>
-#include <string_view>
+#include <map>
+
+#include <CLI/CLI.hpp>
 
 namespace {
 
-constexpr const char* usage_text =
-    "usage: evr-async-server [options]\n"
-    "\n"
-    "An HTTP/1.1 server whose requests run GPU work and co_await it through evr\n"
-    "(GET /saxpy?n=N[&a=A][&seed=S], GET /sum?n=N[&seed=S], GET /metrics).\n"
-    "\n"
-    "What to do (default, with no arguments: --self-test 200):\n"
-    "  --self-test N           serve on an ephemeral loopback port, check malformed requests, run "
-    "N\n"
-    "                          checked requests over --connections connections, print a summary\n"
-    "  --load-connections C    closed-loop load with C keep-alive connections (default 4) ...\n"
-    "  --load-seconds S        ... for S seconds (default 3) ...\n"
-    "  --load-path PATH        ... on PATH (default /saxpy?n=65536); prints requests/s and "
-    "latency\n"
-    "  --port P                serve on port P (0: any free port) until SIGINT/SIGTERM\n"
-    "\n"
-    "How:\n"
-    "  --connections C         client connections of the self-test (default 4)\n"
-    "  --mode evr|blocking     evr: co_await the GPU (default); blocking: each request blocks its\n"
-    "                          thread in synchronize_stream (cudaStreamSynchronize), the "
-    "comparison\n"
-    "  --threads T             threads running the server (default: 1 for evr, 8 for blocking)\n"
-    "  --device auto|cuda|sim  auto: the GPU when there is one, else the simulated device\n"
-    "  --streams S             GPU streams (lanes) shared by all requests (default 8)\n"
-    "  --strategy adaptive|poll|fence|host_func   the evr reactor's strategy (default adaptive)\n"
-    "  --max-n N               largest n a request may ask for (default 4194304)\n"
-    "  --address A             address to listen on (default 127.0.0.1)\n"
-    "  --timeout S             close a connection idle (or stuck sending/receiving) for S seconds\n"
-    "                          (default 30)\n";
+/// A path a client may request: starts with '/', no whitespace (it goes into a request line).
+const CLI::Validator request_path(
+    [](std::string& v) -> std::string {
+      if (v.empty() || v.front() != '/' || v.find_first_of(" \r\n\t") != std::string::npos)
+        return "takes a path starting with '/' without spaces, like /busy?us=2000, not '" + v + "'";
+      return {};
+    },
+    "PATH", "request path");
 
-[[noreturn]] void usage_error(const std::string& why) {
-  std::fprintf(stderr, "evr-async-server: %s\n(--help lists the options)\n", why.c_str());
+[[noreturn]] void usage_error(CLI::App& app, const std::string& why) {
+  std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", app.get_name().c_str(),
+               why.c_str());
   std::exit(2);
 }
 
 }  // namespace
 
-int default_threads(wait_mode m) { return m == wait_mode::evr ? 1 : 8; }
-
 settings parse_command_line(int argc, char** argv) {
   settings s;
-  bool self_test = false, load = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error("missing value after " + a);
-      return argv[++i];
-    };
-    auto whole = [&](long long lo, long long hi) {
-      const std::string v = value();
-      char* end = nullptr;
-      errno = 0;
-      const long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || errno != 0 || n < lo || n > hi)
-        usage_error(a + " takes a whole number from " + std::to_string(lo) + " to " +
-                    std::to_string(hi) + ", not '" + v + "'");
-      return n;
-    };
-    if (a == "--self-test") {
-      s.self_test_requests = static_cast<std::uint64_t>(whole(1, 100000000));
-      self_test = true;
-    } else if (a == "--load-connections") {
-      s.connections = static_cast<int>(whole(1, 10000));
-      load = true;
-    } else if (a == "--connections") {
-      s.connections = static_cast<int>(whole(1, 10000));
-    } else if (a == "--load-seconds") {
-      const std::string v = value();
-      char* end = nullptr;
-      const double sec = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(sec > 0 && sec <= 3600))
-        usage_error("--load-seconds takes a number of seconds above 0 and at most 3600, not '" + v +
-                    "'");
-      s.load_seconds = sec;
-      load = true;
-    } else if (a == "--load-path") {
-      s.load_path = value();
-      if (s.load_path.empty() || s.load_path.front() != '/' ||
-          s.load_path.find_first_of(" \r\n\t") != std::string::npos)
-        usage_error(
-            "--load-path takes a path starting with '/' without spaces, like /saxpy?n=65536");
-      load = true;
-    } else if (a == "--port") {
-      s.port = static_cast<int>(whole(0, 65535));
-    } else if (a == "--timeout") {
-      s.timeout_seconds = static_cast<int>(whole(1, 86400));
-    } else if (a == "--address") {
-      s.address = value();
-    } else if (a == "--mode") {
-      const std::string v = value();
-      if (v == "evr")
-        s.mode = wait_mode::evr;
-      else if (v == "blocking")
-        s.mode = wait_mode::blocking;
-      else
-        usage_error("--mode takes evr or blocking, not '" + v + "'");
-    } else if (a == "--device") {
-      s.device = value();
-      if (s.device != "auto" && s.device != "cuda" && s.device != "sim")
-        usage_error("--device takes auto, cuda or sim, not '" + s.device + "'");
-    } else if (a == "--threads") {
-      s.threads = static_cast<int>(whole(1, 1024));
-    } else if (a == "--streams") {
-      s.streams = static_cast<int>(whole(1, 1024));
-    } else if (a == "--max-n") {
-      s.max_n = static_cast<std::size_t>(whole(1, 1LL << 28));
-    } else if (a == "--strategy") {
-      const std::string v = value();
-      if (v == "adaptive")
-        s.strategy = evr::strategy::adaptive;
-      else if (v == "poll")
-        s.strategy = evr::strategy::poll;
-      else if (v == "fence")
-        s.strategy = evr::strategy::fence;
-      else if (v == "host_func")
-        s.strategy = evr::strategy::host_func;
-      else
-        usage_error("--strategy takes adaptive, poll, fence or host_func, not '" + v + "'");
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(usage_text, stdout);
-      std::exit(0);
-    } else {
-      usage_error("unknown argument '" + a + "'");
-    }
+  CLI::App app{
+      "An HTTP/1.1 server whose requests run GPU work (/busy, /mlp, /saxpy, /sum) and wait for it\n"
+      "through evr (--mode evr), or block a thread of a pool (--mode pool) or of their own\n"
+      "connection (--mode thread), for comparison. Without --port: a self-test (edge cases,\n"
+      "checked requests of every route, a shutdown with requests in flight), then exit.",
+      "evr-async-server"};
+  app.option_defaults()->always_capture_default();
+  app.get_formatter()->column_width(34);
+
+  std::string mode = "evr", sync = "spin", strategy = "adaptive";
+  const std::map<std::string, evr::strategy> strategies = {{"adaptive", evr::strategy::adaptive},
+                                                           {"poll", evr::strategy::poll},
+                                                           {"fence", evr::strategy::fence},
+                                                           {"host_func", evr::strategy::host_func}};
+
+  // --- what to do ---
+  auto* self_test =
+      app.add_option("--self-test", s.self_test_requests,
+                     "self-test: this many checked requests over --connections connections")
+          ->check(CLI::Range(1, 100000000))
+          ->group("What to do");
+  auto* load_c = app.add_option("--load-connections", s.connections,
+                                "closed-loop load with this many keep-alive connections...")
+                     ->check(CLI::Range(1, 10000))
+                     ->group("What to do");
+  auto* load_s = app.add_option("--load-seconds", s.load_seconds, "...for this many seconds...")
+                     ->check(CLI::Range(0.1, 3600.0))
+                     ->group("What to do");
+  auto* load_p = app.add_option("--load-path", s.load_path, "...on this path; prints requests/s")
+                     ->check(request_path)
+                     ->group("What to do");
+  app.add_option("--port", s.port, "serve on this port (0: any free one) until SIGINT/SIGTERM")
+      ->check(CLI::Range(0, 65535))
+      ->group("What to do");
+  app.add_flag("--compare", s.compare,
+               "after the self-test: evr and the blocking pool (spin), same --threads, under the "
+               "same built-in load; prints one line comparing them")
+      ->group("What to do");
+  app.add_option("--compare-path", s.compare_path, "the --compare load's path")
+      ->check(request_path)
+      ->group("What to do");
+  app.add_option("--compare-connections", s.compare_connections, "the --compare load's connections")
+      ->check(CLI::Range(1, 10000))
+      ->group("What to do");
+  app.add_option("--compare-seconds", s.compare_seconds, "the --compare load's seconds per mode")
+      ->check(CLI::Range(0.1, 600.0))
+      ->group("What to do");
+  app.add_option("--connections", s.connections, "client connections of the self-test")
+      ->check(CLI::Range(1, 10000))
+      ->group("What to do");
+  self_test->excludes(load_c)->excludes(load_s)->excludes(load_p);
+
+  // --- how to serve ---
+  app.add_option("--mode", mode,
+                 "evr: co_await the GPU through evr; pool: a pool of --threads threads, each "
+                 "request blocks its thread until the GPU is done; thread: a thread per "
+                 "connection, blocking the same way")
+      ->check(CLI::IsMember({"evr", "pool", "thread"}))
+      ->group("Serving");
+  auto* sync_opt = app.add_option("--sync", sync,
+                                  "how pool and thread modes block: spin (cudaStreamSynchronize, "
+                                  "cudaDeviceScheduleSpin) or blocking-sync (an event made with "
+                                  "cudaEventBlockingSync, cudaEventSynchronize)")
+                       ->check(CLI::IsMember({"spin", "blocking-sync"}))
+                       ->group("Serving");
+  auto* threads_opt = app.add_option("--threads", s.threads,
+                                     "threads running the server (evr, pool); the same number "
+                                     "for both is the fair comparison")
+                          ->check(CLI::Range(1, 1024))
+                          ->group("Serving");
+  app.add_option("--streams", s.streams,
+                 "GPU streams (lanes) shared by all requests: how much GPU work may be in flight")
+      ->check(CLI::Range(1, 4096))
+      ->group("Serving");
+  app.add_option("--cuda-connections", s.cuda_connections,
+                 "CUDA_DEVICE_MAX_CONNECTIONS (the GPU's hardware work queues the streams share) "
+                 "unless the environment sets it; 0 leaves the driver's default (8)")
+      ->check(CLI::Range(0, 32))
+      ->group("Serving");
+  app.add_option("--strategy", strategy, "the evr reactor's strategy")
+      ->check(CLI::IsMember({"adaptive", "poll", "fence", "host_func"}))
+      ->group("Serving");
+  app.add_option("--spin-window-us", s.spin_window_us,
+                 "the evr reactor's busy-poll window after progress (-1: its default, 50)")
+      ->check(CLI::Range(-1, 1000000))
+      ->group("Serving");
+  app.add_option("--max-sleep-us", s.max_sleep_us,
+                 "the evr reactor's longest sleep between sweeps while waits pend (-1: its "
+                 "default, 1000): the most a completion may be seen late once the reactor idles")
+      ->check(CLI::Range(-1, 1000000))
+      ->group("Serving");
+  evr::tool::add_device_option(app, s.device)->group("Serving");
+  app.add_option("--address", s.address, "address to listen on")->group("Serving");
+  app.add_option("--timeout", s.timeout_seconds,
+                 "close a connection idle (or stuck sending/receiving) this many seconds")
+      ->check(CLI::Range(1, 86400))
+      ->group("Serving");
+
+  // --- routes ---
+  app.add_option("--max-n", s.max_n, "largest n of /saxpy and /sum")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 28))
+      ->group("Routes");
+  app.add_option("--max-busy-us", s.max_busy_us, "largest us of /busy")
+      ->check(CLI::Range(1u, 10000000u))
+      ->group("Routes");
+  app.add_option("--check-every", s.check_every,
+                 "/busy and /mlp: compare every Nth answer with the CPU (/saxpy, /sum: every one)")
+      ->check(CLI::Range(1u, 1000000u))
+      ->group("Routes");
+  app.add_option("--mlp-width", s.mlp_width,
+                 "/mlp hidden layer width (0: 8192 on a GPU, 1024 on the simulated device)")
+      ->check(CLI::Range(0, 65536))
+      ->group("Routes");
+  app.add_option("--mlp-layers", s.mlp_layers, "/mlp hidden layers")
+      ->check(CLI::Range(0, 64))
+      ->group("Routes");
+  app.add_option("--mlp-max-batch", s.mlp_max_batch,
+                 "/mlp rows per batch at most (evr mode; also the most rows one request may send)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
+      ->group("Routes");
+  app.add_option("--mlp-inflight", s.mlp_inflight,
+                 "/mlp (evr mode): while fewer batches than this run, a request starts a batch at "
+                 "once; otherwise it joins the next one")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}))
+      ->group("Routes");
+  app.add_option("--mlp-window-us", s.mlp_window_us,
+                 "/mlp (evr mode): the longest a batch gathers requests while the GPU is busy "
+                 "(0: no batching, every request alone)")
+      ->check(CLI::Range(0, 1000000))
+      ->group("Routes");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 prints the message (naming the option); its exit codes vary by error kind, ours is 2.
+    std::exit(app.exit(e) == 0 ? 0 : 2);
   }
-  if (self_test && load) usage_error("--self-test and --load-* are different runs: pick one");
+
+  s.mode = mode == "evr" ? wait_mode::evr : mode == "pool" ? wait_mode::pool : wait_mode::thread;
+  s.sync = sync == "spin" ? sync_kind::spin : sync_kind::blocking_sync;
+  s.strategy = strategies.at(strategy);
+  if (s.mode == wait_mode::evr && sync_opt->count() > 0)
+    usage_error(app, "--sync applies to --mode pool and --mode thread (evr never blocks a thread)");
+  if (s.mode == wait_mode::thread && threads_opt->count() > 0)
+    usage_error(app, "--threads does not apply to --mode thread (one thread per connection)");
+
+  const bool load = load_c->count() + load_s->count() + load_p->count() > 0;
   if (load)
     s.what = action::load;
-  else if (self_test || s.port < 0)
+  else if (self_test->count() > 0 || s.port < 0)
     s.what = action::self_test;
   else
     s.what = action::serve;
-  if (s.threads == 0) s.threads = default_threads(s.mode);
+  if (s.compare && s.what != action::self_test)
+    usage_error(app,
+                "--compare runs after the self-test, not with --load-* or when serving (--port)");
   return s;
 }

@@ -1,4 +1,5 @@
-// evr-async-server's command line.
+// evr-async-server's command line (CLI11): --help lists every option with its default; a bad
+// value exits with status 2 and a message that names the option.
 #pragma once
 
 #include <cstdint>
@@ -6,33 +7,47 @@
 
 #include <evr/reactor/options.hpp>
 
+#include "lanes.hpp"
 #include "server.hpp"
 
 enum class action {
-  self_test,  ///< edge cases + a fixed number of checked requests, then exit (the default)
-  load,       ///< closed-loop load on a fixed URL for a few seconds, then exit
+  self_test,  ///< edge cases + checked requests + a shutdown with requests in flight (default)
+  load,       ///< closed-loop load on one URL for a few seconds, then exit
   serve,      ///< serve until SIGINT/SIGTERM (when --port is given)
 };
 
 struct settings {
   action what = action::self_test;
+  /// After the self-test: evr and the blocking pool, same thread count, under the same load.
+  bool compare = false;
   std::string device = "auto";  ///< auto | cuda | sim
   wait_mode mode = wait_mode::evr;
+  sync_kind sync = sync_kind::spin;
   std::string address = "127.0.0.1";
   int port = -1;    ///< -1: not given (ephemeral for self-test and load)
-  int threads = 0;  ///< 0: the mode's default (evr 1, blocking 8)
-  int streams = 8;
+  int threads = 1;  ///< io threads (evr, pool); thread mode: one per connection instead
+  int streams = 64;
+  int cuda_connections = 32;  ///< CUDA_DEVICE_MAX_CONNECTIONS unless the environment sets it
   std::size_t max_n = std::size_t{1} << 22;
+  std::uint32_t max_busy_us = 100000;
+  std::uint32_t check_every = 16;
   evr::strategy strategy = evr::strategy::adaptive;
+  int mlp_width = 0;  ///< 0: 8192 on a GPU, 1024 on the simulated device
+  int mlp_layers = 3;
+  std::size_t mlp_max_batch = 128;
+  int mlp_window_us = 1000;
+  std::size_t mlp_inflight = 2;
+  int spin_window_us = -1;  ///< -1: the reactor's default
+  int max_sleep_us = -1;    ///< -1: the reactor's default
   std::uint64_t self_test_requests = 200;
-  int connections = 4;  ///< self-test and load connections
+  int connections = 16;  ///< self-test and load connections
   double load_seconds = 3;
-  std::string load_path = "/saxpy?n=65536";
+  std::string load_path = "/busy?us=2000";
+  std::string compare_path = "/busy?us=2000";
+  int compare_connections = 256;
+  double compare_seconds = 2;
   int timeout_seconds = 30;  ///< idle / slow-client timeout per connection
 };
 
-/// Parses argv; prints a message and exits with status 2 on bad input (0 for --help).
+/// Parses argv; prints a message and exits with status 2 on bad input (0 after --help).
 settings parse_command_line(int argc, char** argv);
-
-/// The threads running the server's io_context when --threads is not given.
-int default_threads(wait_mode m);

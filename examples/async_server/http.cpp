@@ -1,7 +1,8 @@
 #include "http.hpp"
 
+#include <http_parser.h>
+
 #include <cctype>
-#include <charconv>
 
 namespace http {
 
@@ -25,103 +26,102 @@ char to_lower(char c) noexcept {
   return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
 }
 
-std::string_view trim_ows(std::string_view s) noexcept {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-/// Takes the next CRLF-terminated line off `rest`. A bare LF is refused rather than tolerated:
-/// accepting it in one place and not another is how request smuggling starts.
-std::optional<error> next_line(std::string_view& rest, std::string_view& line) {
-  const std::size_t lf = rest.find('\n');
-  if (lf == std::string_view::npos) return error{400, "the head does not end with CRLF"};
-  if (lf == 0 || rest[lf - 1] != '\r') return error{400, "lines must end with CRLF, not a bare LF"};
-  line = rest.substr(0, lf - 1);
-  rest.remove_prefix(lf + 1);
-  return std::nullopt;
-}
-
-/// "HTTP/1.1" → 1. Other well-formed versions → 505; anything else → 400.
-std::optional<error> parse_version(std::string_view v, int& minor) {
-  if (v.size() == 8 && v.substr(0, 5) == "HTTP/" &&
-      std::isdigit(static_cast<unsigned char>(v[5])) && v[6] == '.' &&
-      std::isdigit(static_cast<unsigned char>(v[7]))) {
-    if (v[5] == '1' && (v[7] == '0' || v[7] == '1')) {
-      minor = v[7] - '0';
-      return std::nullopt;
-    }
-    return error{505, "only HTTP/1.0 and HTTP/1.1 are supported, not " + std::string(v)};
-  }
-  return error{400, "malformed HTTP version"};
-}
-
-/// A plain decimal number (no sign, no spaces, no list). False on anything else or overflow.
-bool parse_decimal(std::string_view v, std::size_t& out) noexcept {
-  if (v.empty()) return false;
-  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  return ec == std::errc{} && end == v.data() + v.size() && v.front() != '-' && v.front() != '+';
-}
-
-bool all_digits(std::string_view v) noexcept {
-  return !v.empty() && v.find_first_not_of("0123456789") == std::string_view::npos;
-}
-
-/// A request's Content-Length: a decimal number of at most max_body_bytes.
-std::optional<error> parse_content_length(std::string_view v, std::size_t& out) {
-  std::size_t n = 0;
-  const bool ok = parse_decimal(v, n);
-  if ((ok && n > max_body_bytes) || (!ok && all_digits(v)))  // too large, or overflowing
-    return error{413, "the body is larger than " + std::to_string(max_body_bytes) + " bytes"};
-  if (!ok)
-    return error{
-        400, "Content-Length must be a decimal number, not '" + std::string(v.substr(0, 40)) + "'"};
-  out = n;
-  return std::nullopt;
-}
-
-/// Header lines up to the end of the head. Calls field(lower_name, value) for each.
-template <typename Field>
-std::optional<error> parse_fields(std::string_view rest, Field&& field) {
-  std::size_t count = 0;
-  while (!rest.empty()) {
-    std::string_view line;
-    if (auto e = next_line(rest, line)) return e;
-    if (line.empty()) return error{400, "unexpected empty line inside the head"};
-    if (line.front() == ' ' || line.front() == '\t')
+/// What http_parser tolerates and this server does not: bare LF line endings and obsolete line
+/// folding (a header line starting with a space or tab).
+std::optional<error> check_line_endings(std::string_view head) {
+  bool seen_line = false;  // a non-empty line went by: later lines are header lines
+  for (std::size_t i = 0; i < head.size(); ++i) {
+    if (head[i] != '\n') continue;
+    if (i == 0 || head[i - 1] != '\r') return error{400, "lines must end with CRLF, not a bare LF"};
+    if (i >= 2 && head[i - 2] != '\n') seen_line = true;
+    if (seen_line && i + 1 < head.size() && (head[i + 1] == ' ' || head[i + 1] == '\t'))
       return error{400, "obsolete header line folding is not accepted"};
-    if (++count > max_header_fields) return error{431, "too many header fields"};
-    const std::size_t colon = line.find(':');
-    if (colon == std::string_view::npos)
-      return error{400, "header line without ':' ('" + std::string(line.substr(0, 40)) + "')"};
-    const std::string_view name = line.substr(0, colon);
-    if (!is_token(name))  // also refuses whitespace before the colon (RFC 9112 5.1)
-      return error{400, "malformed header name '" + std::string(name.substr(0, 40)) + "'"};
-    const std::string_view value = trim_ows(line.substr(colon + 1));
-    for (char c : value) {
-      const auto u = static_cast<unsigned char>(c);
-      if ((u < 0x20 && c != '\t') || u == 0x7f)
-        return error{400, "control character in the value of header '" + std::string(name) + "'"};
+  }
+  return std::nullopt;
+}
+
+/// Collects a request head from http_parser's callbacks. A callback that finds a problem stores
+/// it and returns non-zero, which stops the parser (HPE_CB_*); the stored error is reported.
+struct request_collector {
+  request* out = nullptr;
+  std::string field, value;
+  bool in_value = false;
+  std::size_t fields = 0;
+  int hosts = 0;
+  bool keep_alive = true;
+  std::optional<error> refused;
+
+  int flush() {
+    if (!in_value) return 0;
+    in_value = false;
+    // The parser takes "Host :" as the field "Host " (whitespace before the colon, RFC 9112 5.1).
+    if (!is_token(field)) {
+      refused = error{400, "malformed header name '" + field.substr(0, 40) + "'"};
+      return 1;
+    }
+    if (++fields > max_header_fields) {
+      refused = error{431, "too many header fields"};
+      return 1;
     }
     std::string lower;
-    lower.reserve(name.size());
-    for (char c : name) lower.push_back(to_lower(c));
-    if (auto e = field(std::move(lower), value)) return e;
+    lower.reserve(field.size());
+    for (char c : field) lower.push_back(to_lower(c));
+    if (lower == "host") ++hosts;
+    out->headers.emplace_back(std::move(lower), std::move(value));
+    field.clear();
+    value.clear();
+    return 0;
   }
-  return std::nullopt;
-}
 
-/// Applies "Connection: a, b" tokens to a keep-alive default.
-void apply_connection(std::string_view value, bool& keep_alive) {
-  while (!value.empty()) {
-    const std::size_t comma = value.find(',');
-    const std::string_view token = trim_ows(value.substr(0, comma));
-    if (iequals(token, "close"))
-      keep_alive = false;
-    else if (iequals(token, "keep-alive"))
-      keep_alive = true;
-    if (comma == std::string_view::npos) break;
-    value.remove_prefix(comma + 1);
+  static request_collector& of(http_parser* p) { return *static_cast<request_collector*>(p->data); }
+
+  static const http_parser_settings& settings() {
+    static const http_parser_settings s = [] {
+      http_parser_settings st;
+      http_parser_settings_init(&st);
+      st.on_url = [](http_parser* p, const char* at, std::size_t n) {
+        of(p).out->target.append(at, n);
+        return 0;
+      };
+      st.on_header_field = [](http_parser* p, const char* at, std::size_t n) {
+        request_collector& c = of(p);
+        if (int rc = c.flush()) return rc;
+        c.field.append(at, n);
+        return 0;
+      };
+      st.on_header_value = [](http_parser* p, const char* at, std::size_t n) {
+        request_collector& c = of(p);
+        c.in_value = true;
+        c.value.append(at, n);
+        return 0;
+      };
+      st.on_headers_complete = [](http_parser* p) {
+        request_collector& c = of(p);
+        c.keep_alive = http_should_keep_alive(p) != 0;
+        return c.flush();
+      };
+      return st;
+    }();
+    return s;
+  }
+};
+
+/// The message for a parser error in a request head.
+error request_error(http_errno e) {
+  const std::string what = http_errno_description(e);
+  switch (e) {
+    case HPE_INVALID_METHOD:
+    case HPE_INVALID_URL:
+    case HPE_INVALID_VERSION:
+      return {400, "malformed request line (want: METHOD /path HTTP/1.1): " + what};
+    case HPE_INVALID_HEADER_TOKEN: return {400, "malformed header line: " + what};
+    case HPE_INVALID_CONTENT_LENGTH:
+      return {400, "Content-Length must be a decimal number that fits 64 bits"};
+    case HPE_UNEXPECTED_CONTENT_LENGTH: return {400, "more than one Content-Length"};
+    case HPE_HEADER_OVERFLOW: return {431, "the request head is too large"};
+    case HPE_INVALID_TRANSFER_ENCODING:
+      return {501, "Transfer-Encoding is not supported; send a Content-Length body"};
+    default: return {400, "malformed request head: " + what};
   }
 }
 
@@ -140,9 +140,7 @@ std::optional<error> decode(std::string_view in, std::string& out) {
     } else if (in[i] == '%') {
       if (i + 2 >= in.size() || hex_value(in[i + 1]) < 0 || hex_value(in[i + 2]) < 0)
         return error{400, "bad percent-escape in the query"};
-      const int hi = hex_value(in[i + 1]);
-      const int lo = hex_value(in[i + 2]);
-      out.push_back(static_cast<char>(hi * 16 + lo));
+      out.push_back(static_cast<char>(hex_value(in[i + 1]) * 16 + hex_value(in[i + 2])));
       i += 2;
     } else {
       out.push_back(in[i]);
@@ -177,58 +175,38 @@ const std::string* request::header(std::string_view lower_name) const noexcept {
 
 std::optional<error> parse_request_head(std::string_view head, request& out) {
   out = request{};
-  while (head.substr(0, 2) == "\r\n") head.remove_prefix(2);  // stray CRLFs after a body
+  if (auto e = check_line_endings(head)) return e;
 
-  std::string_view line;
-  if (auto e = next_line(head, line)) return e;
-  // request-line = method SP request-target SP HTTP-version, single spaces (RFC 9112 3).
-  const std::size_t sp1 = line.find(' ');
-  const std::size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos)
-    return error{400, "malformed request line (want: METHOD /path HTTP/1.1)"};
-  const std::string_view method = line.substr(0, sp1);
-  const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  if (!is_token(method)) return error{400, "malformed method"};
-  if (target.empty() || target.front() != '/')
+  request_collector c;
+  c.out = &out;
+  http_parser p;
+  http_parser_init(&p, HTTP_REQUEST);
+  p.data = &c;
+  const std::size_t parsed =
+      http_parser_execute(&p, &request_collector::settings(), head.data(), head.size());
+  if (c.refused) return c.refused;
+  if (const auto e = HTTP_PARSER_ERRNO(&p); e != HPE_OK) return request_error(e);
+  if (parsed != head.size() || c.in_value || p.http_major == 0)
+    return error{400, "the request head is incomplete"};
+
+  if (out.target.empty() || out.target.front() != '/')
     return error{400, "the target must be a path starting with '/' (origin form)"};
-  for (char c : target) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u >= 0x7f) return error{400, "invalid character in the target"};
+  if (p.http_major != 1 || p.http_minor > 1)
+    return error{505, "only HTTP/1.0 and HTTP/1.1 are supported, not HTTP/" +
+                          std::to_string(p.http_major) + "." + std::to_string(p.http_minor)};
+  if (p.uses_transfer_encoding || (p.flags & F_CHUNKED) != 0)
+    return error{501, "Transfer-Encoding is not supported; send a Content-Length body"};
+  if ((p.flags & F_CONTENTLENGTH) != 0) {
+    if (p.content_length > max_body_bytes)
+      return error{413, "the body is larger than " + std::to_string(max_body_bytes) + " bytes"};
+    out.content_length = static_cast<std::size_t>(p.content_length);
   }
-  if (auto e = parse_version(line.substr(sp2 + 1), out.version_minor)) return e;
-  out.method = method;
-  out.target = target;
-  out.keep_alive = out.version_minor >= 1;
-
-  bool have_length = false;
-  int hosts = 0;
-  std::optional<bool> connection_keep_alive;
-  auto e =
-      parse_fields(head, [&](std::string name, std::string_view value) -> std::optional<error> {
-        if (name == "content-length") {
-          std::size_t n = 0;
-          if (auto le = parse_content_length(value, n)) return le;
-          // Two different lengths would let two parties frame the message differently.
-          if (have_length && n != out.content_length)
-            return error{400, "conflicting Content-Length"};
-          have_length = true;
-          out.content_length = n;
-        } else if (name == "transfer-encoding") {
-          return error{501, "Transfer-Encoding is not supported; send a Content-Length body"};
-        } else if (name == "host") {
-          ++hosts;
-        } else if (name == "connection") {
-          bool keep = out.keep_alive;
-          apply_connection(value, keep);
-          connection_keep_alive = keep;
-        }
-        out.headers.emplace_back(std::move(name), std::string(value));
-        return std::nullopt;
-      });
-  if (e) return e;
-  if (out.version_minor == 1 && hosts != 1)
-    return error{400, hosts == 0 ? "HTTP/1.1 requires a Host header" : "more than one Host header"};
-  if (connection_keep_alive) out.keep_alive = *connection_keep_alive;
+  out.version_minor = p.http_minor;
+  if (out.version_minor == 1 && c.hosts != 1)
+    return error{400,
+                 c.hosts == 0 ? "HTTP/1.1 requires a Host header" : "more than one Host header"};
+  out.method = http_method_str(static_cast<http_method>(p.method));
+  out.keep_alive = c.keep_alive;
   return std::nullopt;
 }
 
@@ -253,20 +231,7 @@ std::optional<error> parse_query(std::string_view query,
 }
 
 const char* reason_phrase(int status) noexcept {
-  switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Content Too Large";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Unknown";
-  }
+  return http_status_str(static_cast<http_status>(status));
 }
 
 std::string format_response(int status, std::string_view content_type, std::string_view body,
@@ -290,33 +255,33 @@ std::string format_response(int status, std::string_view content_type, std::stri
 
 std::optional<error> parse_response_head(std::string_view head, response_head& out) {
   out = response_head{};
-  std::string_view line;
-  if (auto e = next_line(head, line)) return e;
-  // status-line = HTTP-version SP status-code SP [reason-phrase]
-  if (line.size() < 12 || line.substr(0, 7) != "HTTP/1." || line[8] != ' ' ||
-      (line.size() > 12 && line[12] != ' '))
-    return error{400, "malformed status line '" + std::string(line.substr(0, 40)) + "'"};
-  int status = 0;
-  auto [end, ec] = std::from_chars(line.data() + 9, line.data() + 12, status);
-  if (ec != std::errc{} || end != line.data() + 12 || status < 100)
-    return error{400, "malformed status code"};
-  out.status = status;
-  out.keep_alive = line[7] == '1';
-  bool have_length = false;
-  auto e =
-      parse_fields(head, [&](std::string name, std::string_view value) -> std::optional<error> {
-        if (name == "content-length") {
-          // No size limit here: responses (/metrics) may be larger than requests.
-          if (!parse_decimal(value, out.content_length))
-            return error{400, "malformed Content-Length in the response"};
-          have_length = true;
-        } else if (name == "connection") {
-          apply_connection(value, out.keep_alive);
-        }
-        return std::nullopt;
-      });
-  if (e) return e;
-  if (!have_length) return error{400, "response without Content-Length"};
+  if (auto e = check_line_endings(head)) return e;
+  struct collector {
+    bool keep_alive = true;
+    bool complete = false;
+  } c;
+  static const http_parser_settings settings = [] {
+    http_parser_settings st;
+    http_parser_settings_init(&st);
+    st.on_headers_complete = [](http_parser* p) {
+      auto& c = *static_cast<collector*>(p->data);
+      c.keep_alive = http_should_keep_alive(p) != 0;
+      c.complete = true;
+      return 0;
+    };
+    return st;
+  }();
+  http_parser p;
+  http_parser_init(&p, HTTP_RESPONSE);
+  p.data = &c;
+  http_parser_execute(&p, &settings, head.data(), head.size());
+  if (const auto e = HTTP_PARSER_ERRNO(&p); e != HPE_OK)
+    return error{400, std::string("malformed response head: ") + http_errno_description(e)};
+  if (!c.complete) return error{400, "the response head is incomplete"};
+  if ((p.flags & F_CONTENTLENGTH) == 0) return error{400, "response without Content-Length"};
+  out.status = static_cast<int>(p.status_code);
+  out.content_length = static_cast<std::size_t>(p.content_length);
+  out.keep_alive = c.keep_alive;
   return std::nullopt;
 }
 

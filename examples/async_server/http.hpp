@@ -1,13 +1,20 @@
-// Minimal HTTP/1.1 message parsing and formatting for the example server and its load generator.
+// HTTP/1.1 message heads for the example server and its load generator, parsed by the nodejs
+// http_parser library (Debian's libhttp-parser-dev, version 2.9) and formatted here.
 //
-// What it handles: a request line in origin form, header fields, a Content-Length body, keep-alive
-// (HTTP/1.1 default, "Connection: close" / HTTP/1.0 "keep-alive"), pipelined requests (the caller
-// keeps the bytes after a message for the next one). What it refuses, each with the status a
-// client can act on: malformed lines (400), obsolete line folding (400), a missing Host in
-// HTTP/1.1 (400), a bad or conflicting Content-Length (400), a body over the limit (413),
-// Transfer-Encoding (501: no chunked bodies here), versions other than 1.0/1.1 (505).
+// The parser does the framing and the grammar: request line, methods, versions, header tokens,
+// Content-Length (malformed or repeated: refused), keep-alive, chunked detection. On top of it
+// this file applies the server's policy, each refusal with the status a client can act on:
+//   400  a bare LF line ending or obsolete line folding (the parser tolerates both; accepting
+//        them here and not elsewhere is how request smuggling starts), whitespace before a
+//        header's colon, a target not in origin form ("/path?query"), a missing or repeated Host
+//        in HTTP/1.1, more than one Content-Length
+//   413  a Content-Length above max_body_bytes
+//   431  more than 100 header fields (the reader refuses heads above max_head_bytes itself)
+//   501  Transfer-Encoding (no chunked bodies here)
+//   505  versions other than HTTP/1.0 and HTTP/1.1
+// Bodies are exactly Content-Length bytes, read by the caller.
 //
-// Everything here is pure functions on strings: no I/O, no Asio, easy to reason about and to test.
+// Everything here is a pure function on strings: no I/O, no Asio. Thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -19,9 +26,9 @@
 
 namespace http {
 
-/// A request head (request line + headers + final CRLF) longer than this is refused with 431.
+/// A request head (request line + headers + the empty line) longer than this is refused with 431.
 inline constexpr std::size_t max_head_bytes = 8192;
-/// A body longer than this is refused with 413 (the server's bodies are a few parameters).
+/// A body longer than this is refused with 413 (/mlp rows, form parameters).
 inline constexpr std::size_t max_body_bytes = 64 * 1024;
 
 struct request {
@@ -45,8 +52,8 @@ struct error {
   std::string message;
 };
 
-/// Parses a request head: the bytes up to and including the CRLF of the last header line (the
-/// empty line that ends the head excluded). Leading empty lines are skipped (RFC 9112 2.2).
+/// Parses a request head: the bytes up to and including the empty line that ends it ("\r\n\r\n").
+/// Empty lines before the request line are skipped (RFC 9112 2.2).
 std::optional<error> parse_request_head(std::string_view head, request& out);
 
 /// Splits "a=1&b=two" into pairs, decoding %XX and '+'. Returns an error for a bad escape.
@@ -56,7 +63,7 @@ std::optional<error> parse_query(std::string_view query,
 /// ASCII case-insensitive equality (header values such as "close", "100-continue").
 bool iequals(std::string_view a, std::string_view b) noexcept;
 
-/// "OK", "Bad Request", ... ("Unknown" for codes this server never sends).
+/// "OK", "Bad Request", ... (the parser library's table).
 const char* reason_phrase(int status) noexcept;
 
 /// A complete response: status line, Content-Type, Content-Length, Connection, extra header lines
@@ -71,7 +78,7 @@ struct response_head {
   bool keep_alive = true;
 };
 
-/// Parses a response head (same framing as parse_request_head). Content-Length is required: this
+/// Parses a response head (up to and including the empty line). Content-Length is required: this
 /// server always sends one, and the client must know where the next response starts.
 std::optional<error> parse_response_head(std::string_view head, response_head& out);
 

@@ -4,28 +4,14 @@
 #include <cmath>
 #include <cstdio>
 
+#include "params.hpp"
+
 namespace job {
 
 const char* to_string(kind k) noexcept { return k == kind::saxpy ? "saxpy" : "sum"; }
 
-namespace {
-
-std::string quoted(std::string_view v) {
-  std::string s = "'";
-  s += v.substr(0, 40);
-  if (v.size() > 40) s += "...";
-  s += "'";
-  return s;
-}
-
-template <typename T>
-bool parse_whole(std::string_view v, T& out) noexcept {
-  if (v.empty()) return false;
-  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  return ec == std::errc{} && end == v.data() + v.size();
-}
-
-}  // namespace
+using params::parse_whole;
+using params::quoted;
 
 std::optional<std::string> parse(kind k,
                                  const std::vector<std::pair<std::string, std::string>>& params,

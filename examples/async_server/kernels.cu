@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include "busy_math.hpp"
+
 namespace {
 
 constexpr unsigned threads_per_block = 256;
@@ -36,6 +38,25 @@ __global__ void sum_kernel(const float* x, double* sum, std::size_t n) {
   if (threadIdx.x == 0) atomicAdd(sum, partial[0]);
 }
 
+// One block of busy_math::threads threads: each computes its value, one warp reduction sums
+// them, and thread 0 spins on the GPU's nanosecond clock until `ns` have passed since the kernel
+// began, then writes the answer. Everything but the spin is a few microseconds of work.
+__global__ void busy_kernel(unsigned long long ns, std::uint32_t seed, std::uint32_t* result) {
+  unsigned long long start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  std::uint32_t v = busy_math::thread_value(seed, threadIdx.x);
+  for (unsigned offset = busy_math::threads / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  if (threadIdx.x != 0) return;
+  for (;;) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start >= ns) break;
+    __nanosleep(1000);  // leaves the SM's issue slots to kernels beside it
+  }
+  *result = v;
+}
+
 }  // namespace
 
 int server_kernels::launch_saxpy(CUstream_st* stream, float a, const float* x, float* y,
@@ -46,5 +67,12 @@ int server_kernels::launch_saxpy(CUstream_st* stream, float a, const float* x, f
 
 int server_kernels::launch_sum(CUstream_st* stream, const float* x, double* sum, std::size_t n) {
   sum_kernel<<<blocks_for(n), threads_per_block, 0, stream>>>(x, sum, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int server_kernels::launch_busy(CUstream_st* stream, std::uint32_t us, std::uint32_t seed,
+                                std::uint32_t* result) {
+  busy_kernel<<<1, busy_math::threads, 0, stream>>>(static_cast<unsigned long long>(us) * 1000ull,
+                                                    seed, result);
   return static_cast<int>(cudaGetLastError());
 }

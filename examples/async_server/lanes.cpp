@@ -1,24 +1,44 @@
 #include "lanes.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+#include <stdexcept>
 
 #include <asio/use_awaitable.hpp>
 
+#include "busy_math.hpp"
+
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
 #include <cuda_runtime.h>
-
-#include "kernels.hpp"
 #endif
+
+const char* to_string(sync_kind s) noexcept {
+  return s == sync_kind::spin ? "spin" : "blocking-sync";
+}
+
+std::error_code lane::wait_blocking(sync_kind how) noexcept {
+  const evr::stream& s = stream();
+  if (how == sync_kind::spin) return s.backend()->synchronize_stream(s.native());
+  std::error_code ec;
+  try {
+    if (!blocking_event_)
+      blocking_event_ = evr::event(*s.backend(), evr::device::event_flags::blocking_sync);
+  } catch (const std::exception&) {
+    return std::make_error_code(std::errc::not_enough_memory);
+  }
+  blocking_event_.record(s, ec);
+  if (ec) return ec;
+  return s.backend()->synchronize_event(blocking_event_.native());
+}
 
 namespace {
 
 class sim_lane final : public lane {
  public:
-  explicit sim_lane(evr::sim::device& dev) : dev_(dev), stream_(dev, 0) {}
+  sim_lane(evr::sim::device& dev, const mlp::model& model, const sim_costs& costs)
+      : dev_(dev), model_(model), costs_(costs), stream_(dev, 0) {}
   ~sim_lane() override {
-    // The worker thread may still run a body that writes our buffers (a request abandoned at
+    // The worker thread may still run a body that writes our buffers (work abandoned at
     // shutdown): wait for it before they go.
     std::error_code ec;
     stream_.synchronize(ec);
@@ -44,21 +64,54 @@ class sim_lane final : public lane {
         sum_ = job::sum(x_.data(), s.n);
       }
     };
-    evr::throw_if(dev_.launch_kernel(stream_.native(), std::chrono::nanoseconds(s.n), body),
-                  "simulated kernel launch");
+    launch(costs_.per_element * static_cast<long long>(s.n), std::move(body), "simulated kernel");
   }
 
+  void enqueue_busy(const busy::spec& s) override {
+    launch(
+        std::chrono::microseconds(s.us),
+        [this, seed = s.seed] { busy_ = busy_math::reference(seed); }, "simulated busy kernel");
+  }
+  std::uint32_t busy_result() const noexcept override { return busy_; }
+
+  void reserve_rows(std::size_t rows) override {
+    const mlp::shape& d = model_.dims();
+    if (mlp_in_.size() >= rows * static_cast<std::size_t>(d.in)) return;
+    mlp_in_.resize(rows * static_cast<std::size_t>(d.in));
+    mlp_out_.resize(rows * static_cast<std::size_t>(d.out));
+  }
+  float* mlp_input() noexcept override { return mlp_in_.data(); }
+  void enqueue_mlp(std::size_t rows) override {
+    const mlp::shape& d = model_.dims();
+    auto body = [this, rows, in = static_cast<std::size_t>(d.in),
+                 out = static_cast<std::size_t>(d.out)] {
+      for (std::size_t r = 0; r < rows; ++r)
+        model_.forward(mlp_in_.data() + r * in, mlp_out_.data() + r * out);
+    };
+    launch(costs_.mlp_base + costs_.mlp_per_row * static_cast<long long>(rows), std::move(body),
+           "simulated mlp kernel");
+  }
+  const float* mlp_output() const noexcept override { return mlp_out_.data(); }
+
  private:
+  void launch(std::chrono::nanoseconds d, std::function<void()> body, const char* what) {
+    evr::throw_if(dev_.launch_kernel(stream_.native(), d, std::move(body)), what);
+  }
+
   evr::sim::device& dev_;
+  const mlp::model& model_;
+  sim_costs costs_;
   evr::stream stream_;
-  std::vector<float> x_, y_, out_;
+  std::vector<float> x_, y_, out_, mlp_in_, mlp_out_;
   double sum_ = 0;
+  std::uint32_t busy_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<lane> make_sim_lane(evr::sim::device& device) {
-  return std::make_unique<sim_lane>(device);
+std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, const mlp::model& model,
+                                    const sim_costs& costs) {
+  return std::make_unique<sim_lane>(device, model, costs);
 }
 
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
@@ -70,15 +123,23 @@ void check(cudaError_t e, const char* what) {
 
 class cuda_lane final : public lane {
  public:
-  cuda_lane() : stream_(evr::device::cuda_backend(), 0) {
+  explicit cuda_lane(const cuda_mlp_weights& weights)
+      : weights_(weights), stream_(evr::device::cuda_backend(), 0) {
     check(cudaMalloc(&d_sum_, sizeof(double)), "cudaMalloc");
     check(cudaMallocHost(&h_sum_, sizeof(double)), "cudaMallocHost");
+    check(cudaMalloc(&d_busy_, sizeof(std::uint32_t)), "cudaMalloc");
+    check(cudaMallocHost(&h_busy_, sizeof(std::uint32_t)), "cudaMallocHost");
+    cublas_ = server_kernels::mlp_create_handle(native());
   }
   ~cuda_lane() override {
     cudaStreamSynchronize(native());
+    server_kernels::mlp_destroy_handle(cublas_);
     free_buffers();
+    free_mlp_buffers();
     cudaFree(d_sum_);
     cudaFreeHost(h_sum_);
+    cudaFree(d_busy_);
+    cudaFreeHost(h_busy_);
   }
 
   const evr::stream& stream() const noexcept override { return stream_; }
@@ -121,6 +182,52 @@ class cuda_lane final : public lane {
     }
   }
 
+  void enqueue_busy(const busy::spec& s) override {
+    const cudaStream_t st = native();
+    check(static_cast<cudaError_t>(server_kernels::launch_busy(st, s.us, s.seed, d_busy_)),
+          "busy kernel");
+    // The answer comes back by a copy, as any result would: every mode then has a copy behind
+    // the kernel on the stream, and evr's marker adds no dependency of its own.
+    check(cudaMemcpyAsync(h_busy_, d_busy_, sizeof(std::uint32_t), cudaMemcpyDeviceToHost, st),
+          "copy the busy answer out");
+  }
+  std::uint32_t busy_result() const noexcept override { return *h_busy_; }
+
+  void reserve_rows(std::size_t rows) override {
+    if (rows <= rows_) return;
+    std::size_t cap = std::max<std::size_t>(rows_, 8);
+    while (cap < rows) cap *= 2;
+    free_mlp_buffers();
+    const mlp::shape& d = weights_.dims();
+    const std::size_t in = cap * static_cast<std::size_t>(d.in) * sizeof(float);
+    const std::size_t act = cap * static_cast<std::size_t>(d.widest()) * sizeof(float);
+    const std::size_t out = cap * static_cast<std::size_t>(d.out) * sizeof(float);
+    check(cudaMalloc(&d_mlp_in_, in), "cudaMalloc (mlp input)");
+    check(cudaMalloc(&d_mlp_a_, act), "cudaMalloc (mlp activations)");
+    check(cudaMalloc(&d_mlp_b_, act), "cudaMalloc (mlp activations)");
+    check(cudaMallocHost(&h_mlp_in_, in), "cudaMallocHost (mlp input)");
+    check(cudaMallocHost(&h_mlp_out_, out), "cudaMallocHost (mlp output)");
+    rows_ = cap;
+  }
+  float* mlp_input() noexcept override { return h_mlp_in_; }
+  void enqueue_mlp(std::size_t rows) override {
+    const cudaStream_t st = native();
+    const mlp::shape& d = weights_.dims();
+    check(
+        cudaMemcpyAsync(d_mlp_in_, h_mlp_in_, rows * static_cast<std::size_t>(d.in) * sizeof(float),
+                        cudaMemcpyHostToDevice, st),
+        "copy the mlp input in");
+    const std::vector<server_kernels::mlp_layer>& layers = weights_.layers();
+    const float* result =
+        server_kernels::mlp_enqueue_forward(cublas_, layers.data(), static_cast<int>(layers.size()),
+                                            d_mlp_in_, d_mlp_a_, d_mlp_b_, static_cast<int>(rows));
+    check(
+        cudaMemcpyAsync(h_mlp_out_, result, rows * static_cast<std::size_t>(d.out) * sizeof(float),
+                        cudaMemcpyDeviceToHost, st),
+        "copy the mlp output out");
+  }
+  const float* mlp_output() const noexcept override { return h_mlp_out_; }
+
  private:
   cudaStream_t native() const noexcept { return static_cast<cudaStream_t>(stream_.native()); }
   void free_buffers() noexcept {
@@ -132,8 +239,19 @@ class cuda_lane final : public lane {
     d_x_ = d_y_ = h_x_ = h_y_ = h_out_ = nullptr;
     capacity_ = 0;
   }
+  void free_mlp_buffers() noexcept {
+    cudaFree(d_mlp_in_);
+    cudaFree(d_mlp_a_);
+    cudaFree(d_mlp_b_);
+    cudaFreeHost(h_mlp_in_);
+    cudaFreeHost(h_mlp_out_);
+    d_mlp_in_ = d_mlp_a_ = d_mlp_b_ = h_mlp_in_ = h_mlp_out_ = nullptr;
+    rows_ = 0;
+  }
 
+  const cuda_mlp_weights& weights_;
   evr::stream stream_;
+  void* cublas_ = nullptr;
   std::size_t capacity_ = 0;
   float* d_x_ = nullptr;
   float* d_y_ = nullptr;
@@ -142,16 +260,45 @@ class cuda_lane final : public lane {
   float* h_out_ = nullptr;
   double* d_sum_ = nullptr;
   double* h_sum_ = nullptr;
+  std::uint32_t* d_busy_ = nullptr;
+  std::uint32_t* h_busy_ = nullptr;
+  std::size_t rows_ = 0;
+  float* d_mlp_in_ = nullptr;
+  float* d_mlp_a_ = nullptr;
+  float* d_mlp_b_ = nullptr;
+  float* h_mlp_in_ = nullptr;
+  float* h_mlp_out_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<lane> make_cuda_lane() { return std::make_unique<cuda_lane>(); }
+cuda_mlp_weights::cuda_mlp_weights(const mlp::model& model) : shape_(model.dims()) {
+  try {
+    for (int l = 0; l < shape_.layers(); ++l)
+      layers_.push_back(server_kernels::mlp_upload_layer(
+          model.u(l, 0), model.v(l, 0), model.u(l, 1), model.v(l, 1), model.bias(l),
+          shape_.layer_in(l), shape_.layer_out(l)));
+  } catch (...) {
+    for (auto& layer : layers_) server_kernels::mlp_free_layer(layer);
+    throw;
+  }
+}
+
+cuda_mlp_weights::~cuda_mlp_weights() {
+  for (auto& layer : layers_) server_kernels::mlp_free_layer(layer);
+}
+
+std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights) {
+  return std::make_unique<cuda_lane>(weights);
+}
 #endif
 
-lane_pool::lane_pool(const asio::any_io_executor& ex, std::vector<std::unique_ptr<lane>> lanes)
+lane_pool::lane_pool(const asio::any_io_executor& ex, std::vector<lane*> lanes)
     : lanes_(std::move(lanes)), free_(ex, lanes_.size()) {
-  for (auto& l : lanes_) release(l.get());
+  for (lane* l : lanes_) {
+    if (!free_.try_send(std::error_code{}, l))
+      throw std::logic_error("lane_pool: the channel refused a lane at start-up");
+  }
 }
 
 asio::awaitable<lane_pool::lease> lane_pool::acquire() {
@@ -159,10 +306,12 @@ asio::awaitable<lane_pool::lease> lane_pool::acquire() {
   lane* got = nullptr;
   free_.try_receive([&got](std::error_code, lane* l) { got = l; });
   if (got == nullptr) got = co_await free_.async_receive(asio::use_awaitable);
+  leased_.fetch_add(1, std::memory_order_relaxed);
   co_return lease(this, got);
 }
 
 void lane_pool::release(lane* l) noexcept {
+  leased_.fetch_sub(1, std::memory_order_relaxed);
   if (!free_.try_send(std::error_code{}, l))
     std::fprintf(stderr, "evr-async-server: internal error: lane pool over capacity\n");
 }
@@ -170,7 +319,7 @@ void lane_pool::release(lane* l) noexcept {
 void lane_pool::lease::give_back() noexcept {
   if (lane_ == nullptr) return;
   if (busy_) {
-    if (std::error_code ec = lane_->synchronize())
+    if (std::error_code ec = lane_->wait_blocking(sync_kind::spin))
       std::fprintf(stderr, "evr-async-server: draining a lane after a failure: %s\n",
                    ec.message().c_str());
   }

@@ -1,15 +1,20 @@
-// Lanes: a stream and the buffers of one request in flight on it, and the pool requests take
-// them from.
+// Lanes: a stream and the buffers of one piece of GPU work in flight on it (a request, or an /mlp
+// batch), and the pool that work takes them from.
 //
 // Why a pool and not a stream per request or per connection: GPU streams and pinned buffers are
-// a bounded resource, and wrk opens hundreds of connections. A request holds a lane from filling
-// its inputs to checking its output (the buffers are the lane's, so two requests must never share
+// a bounded resource, and wrk opens a thousand connections. Work holds a lane from filling its
+// inputs to reading its output (the buffers are the lane's, so two pieces of work must never share
 // one at the same time); when all lanes are busy, a request waits for one without blocking its
-// thread (an Asio channel pre-filled with the lanes).
+// thread (an Asio channel pre-filled with the lanes). How many lanes: enough that the GPU, not
+// the lane count, limits how much runs at once (--streams; scripts/server-study.py measures it).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -19,46 +24,108 @@
 #include <asio/experimental/concurrent_channel.hpp>
 
 #include <evr/evr.hpp>
+#include <evr/sim/device.hpp>
 
+#include "busy.hpp"
 #include "job.hpp"
+#include "mlp.hpp"
 
-/// One stream and its buffers. Host buffers hold the inputs the request writes and the output the
-/// device copies back; device buffers (CUDA) hold the copies. Not thread-safe: one request at a
-/// time.
+#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
+#include "kernels.hpp"
+#endif
+
+/// How a blocking server waits for its GPU work (the comparison modes; evr never blocks).
+enum class sync_kind {
+  /// cudaStreamSynchronize, with the device's scheduling set to cudaDeviceScheduleSpin at start-up:
+  /// the waiting thread spins on a core (the lowest latency a blocking wait gets).
+  spin,
+  /// An event created with cudaEventBlockingSync, recorded behind the work, and
+  /// cudaEventSynchronize: the thread sleeps until the driver wakes it (no core, ~40-130 us later).
+  blocking_sync,
+};
+const char* to_string(sync_kind s) noexcept;
+
+/// One stream and its buffers. Host buffers hold the inputs the request writes and the outputs the
+/// device copies back; device buffers (CUDA) hold the copies. Not thread-safe: one piece of work
+/// at a time, by whoever holds the lane's lease.
 class lane {
  public:
   virtual ~lane() = default;
   virtual const evr::stream& stream() const noexcept = 0;
-  /// Makes every buffer hold at least n elements. Only called while nothing is queued on the lane.
+
+  // --- /saxpy, /sum ------------------------------------------------------------------------
+  /// Makes the x/y/out buffers hold at least n elements. Only while nothing is queued.
   virtual void reserve(std::size_t n) = 0;
   virtual float* x() noexcept = 0;  ///< host input x (n floats after reserve)
   virtual float* y() noexcept = 0;  ///< host input y
-  /// Enqueues the request's work on the stream: copy in, kernel, copy out. Returns at once; the
-  /// results are valid once the work queued so far on stream() is done. Throws evr::error when the
+  /// Enqueues the work: copy in, kernel, copy out. Returns at once; the results are valid once the
+  /// work queued so far on stream() is done. Throws (evr::error, std::runtime_error) when the
   /// device refuses a step (some steps may already be queued then).
   virtual void enqueue(const job::spec& s) = 0;
   virtual const float* out() const noexcept = 0;  ///< saxpy's result, on the host
   virtual double sum() const noexcept = 0;        ///< sum's result, on the host
-  /// Blocks until the work queued so far is done (cudaStreamSynchronize / the simulator's).
-  std::error_code synchronize() noexcept {
-    return stream().backend()->synchronize_stream(stream().native());
-  }
+
+  // --- /busy --------------------------------------------------------------------------------
+  /// Enqueues the busy kernel and the copy of its answer. Same contract as enqueue().
+  virtual void enqueue_busy(const busy::spec& s) = 0;
+  virtual std::uint32_t busy_result() const noexcept = 0;  ///< valid once the work is done
+
+  // --- /mlp ---------------------------------------------------------------------------------
+  /// Makes the /mlp buffers hold at least `rows` rows. Only while nothing is queued.
+  virtual void reserve_rows(std::size_t rows) = 0;
+  /// Host input: rows x model.in floats (after reserve_rows) for the caller to fill.
+  virtual float* mlp_input() noexcept = 0;
+  /// Enqueues the forward pass of the first `rows` input rows: copy in, the layers, copy out.
+  virtual void enqueue_mlp(std::size_t rows) = 0;
+  /// Host output: rows x model.out floats, valid once the work is done.
+  virtual const float* mlp_output() const noexcept = 0;
+
+  /// Blocks the calling thread until the work queued so far is done (the blocking modes).
+  std::error_code wait_blocking(sync_kind how) noexcept;
+
+ private:
+  evr::event blocking_event_;  // created on first use with event_flags::blocking_sync
 };
 
-/// A lane on the simulated device: the "kernel" occupies the stream for ~1 ns per element and its
-/// body computes the result on the stream's worker thread (copies are not modelled separately).
-std::unique_ptr<lane> make_sim_lane(evr::sim::device& device);
+/// How long the simulated device's kernels take (threaded mode sleeps that long; the body then
+/// computes the answer on the CPU).
+struct sim_costs {
+  std::chrono::nanoseconds per_element{1};      ///< /saxpy, /sum: n elements
+  std::chrono::nanoseconds mlp_base{300'000};   ///< /mlp: a pass reads all the weights...
+  std::chrono::nanoseconds mlp_per_row{5'000};  ///< ... and adds a little per row
+};
+
+/// A lane on the simulated device. The /mlp body computes each row with `model.forward` (the
+/// reference itself: the simulator models timing and ordering, not arithmetic).
+std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, const mlp::model& model,
+                                    const sim_costs& costs = {});
 
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
-/// A lane on CUDA device 0: pinned host buffers, device buffers, the kernels of kernels.cu.
-std::unique_ptr<lane> make_cuda_lane();
+/// The /mlp weights on CUDA device 0, materialized once and shared by every lane (read-only).
+class cuda_mlp_weights {
+ public:
+  /// Uploads every layer of `model` (synchronous; throws std::runtime_error).
+  explicit cuda_mlp_weights(const mlp::model& model);
+  ~cuda_mlp_weights();
+  cuda_mlp_weights(const cuda_mlp_weights&) = delete;
+  cuda_mlp_weights& operator=(const cuda_mlp_weights&) = delete;
+  const mlp::shape& dims() const noexcept { return shape_; }
+  const std::vector<server_kernels::mlp_layer>& layers() const noexcept { return layers_; }
+
+ private:
+  mlp::shape shape_;
+  std::vector<server_kernels::mlp_layer> layers_;
+};
+
+/// A lane on CUDA device 0: pinned host buffers, device buffers, a cuBLAS handle on its stream.
+std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights);
 #endif
 
 class lane_pool {
  public:
   /// A lane taken from the pool; goes back when destroyed. If work may still be queued on it
   /// (marked busy and never marked idle: an error or exception between enqueue and completion),
-  /// it is synchronized first, so the next request never shares buffers with unfinished work.
+  /// it is synchronized first, so the next user never shares buffers with unfinished work.
   /// That blocking call is on failure paths only.
   class lease {
    public:
@@ -93,17 +160,23 @@ class lane_pool {
     bool busy_ = false;
   };
 
-  lane_pool(const asio::any_io_executor& ex, std::vector<std::unique_ptr<lane>> lanes);
+  /// The lanes are not owned: they outlive the pool (one set of lanes serves every server the
+  /// process runs in turn).
+  lane_pool(const asio::any_io_executor& ex, std::vector<lane*> lanes);
   lane_pool(const lane_pool&) = delete;
   lane_pool& operator=(const lane_pool&) = delete;
 
-  /// A free lane, waiting (suspended, not blocking) while all are taken. Thread-safe.
+  /// A free lane, waiting (suspended, not blocking) while all are taken. Thread-safe. The waiters
+  /// are served first come, first served.
   asio::awaitable<lease> acquire();
   std::size_t size() const noexcept { return lanes_.size(); }
+  /// Lanes currently leased (a statistic; exact once no request is in flight).
+  std::size_t leased() const noexcept { return leased_.load(std::memory_order_relaxed); }
 
  private:
   void release(lane* l) noexcept;
-  std::vector<std::unique_ptr<lane>> lanes_;
+  std::vector<lane*> lanes_;
+  std::atomic<std::size_t> leased_{0};
   // Capacity == number of lanes, so giving one back (try_send) never fails or waits.
   asio::experimental::concurrent_channel<void(std::error_code, lane*)> free_;
 };

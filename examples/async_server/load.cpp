@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string_view>
+#include <thread>
 
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
 #include <asio/read.hpp>
@@ -15,6 +18,7 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
+#include "busy_math.hpp"
 #include "http.hpp"
 #include "job.hpp"
 
@@ -55,7 +59,7 @@ class client {
         socket_, asio::dynamic_buffer(buffer_, 64 * 1024), "\r\n\r\n", use_tuple);
     if (ec) co_return ec;
     http::response_head h;
-    if (auto bad = http::parse_response_head(std::string_view(buffer_).substr(0, head - 2), h)) {
+    if (auto bad = http::parse_response_head(std::string_view(buffer_).substr(0, head), h)) {
       why = bad->message;
       co_return std::make_error_code(std::errc::bad_message);
     }
@@ -101,62 +105,200 @@ std::string get(std::string_view target, std::string_view extra_headers = {}) {
   return r;
 }
 
-std::string post(std::string_view target, std::string_view form) {
+std::string post(std::string_view target, std::string_view body,
+                 std::string_view content_type = "application/x-www-form-urlencoded") {
   std::string r = "POST ";
   r += target;
-  r += " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-       "application/x-www-form-urlencoded\r\nContent-Length: ";
-  r += std::to_string(form.size());
+  r += " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: ";
+  r += content_type;
+  r += "\r\nContent-Length: ";
+  r += std::to_string(body.size());
   r += "\r\n\r\n";
-  r += form;
+  r += body;
   return r;
 }
 
-/// The self-test's request number i: a request and the job it asks for (to check the answer).
-struct planned {
-  std::string raw;
-  job::spec spec;
-};
-
-planned self_test_request(std::uint64_t i, std::size_t max_n) {
-  job::spec s;
-  s.seed = static_cast<std::uint32_t>(i * 2654435761u);
-  bool use_post = false;
-  switch (i % 6) {
-    case 0: s = {job::kind::saxpy, 65536, 2.5f, s.seed}; break;
-    case 1: s = {job::kind::sum, 65536, 2.0f, s.seed}; break;
-    case 2: s = {job::kind::saxpy, 1000, 0.1f, s.seed}; break;  // inexact: the tolerance path
-    case 3:
-      s = {job::kind::sum, 4096, 2.0f, s.seed};
-      use_post = true;
-      break;
-    case 4: s = {job::kind::saxpy, 1, -3.0f, s.seed}; break;
-    default: s = {job::kind::sum, 262144 + i % 1000, 2.0f, s.seed}; break;  // odd sizes
+/// Rows of numbers as the server's POST /mlp takes them: one row per line, comma-separated, with
+/// 9 significant digits (a float survives the round trip exactly).
+std::string csv_rows(const std::vector<float>& values, std::size_t per_row) {
+  std::string out;
+  char num[32];
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    std::snprintf(num, sizeof num, "%.9g", static_cast<double>(values[i]));
+    out += num;
+    out += (i + 1) % per_row == 0 ? '\n' : ',';
   }
-  s.n = std::min(s.n, max_n);
-  char params[128];
-  if (s.kind == job::kind::saxpy)
-    std::snprintf(params, sizeof params, "n=%zu&a=%g&seed=%u", s.n, static_cast<double>(s.a),
-                  s.seed);
-  else
-    std::snprintf(params, sizeof params, "n=%zu&seed=%u", s.n, s.seed);
-  const std::string path = std::string("/") + job::to_string(s.kind);
-  return {use_post ? post(path, params) : get(path + "?" + params), s};
+  return out;
 }
 
-/// The "result" field of the server's JSON reply.
-std::optional<double> result_field(const std::string& body) {
-  const std::size_t at = body.find("\"result\":");
+/// The self-test's request number i: the request, and what its answer must be.
+struct planned {
+  enum class route { job, busy, mlp, refused } what = route::job;
+  std::string raw;
+  job::spec spec;                 // route::job
+  std::uint32_t seed = 0;         // route::busy
+  std::vector<float> mlp_inputs;  // route::mlp: rows x in
+  int status = 200;               // route::refused: the 4xx it must get
+  std::string body_has;           // route::refused: a substring of the message
+};
+
+planned self_test_request(std::uint64_t i, const server_limits& lim) {
+  planned p;
+  const auto seed = static_cast<std::uint32_t>(i * 2654435761u);
+  auto job_request = [&](job::kind k, std::size_t n, float a, bool use_post) {
+    p.what = planned::route::job;
+    p.spec = {k, std::min(n, lim.max_n), a, seed};
+    char params[128];
+    if (k == job::kind::saxpy)
+      std::snprintf(params, sizeof params, "n=%zu&a=%g&seed=%u", p.spec.n, static_cast<double>(a),
+                    seed);
+    else
+      std::snprintf(params, sizeof params, "n=%zu&seed=%u", p.spec.n, seed);
+    const std::string path = std::string("/") + job::to_string(k);
+    p.raw = use_post ? post(path, params) : get(path + "?" + params);
+  };
+  auto mlp_request = [&](std::size_t rows, bool use_post) {
+    const mlp::shape& d = lim.model->dims();
+    rows = std::min(rows, lim.mlp_max_rows);
+    p.what = planned::route::mlp;
+    p.mlp_inputs.resize(rows * static_cast<std::size_t>(d.in));
+    for (std::size_t r = 0; r < rows; ++r)
+      mlp::input_row(seed + static_cast<std::uint32_t>(r), d.in,
+                     p.mlp_inputs.data() + r * static_cast<std::size_t>(d.in));
+    p.raw = use_post
+                ? post("/mlp", csv_rows(p.mlp_inputs, static_cast<std::size_t>(d.in)), "text/csv")
+                : get("/mlp?seed=" + std::to_string(seed) + "&rows=" + std::to_string(rows));
+  };
+  auto refused = [&](std::string target, int status, std::string body_has) {
+    p.what = planned::route::refused;
+    p.raw = get(target);
+    p.status = status;
+    p.body_has = std::move(body_has);
+  };
+  switch (i % 12) {
+    case 0: job_request(job::kind::saxpy, 65536, 2.5f, false); break;
+    case 1: job_request(job::kind::sum, 65536, 2.0f, false); break;
+    case 2: job_request(job::kind::saxpy, 1000, 0.1f, false); break;  // inexact: the tolerance path
+    case 3: job_request(job::kind::sum, 4096, 2.0f, true); break;
+    case 4: job_request(job::kind::sum, 262144 + i % 1000, 2.0f, false); break;  // odd sizes
+    case 5:
+    case 6: {
+      p.what = planned::route::busy;
+      p.seed = seed;
+      const std::uint32_t us = std::min<std::uint32_t>(i % 12 == 5 ? 200 : 2000, lim.max_busy_us);
+      p.raw = get("/busy?us=" + std::to_string(us) + "&seed=" + std::to_string(seed));
+      break;
+    }
+    case 7: mlp_request(1, false); break;
+    case 8: mlp_request(3, false); break;
+    case 9: mlp_request(2, true); break;
+    case 10: mlp_request(1 + i % 5, false); break;
+    default:  // malformed requests between the good ones: each must get its 4xx, no one else's
+      switch ((i / 12) % 4) {
+        case 0: refused("/busy?us=0", 400, "us must be"); break;
+        case 1: refused("/mlp?rows=" + std::to_string(lim.mlp_max_rows + 1), 413, "at most"); break;
+        case 2:
+          refused("/busy?us=" + std::to_string(lim.max_busy_us + 1), 400, "us must be");
+          break;
+        default: refused("/mlp?seed=1&bogus=2", 400, "unknown parameter"); break;
+      }
+  }
+  return p;
+}
+
+/// The number after "name": in the server's JSON reply.
+std::optional<double> number_field(const std::string& body, std::string_view name) {
+  const std::string key = "\"" + std::string(name) + "\":";
+  const std::size_t at = body.find(key);
   if (at == std::string::npos) return std::nullopt;
-  const char* begin = body.c_str() + at + 9;
+  const char* begin = body.c_str() + at + key.size();
   char* end = nullptr;
   const double v = std::strtod(begin, &end);
   if (end == begin) return std::nullopt;
   return v;
 }
 
+/// The numbers of the array "name":[...] in the server's JSON reply.
+std::vector<double> array_field(const std::string& body, std::string_view name) {
+  std::vector<double> out;
+  const std::string key = "\"" + std::string(name) + "\":[";
+  std::size_t at = body.find(key);
+  if (at == std::string::npos) return out;
+  const char* p = body.c_str() + at + key.size();
+  while (*p != ']' && *p != '\0') {
+    char* end = nullptr;
+    const double v = std::strtod(p, &end);
+    if (end == p) break;
+    out.push_back(v);
+    p = end;
+    if (*p == ',') ++p;
+  }
+  return out;
+}
+
 std::string first_line(const std::string& s) {
   return s.substr(0, std::min(s.find('\n'), std::size_t{160}));
+}
+
+/// What is wrong with the reply to `p`, or nothing.
+std::optional<std::string> check_reply(const planned& p, const reply& r, const server_limits& lim) {
+  char msg[240];
+  if (p.what == planned::route::refused) {
+    if (r.status != p.status)
+      return "status " + std::to_string(r.status) + ", want " + std::to_string(p.status) + " (" +
+             first_line(r.body) + ")";
+    if (r.body.find(p.body_has) == std::string::npos)
+      return "the refusal lacks '" + p.body_has + "': " + first_line(r.body);
+    return std::nullopt;
+  }
+  if (r.status != 200) return "status " + std::to_string(r.status) + ": " + first_line(r.body);
+  switch (p.what) {
+    case planned::route::job: {
+      const std::optional<double> got = number_field(r.body, "result");
+      const double want = job::reference(p.spec);
+      if (!got || !job::close_enough(*got, want)) {
+        std::snprintf(msg, sizeof msg, "%s n=%zu seed=%u: result %s, the client's CPU says %.17g",
+                      job::to_string(p.spec.kind), p.spec.n, p.spec.seed,
+                      got ? std::to_string(*got).c_str() : "missing", want);
+        return std::string(msg);
+      }
+      return std::nullopt;
+    }
+    case planned::route::busy: {
+      const std::optional<double> got = number_field(r.body, "result");
+      const std::uint32_t want = busy_math::reference(p.seed);
+      if (!got || *got != static_cast<double>(want)) {
+        std::snprintf(msg, sizeof msg, "busy seed=%u: result %s, the client's CPU says %u", p.seed,
+                      got ? std::to_string(*got).c_str() : "missing", want);
+        return std::string(msg);
+      }
+      return std::nullopt;
+    }
+    case planned::route::mlp: {
+      const mlp::shape& d = lim.model->dims();
+      const std::size_t in = static_cast<std::size_t>(d.in);
+      const std::size_t rows = p.mlp_inputs.size() / in;
+      const std::vector<double> sums = array_field(r.body, "checksums");
+      if (sums.size() != rows)
+        return "mlp: " + std::to_string(sums.size()) + " checksums for " + std::to_string(rows) +
+               " rows: " + first_line(r.body);
+      std::vector<float> want(static_cast<std::size_t>(d.out));
+      for (std::size_t row = 0; row < rows; ++row) {
+        lim.model->forward(p.mlp_inputs.data() + row * in, want.data());
+        if (!mlp::checksum_agrees(sums[row], want.data(), d.out)) {
+          std::snprintf(msg, sizeof msg, "mlp row %zu: checksum %.9g, the client's CPU says %.9g",
+                        row, sums[row], mlp::checksum(want.data(), d.out));
+          return std::string(msg);
+        }
+      }
+      const std::optional<double> batch = number_field(r.body, "batch");
+      if (!batch || *batch < static_cast<double>(rows) ||
+          *batch > static_cast<double>(lim.mlp_max_rows))
+        return "mlp: batch size out of range: " + first_line(r.body);
+      return std::nullopt;
+    }
+    default: return std::nullopt;
+  }
 }
 
 struct load_state {
@@ -181,7 +323,7 @@ asio::awaitable<void> load_worker(load_state& st) {
       break;
     const std::uint64_t i = st.issued++;
     std::optional<planned> p;
-    if (st.options.target.empty()) p = self_test_request(i, st.options.max_n);
+    if (st.options.target.empty()) p = self_test_request(i, st.options.limits);
     const std::string& raw = p ? p->raw : st.fixed_request;
 
     std::string why;
@@ -208,20 +350,13 @@ asio::awaitable<void> load_worker(load_state& st) {
     st.report.latency_us.push_back(
         std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
     ++st.report.requests;
-    if (r.status != 200) {
+    if (p) {
+      if (p->what == planned::route::refused) ++st.report.refused;
+      if (auto wrong = check_reply(*p, r, st.options.limits))
+        st.fail("request " + std::to_string(i) + ": " + *wrong);
+    } else if (r.status != 200) {
       st.fail("request " + std::to_string(i) + ": status " + std::to_string(r.status) + ": " +
               first_line(r.body));
-    } else if (p) {
-      const std::optional<double> got = result_field(r.body);
-      const double want = job::reference(p->spec);
-      if (!got || !job::close_enough(*got, want)) {
-        char msg[200];
-        std::snprintf(msg, sizeof msg,
-                      "request %llu (%s n=%zu seed=%u): result %s, the client's CPU says %.17g",
-                      static_cast<unsigned long long>(i), job::to_string(p->spec.kind), p->spec.n,
-                      p->spec.seed, got ? std::to_string(*got).c_str() : "missing", want);
-        st.fail(msg);
-      }
     }
     if (!r.keep_alive) c.close();
   }
@@ -240,6 +375,10 @@ double load_report::percentile(double q) const {
 
 load_report run_load(const load_options& options) {
   load_state st{options};  // declared before io: it outlives the coroutine frames io destroys
+  if (options.target.empty() && options.limits.model == nullptr) {
+    st.fail("the self-test mix needs the /mlp model (load_options::limits.model)");
+    return std::move(st.report);
+  }
   st.fixed_request = get(options.target);
   asio::io_context io(1);
   const auto t0 = clock_type::now();
@@ -249,7 +388,7 @@ load_report run_load(const load_options& options) {
       if (e) std::rethrow_exception(e);
     });
   // A server that stops answering must not hang the test: give up well after the plan's end.
-  const auto limit = options.requests > 0 ? std::chrono::milliseconds(120000)
+  const auto limit = options.requests > 0 ? std::chrono::milliseconds(300000)
                                           : options.duration + std::chrono::milliseconds(30000);
   io.run_for(limit);
   if (!io.stopped())
@@ -270,8 +409,15 @@ struct edge_case {
   std::vector<std::string> body_has;  ///< substrings the last body must contain
 };
 
-std::vector<edge_case> edge_cases(bool evr_mode) {
+std::vector<edge_case> edge_cases(const server_limits& lim) {
   const std::string host = "Host: 127.0.0.1\r\n";
+  const std::size_t in = static_cast<std::size_t>(lim.model->dims().in);
+  const std::string max_rows = std::to_string(lim.mlp_max_rows);
+  const std::string zero_row = [&] {  // a row of `in` zeros, as POST /mlp takes it
+    std::string r;
+    for (std::size_t j = 0; j < in; ++j) r += j + 1 < in ? "0," : "0\n";
+    return r;
+  }();
   std::vector<edge_case> v = {
       {"n=0", {get("/saxpy?n=0")}, {400}, false, {"n must be"}},
       {"n not a number", {get("/sum?n=abc")}, {400}, false, {"n must be"}},
@@ -333,9 +479,67 @@ std::vector<edge_case> edge_cases(bool evr_mode) {
        {get("/metrics")},
        {200},
        false,
-       {"evr_server_requests_total", "evr_server_info"}},
+       {"evr_server_requests_total", "evr_server_info", "evr_server_mlp_batch_rows_sum"}},
+      // --- /busy ---
+      {"busy", {get("/busy?us=100&seed=7")}, {200}, false, {"\"op\":\"busy\"", "\"result\":"}},
+      {"busy us=0", {get("/busy?us=0")}, {400}, false, {"us must be"}},
+      {"busy us not a number", {get("/busy?us=abc")}, {400}, false, {"us must be"}},
+      {"busy us over the limit",
+       {get("/busy?us=" + std::to_string(lim.max_busy_us + 1))},
+       {400},
+       false,
+       {"us must be"}},
+      {"busy us missing", {get("/busy?seed=1")}, {400}, false, {"missing parameter us"}},
+      {"busy unknown parameter", {get("/busy?us=5&n=1")}, {400}, false, {"unknown parameter"}},
+      {"POST /busy", {post("/busy", "us=5")}, {405}, false, {}},
+      // --- /mlp ---
+      {"mlp", {get("/mlp?seed=5&rows=2")}, {200}, false, {"\"op\":\"mlp\"", "\"checksums\":["}},
+      {"mlp POST", {post("/mlp", zero_row + zero_row, "text/csv")}, {200}, false, {"\"rows\":2"}},
+      {"mlp rows=0", {get("/mlp?rows=0")}, {400}, false, {"rows must be"}},
+      {"mlp rows not a number", {get("/mlp?rows=x")}, {400}, false, {"rows must be"}},
+      {"mlp batch overflow (rows)",
+       {get("/mlp?rows=" + std::to_string(lim.mlp_max_rows + 1))},
+       {413},
+       false,
+       {"at most " + max_rows + " rows"}},
+      {"mlp unknown parameter", {get("/mlp?seed=1&n=4")}, {400}, false, {"unknown parameter"}},
+      {"mlp POST with query parameters",
+       {post("/mlp?seed=1", zero_row, "text/csv")},
+       {400},
+       false,
+       {"not query parameters"}},
+      {"mlp POST empty body", {post("/mlp", "", "text/csv")}, {400}, false, {"the body has none"}},
+      {"mlp POST short row",
+       {post("/mlp", "1,2,3\n", "text/csv")},
+       {400},
+       false,
+       {"has 3 numbers"}},
+      {"mlp POST not a number",
+       {post("/mlp", "1,x," + zero_row, "text/csv")},
+       {400},
+       false,
+       {"not a finite number"}},
+      {"mlp POST oversized body",
+       {post("/mlp", std::string(70000, '0'), "text/csv")},
+       {413},
+       true,
+       {"larger than"}},
+      {"DELETE /mlp", {"DELETE /mlp HTTP/1.1\r\n" + host + "\r\n"}, {405}, false, {}},
   };
-  if (evr_mode) v.back().body_has.push_back("evr_reactor_completed_total");
+  // Batch overflow through a body too, when max+1 rows of zeros fit the body limit.
+  if ((lim.mlp_max_rows + 1) * zero_row.size() <= http::max_body_bytes) {
+    std::string rows;
+    for (std::size_t r = 0; r <= lim.mlp_max_rows; ++r) rows += zero_row;
+    v.push_back({"mlp batch overflow (body)",
+                 {post("/mlp", rows, "text/csv")},
+                 {413},
+                 false,
+                 {"at most " + max_rows + " rows"}});
+  }
+  if (lim.evr_mode) {
+    for (auto& c : v)
+      if (c.name == "GET /metrics") c.body_has.push_back("evr_reactor_completed_total");
+  }
   return v;
 }
 
@@ -361,7 +565,7 @@ asio::awaitable<void> run_case(const tcp::endpoint& ep, const edge_case& ec, edg
     if (r.keep_alive) co_return fail("the response does not say Connection: close");
     if (!co_await c.closed_by_peer()) co_return fail("the server did not close the connection");
   } else {
-    // The connection must still serve requests after this one.
+    // The connection must still serve requests after this one: a refusal loses nothing.
     std::string why;
     if (auto e = co_await c.send(get("/sum?n=1")); e)
       co_return fail("follow-up send: " + e.message());
@@ -373,9 +577,13 @@ asio::awaitable<void> run_case(const tcp::endpoint& ep, const edge_case& ec, edg
 
 }  // namespace
 
-edge_report run_edge_cases(const tcp::endpoint& server, bool evr_mode) {
-  const std::vector<edge_case> cases = edge_cases(evr_mode);
+edge_report run_edge_cases(const tcp::endpoint& server, const server_limits& limits) {
   edge_report report;
+  if (limits.model == nullptr) {
+    report.failures.push_back("the edge cases need the /mlp model (server_limits::model)");
+    return report;
+  }
+  const std::vector<edge_case> cases = edge_cases(limits);
   asio::io_context io(1);
   asio::co_spawn(
       io,
@@ -390,5 +598,73 @@ edge_report run_edge_cases(const tcp::endpoint& server, bool evr_mode) {
       });
   io.run_for(std::chrono::seconds(60));
   if (!io.stopped()) report.failures.push_back("the edge cases did not finish within 60 s");
+  return report;
+}
+
+// --- shutdown with requests in flight ----------------------------------------------------------
+
+shutdown_report run_shutdown_check(const tcp::endpoint& server,
+                                   const std::vector<std::string>& targets,
+                                   const std::function<bool()>& ready,
+                                   const std::function<void()>& stop) {
+  shutdown_report report;
+  asio::io_context io(1);
+  std::vector<std::unique_ptr<client>> clients;
+  int connected = 0;
+  // 1. Connect and send every request.
+  for (const std::string& t : targets) {
+    clients.push_back(std::make_unique<client>(io.get_executor()));
+    asio::co_spawn(
+        io,
+        [&, c = clients.back().get(), raw = get(t)]() -> asio::awaitable<void> {
+          if (auto e = co_await c->connect(server)) {
+            report.failures.push_back("connect: " + e.message());
+            co_return;
+          }
+          if (auto e = co_await c->send(raw)) {
+            report.failures.push_back("send: " + e.message());
+            co_return;
+          }
+          ++report.sent;
+          ++connected;
+        },
+        asio::detached);
+  }
+  io.run_for(std::chrono::seconds(10));
+  io.restart();
+  if (connected != static_cast<int>(targets.size())) {
+    report.failures.push_back("only " + std::to_string(connected) + " of " +
+                              std::to_string(targets.size()) + " requests were sent");
+  }
+  // 2. Wait until the server holds them, then stop it.
+  const auto give_up = clock_type::now() + std::chrono::seconds(10);
+  while (!ready() && clock_type::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!ready()) report.failures.push_back("the server never held the requests in flight");
+  stop();
+  // 3. Each connection: a 200, or closed. Nothing may hang.
+  for (auto& c : clients) {
+    if (!c->is_open()) continue;
+    asio::co_spawn(
+        io,
+        [&, c = c.get()]() -> asio::awaitable<void> {
+          reply r;
+          std::string why;
+          const std::error_code e = co_await c->receive(r, why);
+          if (!e && r.status == 200) {
+            ++report.answered;
+          } else if (e == asio::error::eof || e == asio::error::connection_reset) {
+            ++report.closed;
+          } else {
+            report.failures.push_back(e ? "unexpected end: " + (why.empty() ? e.message() : why)
+                                        : "status " + std::to_string(r.status) + ": " +
+                                              first_line(r.body));
+          }
+        },
+        asio::detached);
+  }
+  io.run_for(std::chrono::seconds(30));
+  if (!io.stopped())
+    report.failures.push_back("a connection neither answered nor closed within 30 s of stop()");
   return report;
 }

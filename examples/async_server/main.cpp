@@ -1,35 +1,46 @@
-// evr-async-server: an Asio HTTP/1.1 server whose requests launch GPU work sized by the request
-// and co_await its completion through evr — or, with --mode blocking, block their thread in
-// cudaStreamSynchronize, for comparison. Runs on the GPU when there is one, on the simulated
-// device otherwise, and says which.
+// evr-async-server: an Asio HTTP/1.1 server whose requests launch GPU work and co_await its
+// completion through evr — or, with --mode pool / thread, block a thread until the GPU is done,
+// for comparison. Runs on the GPU when there is one, on the simulated device otherwise, and says
+// which.
 //
-//   evr-async-server                                  self-test (200 requests), then exit
-//   evr-async-server --self-test 2000 --device sim
-//   evr-async-server --load-connections 16 --load-seconds 3 [--mode blocking]
+//   evr-async-server                                  self-test, then exit
+//   evr-async-server --self-test 2000 --compare       ... then evr vs the blocking pool
+//   evr-async-server --load-connections 256 --load-path '/busy?us=2000' [--mode pool]
 //   evr-async-server --port 8080                      serve until Ctrl-C; try
-//       curl 'http://127.0.0.1:8080/saxpy?n=65536'  and  curl http://127.0.0.1:8080/metrics
+//       curl 'http://127.0.0.1:8080/busy?us=2000'  and  curl http://127.0.0.1:8080/metrics
 //
-// Files: http.* (parsing), job.* (what a request computes, the CPU's answer), lanes.* (streams
-// and buffers, the pool), kernels.* (CUDA), server.* (connections, routes, the two wait modes),
-// metrics.* (Prometheus), load.* (the built-in client), cli.* (options), this file (wiring).
+// Files: http.* (HTTP heads, on http_parser), job.* busy.* mlp.* (what a route computes, the CPU's
+// answer), lanes.* (streams and buffers, the pool), batcher.* (/mlp dynamic batching), kernels.*
+// mlp_kernels.cu (CUDA, cuBLAS), server.* (connections, routes, the three modes), instance.* (one
+// running server), metrics.* (Prometheus), load.* (the built-in client), cli.* (options), this
+// file (wiring).
+#include <sys/resource.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <vector>
 
-#include <asio/io_context.hpp>
 #include <asio/signal_set.hpp>
 
 #include <evr/evr.hpp>
+#include <evr/sim/device.hpp>
 
+#include "busy_math.hpp"
 #include "cli.hpp"
+#include "instance.hpp"
 #include "lanes.hpp"
 #include "load.hpp"
 #include "metrics.hpp"
+#include "mlp.hpp"
 #include "server.hpp"
+
+#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
+#include <cuda_runtime.h>
+#endif
 
 namespace {
 
@@ -71,180 +82,340 @@ device_choice choose_device(const std::string& wanted) {
   return d;
 }
 
+/// A thousand connections need a thousand descriptors, more than the usual soft limit (1024).
+void raise_descriptor_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+/// Settings that must be in place before the CUDA context exists.
+void prepare_cuda(const settings& cfg, const device_choice& dev) {
+#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
+  if (!dev.cuda) return;
+  // A blocking server that spins: say so, rather than leave it to cudaDeviceScheduleAuto's
+  // heuristic (which spins too while contexts <= CPUs). blocking-sync needs no device flag: its
+  // events are created with cudaEventBlockingSync.
+  const bool spin_pool = (cfg.mode != wait_mode::evr && cfg.sync == sync_kind::spin) || cfg.compare;
+  if (spin_pool) {
+    if (cudaError_t e = cudaSetDeviceFlags(cudaDeviceScheduleSpin); e != cudaSuccess) {
+      std::fprintf(stderr, "evr-async-server: warning: cudaSetDeviceFlags(spin): %s\n",
+                   cudaGetErrorString(e));
+      cudaGetLastError();
+    }
+  }
+#else
+  (void)cfg;
+  (void)dev;
+#endif
+}
+
+/// Gets every lane ready before the first request: allocates the buffers requests will need
+/// (cudaMalloc and cudaFree synchronize the whole device, so they must stay off the request path)
+/// and runs each kind of work once (the first use of a kernel or a cuBLAS handle loads code and
+/// workspace). Lane 0's answers are checked against the CPU. Throws std::runtime_error if the
+/// device refuses or answers wrongly.
+void warm_up(const std::vector<lane*>& lanes, const mlp::model& model, std::size_t max_rows,
+             bool cuda) {
+  const mlp::shape& d = model.dims();
+  const std::size_t in = static_cast<std::size_t>(d.in);
+  const std::uint32_t seed = 12345;
+  for (std::size_t i = 0; i < lanes.size(); ++i) {
+    lane& l = *lanes[i];
+    l.reserve(std::size_t{1} << 16);
+    l.reserve_rows(max_rows);
+    // A full batch once, on lane 0 of a GPU (cuBLAS picks other kernels for other sizes); one
+    // row everywhere else (the simulator computes each row on the CPU: keep it short).
+    const std::size_t rows = cuda && i == 0 ? max_rows : 1;
+    for (std::size_t r = 0; r < rows; ++r)
+      mlp::input_row(seed + static_cast<std::uint32_t>(r), d.in, l.mlp_input() + r * in);
+    l.enqueue_mlp(rows);
+    l.enqueue_busy({1, seed});
+  }
+  for (lane* l : lanes)
+    if (std::error_code ec = l->wait_blocking(sync_kind::spin))
+      throw std::runtime_error("warm-up: waiting for the device failed: " + ec.message());
+  std::vector<float> want(static_cast<std::size_t>(d.out));
+  model.forward(lanes[0]->mlp_input(), want.data());
+  if (auto wrong = mlp::compare_row(lanes[0]->mlp_output(), want.data(), d.out))
+    throw std::runtime_error("warm-up: the device's /mlp answer is wrong: " + *wrong);
+  if (lanes[0]->busy_result() != busy_math::reference(seed))
+    throw std::runtime_error("warm-up: the device's /busy answer is wrong");
+}
+
 void print_latency(const char* what, const load_report& r) {
   std::printf("latency (%s): p50 %.1f us, p90 %.1f us, p99 %.1f us, max %.1f us\n", what,
               r.percentile(0.5), r.percentile(0.9), r.percentile(0.99), r.percentile(1.0));
+}
+
+std::string mode_label(wait_mode m, sync_kind s) {
+  return m == wait_mode::evr ? "evr" : std::string(to_string(m)) + "/" + to_string(s);
+}
+
+struct process {
+  const settings& cfg;
+  device_choice& dev;
+  const mlp::model& model;
+  std::vector<lane*> lanes;
+
+  instance_config config_for(wait_mode m, sync_kind s, int threads) const {
+    instance_config c;
+    c.threads = m == wait_mode::thread ? 1 : threads;
+    c.reactor.strategy = cfg.strategy;
+    if (cfg.spin_window_us >= 0)
+      c.reactor.spin_window = std::chrono::microseconds(cfg.spin_window_us);
+    if (cfg.max_sleep_us >= 0) c.reactor.max_sleep = std::chrono::microseconds(cfg.max_sleep_us);
+    server_config& sc = c.server;
+    sc.address = cfg.address;
+    sc.port = static_cast<std::uint16_t>(cfg.port < 0 ? 0 : cfg.port);
+    sc.mode = m;
+    sc.sync = s;
+    sc.max_n = cfg.max_n;
+    sc.max_busy_us = cfg.max_busy_us;
+    sc.check_every = cfg.check_every;
+    sc.batching.max_rows = cfg.mlp_max_batch;
+    sc.batching.window = std::chrono::microseconds(cfg.mlp_window_us);
+    sc.batching.inflight = cfg.mlp_inflight;
+    sc.io_timeout = std::chrono::seconds(cfg.timeout_seconds);
+    sc.info = {m == wait_mode::evr ? "evr" : to_string(m),
+               m == wait_mode::evr ? "none" : to_string(s),
+               dev.label,
+               m == wait_mode::evr ? evr::to_string(cfg.strategy) : "none",
+               m == wait_mode::thread ? 0 : threads,
+               static_cast<int>(lanes.size())};
+    return c;
+  }
+
+  server_limits limits(bool evr_mode) const {
+    return {cfg.max_n, cfg.max_busy_us, cfg.mlp_max_batch, &model, evr_mode};
+  }
+};
+
+/// Prints the server's own tally; returns its count of failures (wrong answers, GPU errors).
+std::uint64_t print_server_summary(const server_metrics& m) {
+  const std::uint64_t ok = m.count(200, 299), client_errors = m.count(400, 499),
+                      server_errors = m.count(500, 599);
+  // 500: a wrong answer or a failed GPU wait; 503: out of memory. (501 and 505 answer requests
+  // this server does not support, which the edge cases send on purpose.)
+  const std::uint64_t failures = m.count(500, 500) + m.count(503, 503);
+  std::printf(
+      "server: %llu responses: %llu 2xx, %llu 4xx, %llu 5xx (%llu failures: wrong answers, GPU "
+      "errors)\n",
+      static_cast<unsigned long long>(ok + client_errors + server_errors),
+      static_cast<unsigned long long>(ok), static_cast<unsigned long long>(client_errors),
+      static_cast<unsigned long long>(server_errors), static_cast<unsigned long long>(failures));
+  return failures;
+}
+
+/// The demo's comparison: evr and the blocking pool (spin), same thread count, same load.
+bool run_compare(const process& p) {
+  struct row {
+    load_report load;
+    bool ok = false;
+  };
+  row rows[2];
+  const wait_mode modes[2] = {wait_mode::evr, wait_mode::pool};
+  for (int i = 0; i < 2; ++i) {
+    instance inst(*p.dev.backend, p.lanes, p.model,
+                  p.config_for(modes[i], sync_kind::spin, p.cfg.threads));
+    load_options lo;
+    lo.server = inst.endpoint();
+    lo.connections = p.cfg.compare_connections;
+    lo.duration = std::chrono::milliseconds(static_cast<long long>(p.cfg.compare_seconds * 1000));
+    lo.target = p.cfg.compare_path;
+    lo.limits = p.limits(modes[i] == wait_mode::evr);
+    rows[i].load = run_load(lo);
+    inst.stop();
+    rows[i].ok = inst.join() && rows[i].load.errors == 0 && inst.metrics().count(500, 599) == 0;
+    if (!rows[i].load.first_error.empty())
+      std::printf("compare: %s: first error: %s\n", to_string(modes[i]),
+                  rows[i].load.first_error.c_str());
+  }
+  const double evr_rps = rows[0].load.requests_per_second();
+  const double pool_rps = rows[1].load.requests_per_second();
+  std::printf(
+      "compare: GET %s, %d connections, %d server thread%s each: evr %.0f requests/s vs blocking "
+      "pool (spin) %.0f requests/s: %.1fx (p99 %.1f ms vs %.1f ms)\n",
+      p.cfg.compare_path.c_str(), p.cfg.compare_connections, p.cfg.threads,
+      p.cfg.threads == 1 ? "" : "s", evr_rps, pool_rps, pool_rps > 0 ? evr_rps / pool_rps : 0.0,
+      rows[0].load.percentile(0.99) / 1e3, rows[1].load.percentile(0.99) / 1e3);
+  return rows[0].ok && rows[1].ok;
+}
+
+/// Requests in flight when the server stops: they must finish their GPU work, every lane must
+/// come back and the reactor must have nothing left. Returns true when all of that holds.
+bool run_shutdown(const process& p, instance& inst) {
+  std::vector<std::string> targets;
+  const std::uint32_t us = std::min<std::uint32_t>(100000, p.cfg.max_busy_us);
+  for (int i = 0; i < 8; ++i)
+    targets.push_back(i % 4 == 3 ? "/mlp?seed=" + std::to_string(i)
+                                 : "/busy?us=" + std::to_string(us) + "&seed=" + std::to_string(i));
+  // The /busy ones take 100 ms: the server must hold them all when it stops (the /mlp ones may
+  // be done by then). A pool of N threads holds at most N: the rest wait unread until it frees.
+  const std::int64_t busy = static_cast<std::int64_t>(targets.size() - targets.size() / 4);
+  const std::int64_t expect =
+      p.cfg.mode == wait_mode::pool ? std::min<std::int64_t>(busy, p.cfg.threads) : busy;
+  const shutdown_report r = run_shutdown_check(
+      inst.endpoint(), targets, [&] { return inst.metrics().in_flight() >= expect; },
+      [&] { inst.stop(); });
+  const bool joined = inst.join();
+  const std::int64_t left = inst.metrics().in_flight();
+  const std::size_t leased = inst.pool().leased();
+  const std::uint64_t reactor_left = inst.reactor() ? inst.reactor()->metrics().in_flight : 0;
+  std::printf(
+      "shutdown: stop() with %d requests sent, at least %lld in the server: %d answered, %d "
+      "closed; "
+      "afterwards %lld requests, %zu of %zu lanes, %llu reactor waits left\n",
+      r.sent, static_cast<long long>(expect), r.answered, r.closed, static_cast<long long>(left),
+      leased, inst.pool().size(), static_cast<unsigned long long>(reactor_left));
+  for (const auto& f : r.failures) std::printf("  FAILED %s\n", f.c_str());
+  return joined && r.failures.empty() && r.answered + r.closed == r.sent && left == 0 &&
+         leased == 0 && reactor_left == 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const settings cfg = parse_command_line(argc, argv);
+  raise_descriptor_limit();
+  if (cfg.device != "sim" && cfg.cuda_connections > 0) {
+    // Streams share the GPU's hardware queues (8 by default); work behind a kernel on a shared
+    // queue waits for it even when it belongs to another stream. Up to 32 queues: must be set
+    // before the CUDA context exists. An explicit environment setting wins.
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(cfg.cuda_connections).c_str(), 0);
+  }
   device_choice dev = choose_device(cfg.device);
   std::printf("device: %s\n", dev.description.c_str());
 
   try {
-    // Order matters for teardown (reverse): the server and lanes go before the io_context, the
-    // io_context before the reactor it may still have waits with, the reactor before the device.
-    std::optional<evr::reactor> reactor;
-    if (cfg.mode == wait_mode::evr) {
-      evr::reactor_options opts;
-      opts.strategy = cfg.strategy;
-      reactor.emplace(*dev.backend, opts);
-    }
-    asio::io_context io(cfg.threads);
+    prepare_cuda(cfg, dev);
+    mlp::shape shape;
+    shape.width = cfg.mlp_width > 0 ? cfg.mlp_width : (dev.cuda ? 8192 : 1024);
+    shape.hidden = cfg.mlp_layers;
+    const mlp::model model(shape);
 
-    std::vector<std::unique_ptr<lane>> lanes;
+    // The lanes (and the /mlp weights on a GPU) are the process's: every instance uses them.
+#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
+    std::unique_ptr<cuda_mlp_weights> weights;
+    if (dev.cuda) weights = std::make_unique<cuda_mlp_weights>(model);
+#endif
+    std::vector<std::unique_ptr<lane>> owned_lanes;
     for (int i = 0; i < cfg.streams; ++i) {
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
       if (dev.cuda) {
-        lanes.push_back(make_cuda_lane());
+        owned_lanes.push_back(make_cuda_lane(*weights));
         continue;
       }
 #endif
-      lanes.push_back(make_sim_lane(*dev.sim));
+      owned_lanes.push_back(make_sim_lane(*dev.sim, model));
     }
-    lane_pool pool(io.get_executor(), std::move(lanes));
-    server_metrics metrics;
-    server_config sc;
-    sc.address = cfg.address;
-    sc.port = static_cast<std::uint16_t>(cfg.port < 0 ? 0 : cfg.port);
-    sc.mode = cfg.mode;
-    sc.max_n = cfg.max_n;
-    sc.io_timeout = std::chrono::seconds(cfg.timeout_seconds);
-    sc.device_label = dev.label;
-    sc.strategy_label = cfg.mode == wait_mode::evr ? evr::to_string(cfg.strategy) : "none";
-    server srv(io, sc, pool, reactor ? &*reactor : nullptr, metrics);
-    srv.start();
+    process p{cfg, dev, model, {}};
+    for (auto& l : owned_lanes) p.lanes.push_back(l.get());
+    warm_up(p.lanes, model, cfg.mlp_max_batch, dev.cuda);
 
-    std::printf("server: mode %s, %d thread%s, %d stream%s, %s, http://%s:%u/\n",
-                to_string(cfg.mode), cfg.threads, cfg.threads == 1 ? "" : "s", cfg.streams,
-                cfg.streams == 1 ? "" : "s",
-                cfg.mode == wait_mode::evr
-                    ? (std::string("strategy ") + evr::to_string(cfg.strategy)).c_str()
-                    : "synchronize per request",
-                cfg.address.c_str(), srv.port());
-    std::fflush(stdout);
-
-    std::optional<asio::signal_set> signals;
-    if (cfg.what == action::serve) {
-      signals.emplace(io, SIGINT, SIGTERM);
-      signals->async_wait([&](std::error_code ec, int sig) {
-        if (ec) return;
-        std::printf("stopping (signal %d)\n", sig);
-        srv.stop();
-      });
+    bool good = true;
+    {
+      instance inst(*dev.backend, p.lanes, model, p.config_for(cfg.mode, cfg.sync, cfg.threads));
+      char mlp_desc[200];
+      std::snprintf(mlp_desc, sizeof mlp_desc,
+                    "mlp %d-%dx%d-%d (%.0f M weights), batches of up to %zu rows (%zu running, "
+                    "%d us window)",
+                    shape.in, shape.width, shape.hidden, shape.out,
+                    static_cast<double>(shape.weight_count()) / 1e6, cfg.mlp_max_batch,
+                    cfg.mlp_inflight, cfg.mlp_window_us);
       std::printf(
-          "listening on http://%s:%u/ — try /saxpy?n=65536, /sum?n=65536, /metrics; Ctrl-C stops\n",
-          cfg.address.c_str(), srv.port());
+          "server: mode %s, %s, %d stream%s, %s, %s, http://%s:%u/\n",
+          mode_label(cfg.mode, cfg.sync).c_str(),
+          cfg.mode == wait_mode::thread
+              ? "a thread per connection"
+              : (std::to_string(cfg.threads) + (cfg.threads == 1 ? " thread" : " threads")).c_str(),
+          cfg.streams, cfg.streams == 1 ? "" : "s",
+          cfg.mode == wait_mode::evr
+              ? (std::string("strategy ") + evr::to_string(cfg.strategy)).c_str()
+              : "blocking waits",
+          mlp_desc, cfg.address.c_str(), inst.srv().port());
       std::fflush(stdout);
-    }
 
-    std::atomic<bool> crashed{false};
-    std::vector<std::thread> threads;
-    // Should anything below throw, stop the server and join its threads before unwinding
-    // (destroying a joinable std::thread terminates the process).
-    struct joiner {
-      server& srv;
-      std::vector<std::thread>& threads;
-      ~joiner() {
-        if (threads.empty() || !threads.front().joinable()) return;
-        srv.stop();
-        for (auto& t : threads) t.join();
-      }
-    } join_on_unwind{srv, threads};
-    for (int i = 0; i < cfg.threads; ++i) {
-      threads.emplace_back([&] {
-        try {
-          io.run();
-        } catch (const std::exception& e) {
-          // Only a bug gets here (client errors are answered, connection errors end the
-          // connection).
-          std::fprintf(stderr, "evr-async-server: io thread: %s\n", e.what());
-          crashed = true;
-          io.stop();
-        }
-      });
-    }
-
-    const asio::ip::tcp::endpoint endpoint(asio::ip::make_address(cfg.address), srv.port());
-    std::optional<edge_report> edges;
-    std::optional<load_report> load;
-    if (cfg.what == action::self_test) {
-      edges = run_edge_cases(endpoint, cfg.mode == wait_mode::evr);
-      load_options lo;
-      lo.server = endpoint;
-      lo.connections = cfg.connections;
-      lo.requests = cfg.self_test_requests;
-      lo.max_n = cfg.max_n;
-      load = run_load(lo);
-      srv.stop();
-    } else if (cfg.what == action::load) {
-      load_options lo;
-      lo.server = endpoint;
-      lo.connections = cfg.connections;
-      lo.duration = std::chrono::milliseconds(static_cast<long long>(cfg.load_seconds * 1000));
-      lo.target = cfg.load_path;
-      lo.max_n = cfg.max_n;
-      load = run_load(lo);
-      srv.stop();
-    }
-    for (auto& t : threads) t.join();  // serve: until a signal stops the server
-
-    bool good = !crashed;
-    if (edges) {
-      std::printf("edge cases: %d checked, %zu failed\n", edges->checked, edges->failures.size());
-      for (const auto& f : edges->failures) std::printf("  FAILED %s\n", f.c_str());
-      good = good && edges->failures.empty();
-    }
-    if (load) {
-      if (cfg.what == action::self_test) {
+      const server_limits limits = p.limits(cfg.mode == wait_mode::evr);
+      if (cfg.what == action::serve) {
+        asio::signal_set signals(inst.io(), SIGINT, SIGTERM);
+        signals.async_wait([&](std::error_code ec, int sig) {
+          if (ec) return;
+          std::printf("stopping (signal %d)\n", sig);
+          std::fflush(stdout);
+          inst.stop();
+        });
         std::printf(
-            "self-test: %llu requests over %d connections in %.3f s (%.0f requests/s), %llu "
-            "errors\n",
-            static_cast<unsigned long long>(load->requests), cfg.connections, load->seconds,
-            load->requests_per_second(), static_cast<unsigned long long>(load->errors));
-        good = good && load->requests == cfg.self_test_requests;
-      } else {
+            "listening on http://%s:%u/ — try /busy?us=2000, /mlp?seed=1, /saxpy?n=65536, "
+            "/sum?n=65536, /metrics; Ctrl-C stops\n",
+            cfg.address.c_str(), inst.srv().port());
+        std::fflush(stdout);
+        good = inst.join();
+        good = print_server_summary(inst.metrics()) == 0 && good;
+      } else if (cfg.what == action::load) {
+        load_options lo;
+        lo.server = inst.endpoint();
+        lo.connections = cfg.connections;
+        lo.duration = std::chrono::milliseconds(static_cast<long long>(cfg.load_seconds * 1000));
+        lo.target = cfg.load_path;
+        lo.limits = limits;
+        const load_report load = run_load(lo);
+        inst.stop();
+        good = inst.join();
         std::printf(
-            "load: %s on %s with %d connections for %.2f s: %llu requests (%.0f requests/s), %llu "
-            "errors\n",
-            to_string(cfg.mode), cfg.load_path.c_str(), cfg.connections, load->seconds,
-            static_cast<unsigned long long>(load->requests), load->requests_per_second(),
-            static_cast<unsigned long long>(load->errors));
-      }
-      print_latency("client: request written to response read", *load);
-      if (!load->first_error.empty()) std::printf("first error: %s\n", load->first_error.c_str());
-      good = good && load->errors == 0;
-      if (cfg.what == action::load) {
+            "load: %s on %s with %d connections for %.2f s: %llu requests (%.0f requests/s), "
+            "%llu errors\n",
+            mode_label(cfg.mode, cfg.sync).c_str(), cfg.load_path.c_str(), cfg.connections,
+            load.seconds, static_cast<unsigned long long>(load.requests),
+            load.requests_per_second(), static_cast<unsigned long long>(load.errors));
+        print_latency("client: request written to response read", load);
+        if (!load.first_error.empty()) std::printf("first error: %s\n", load.first_error.c_str());
         // One line for scripts (scripts/load-server.sh builds its table from it).
         std::printf(
-            "load-result mode=%s device=%s threads=%d connections=%d seconds=%.3f requests=%llu "
-            "errors=%llu rps=%.1f p50_us=%.1f p90_us=%.1f p99_us=%.1f max_us=%.1f\n",
-            to_string(cfg.mode), dev.label.c_str(), cfg.threads, cfg.connections, load->seconds,
-            static_cast<unsigned long long>(load->requests),
-            static_cast<unsigned long long>(load->errors), load->requests_per_second(),
-            load->percentile(0.5), load->percentile(0.9), load->percentile(0.99),
-            load->percentile(1.0));
+            "load-result mode=%s sync=%s device=%s threads=%d streams=%d connections=%d "
+            "seconds=%.3f requests=%llu errors=%llu rps=%.1f p50_us=%.1f p90_us=%.1f p99_us=%.1f "
+            "max_us=%.1f\n",
+            to_string(cfg.mode), cfg.mode == wait_mode::evr ? "none" : to_string(cfg.sync),
+            dev.label.c_str(), cfg.mode == wait_mode::thread ? 0 : cfg.threads, cfg.streams,
+            cfg.connections, load.seconds, static_cast<unsigned long long>(load.requests),
+            static_cast<unsigned long long>(load.errors), load.requests_per_second(),
+            load.percentile(0.5), load.percentile(0.9), load.percentile(0.99),
+            load.percentile(1.0));
+        good = good && load.errors == 0 && print_server_summary(inst.metrics()) == 0;
+      } else {
+        const edge_report edges = run_edge_cases(inst.endpoint(), limits);
+        std::printf("edge cases: %d checked, %zu failed\n", edges.checked, edges.failures.size());
+        for (const auto& f : edges.failures) std::printf("  FAILED %s\n", f.c_str());
+        load_options lo;
+        lo.server = inst.endpoint();
+        lo.connections = cfg.connections;
+        lo.requests = cfg.self_test_requests;
+        lo.limits = limits;
+        const load_report load = run_load(lo);
+        std::printf(
+            "self-test: %llu requests (every route; %llu malformed on purpose, refused as they "
+            "must be) over %d connections in %.3f s (%.0f requests/s), %llu errors\n",
+            static_cast<unsigned long long>(load.requests),
+            static_cast<unsigned long long>(load.refused), cfg.connections, load.seconds,
+            load.requests_per_second(), static_cast<unsigned long long>(load.errors));
+        print_latency("client: request written to response read", load);
+        if (!load.first_error.empty()) std::printf("first error: %s\n", load.first_error.c_str());
+        const bool shutdown_ok = run_shutdown(p, inst);
+        const std::uint64_t failures = print_server_summary(inst.metrics());
+        std::optional<evr::reactor_metrics> rm;
+        if (inst.reactor()) {
+          rm = inst.reactor()->metrics();
+          std::printf("reactor: %s\n", reactor_summary(*rm).c_str());
+        }
+        good = edges.failures.empty() && load.requests == cfg.self_test_requests &&
+               load.errors == 0 && shutdown_ok && failures == 0 &&
+               inst.metrics().wrong_answers() == 0 &&
+               (!rm || (rm->failed == 0 && rm->in_flight == 0));
       }
     }
-    const std::uint64_t ok = metrics.count(200, 299), client_errors = metrics.count(400, 499),
-                        server_errors = metrics.count(500, 599);
-    // 500: a wrong answer or a failed GPU wait; 503: out of memory. (501 and 505 answer requests
-    // this server does not support, which the edge cases send on purpose.)
-    const std::uint64_t failures = metrics.count(500, 500) + metrics.count(503, 503);
-    std::printf(
-        "server: %llu responses: %llu 2xx, %llu 4xx, %llu 5xx (%llu failures: wrong answers, GPU "
-        "errors)\n",
-        static_cast<unsigned long long>(ok + client_errors + server_errors),
-        static_cast<unsigned long long>(ok), static_cast<unsigned long long>(client_errors),
-        static_cast<unsigned long long>(server_errors), static_cast<unsigned long long>(failures));
-    std::optional<evr::reactor_metrics> rm;
-    if (reactor) {
-      rm = reactor->metrics();
-      std::printf("reactor: %s\n", reactor_summary(*rm).c_str());
-    }
-    good = good && failures == 0 && (!rm || (rm->failed == 0 && rm->in_flight == 0));
+    if (cfg.compare) good = run_compare(p) && good;
     if (cfg.what == action::self_test)
       std::printf("result: %s on the %s device\n", good ? "OK" : "FAILED",
                   dev.cuda ? "CUDA" : "simulated");

@@ -27,7 +27,15 @@ std::string escape_label(std::string_view v) {
 }
 
 void header(std::string& out, const char* name, const char* type, const char* help) {
-  append(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+  out += "# HELP ";
+  out += name;
+  out += ' ';
+  out += help;
+  out += "\n# TYPE ";
+  out += name;
+  out += ' ';
+  out += type;
+  out += '\n';
 }
 
 void counter(std::string& out, const char* name, const char* help, std::uint64_t v) {
@@ -36,7 +44,9 @@ void counter(std::string& out, const char* name, const char* help, std::uint64_t
 }
 
 /// The reactor's buckets: bucket i counts [2^i, 2^(i+1)) ns, so its cumulative upper bound is
-/// 2^(i+1) ns. All 40 buckets are written every time: Prometheus wants a stable bucket set.
+/// 2^(i+1) ns. All 40 buckets are written every time: Prometheus wants a stable bucket set. The
+/// reactor keeps no sum of its samples: _sum is NaN, the format's "unknown" (an estimate from the
+/// buckets would be a made-up number in a field meant to be exact).
 void reactor_histogram(std::string& out, const char* name, const char* help,
                        const evr::latency_histogram& h) {
   header(out, name, "histogram", help);
@@ -47,28 +57,94 @@ void reactor_histogram(std::string& out, const char* name, const char* help,
     append(out, "%s_bucket{le=\"%.9g\"} %llu\n", name, le,
            static_cast<unsigned long long>(cumulative));
   }
-  append(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_count %llu\n", name,
-         static_cast<unsigned long long>(cumulative), name,
+  append(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum NaN\n%s_count %llu\n", name,
+         static_cast<unsigned long long>(cumulative), name, name,
          static_cast<unsigned long long>(cumulative));
+}
+
+/// {labels} or {labels,le="x"}: Prometheus wants one brace set per sample.
+std::string with_le(std::string_view labels, const char* le) {
+  std::string s = "{";
+  if (!labels.empty()) {
+    s += labels;
+    s += ',';
+  }
+  s += "le=\"";
+  s += le;
+  s += "\"}";
+  return s;
+}
+
+std::string braces(std::string_view labels) {
+  std::string s;
+  if (labels.empty()) return s;
+  s.reserve(labels.size() + 2);
+  s += '{';
+  s += labels;
+  s += '}';
+  return s;
 }
 
 }  // namespace
 
+template <std::size_t Bounds>
+void histogram<Bounds>::record(const std::array<double, Bounds>& bounds, double v) noexcept {
+  std::size_t b = 0;
+  while (b < Bounds && v > bounds[b]) ++b;
+  counts_[b].fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(v, std::memory_order_relaxed);
+}
+
+template <std::size_t Bounds>
+void histogram<Bounds>::render(const std::array<double, Bounds>& bounds, std::string& out,
+                               const char* name, std::string_view labels) const {
+  std::uint64_t cumulative = 0;
+  for (std::size_t b = 0; b < Bounds; ++b) {
+    cumulative += counts_[b].load(std::memory_order_relaxed);
+    char le[32];
+    std::snprintf(le, sizeof le, "%g", bounds[b]);
+    append(out, "%s_bucket%s %llu\n", name, with_le(labels, le).c_str(),
+           static_cast<unsigned long long>(cumulative));
+  }
+  cumulative += counts_[Bounds].load(std::memory_order_relaxed);
+  append(out, "%s_bucket%s %llu\n", name, with_le(labels, "+Inf").c_str(),
+         static_cast<unsigned long long>(cumulative));
+  // The sum is read after the counts: a sample recorded in between makes it a little ahead of
+  // _count, never behind by more than the samples in flight (statistics, not an invariant).
+  append(out, "%s_sum%s %.9g\n", name, braces(labels).c_str(),
+         sum_.load(std::memory_order_relaxed));
+  append(out, "%s_count%s %llu\n", name, braces(labels).c_str(),
+         static_cast<unsigned long long>(cumulative));
+}
+
+std::size_t server_metrics::path_index(std::string_view path) noexcept {
+  for (std::size_t i = 0; i + 1 < paths.size(); ++i)
+    if (paths[i] == path) return i;
+  return paths.size() - 1;
+}
+
 void server_metrics::record(std::string_view path, int status,
                             std::chrono::nanoseconds latency) noexcept {
-  std::size_t p = paths.size() - 1;
-  for (std::size_t i = 0; i + 1 < paths.size(); ++i)
-    if (paths[i] == path) p = i;
+  const std::size_t p = path_index(path);
   std::size_t s = other_status;
   for (std::size_t i = 0; i < statuses.size(); ++i)
     if (statuses[i] == status) s = i;
   requests_[p][s].fetch_add(1, std::memory_order_relaxed);
+  duration_[p].record(latency_bounds, std::chrono::duration<double>(latency).count());
+}
 
-  const double seconds = std::chrono::duration<double>(latency).count();
-  std::size_t b = 0;
-  while (b < latency_bounds.size() && seconds > latency_bounds[b]) ++b;
-  latency_[b].fetch_add(1, std::memory_order_relaxed);
-  latency_sum_ns_.fetch_add(static_cast<std::uint64_t>(latency.count()), std::memory_order_relaxed);
+void server_metrics::record_gpu_wait(std::string_view path,
+                                     std::chrono::nanoseconds latency) noexcept {
+  gpu_wait_[path_index(path)].record(latency_bounds,
+                                     std::chrono::duration<double>(latency).count());
+}
+
+void server_metrics::record_batch(std::size_t rows) noexcept {
+  batches_.record(batch_bounds, static_cast<double>(rows));
+}
+
+void server_metrics::record_check(bool agreed) noexcept {
+  checks_[agreed ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
 }
 
 std::uint64_t server_metrics::count(int lo, int hi) const noexcept {
@@ -80,14 +156,16 @@ std::uint64_t server_metrics::count(int lo, int hi) const noexcept {
   return total;
 }
 
-std::string server_metrics::render(const evr::reactor_metrics* reactor, std::string_view mode,
-                                   std::string_view device, std::string_view strategy) const {
+std::string server_metrics::render(const evr::reactor_metrics* reactor, const info& about,
+                                   std::size_t connections) const {
   std::string out;
-  out.reserve(8192);
+  out.reserve(16384);
 
   header(out, "evr_server_info", "gauge", "How this server runs (value always 1).");
-  out += "evr_server_info{mode=\"" + escape_label(mode) + "\",device=\"" + escape_label(device) +
-         "\",strategy=\"" + escape_label(strategy) + "\"} 1\n";
+  out += "evr_server_info{mode=\"" + escape_label(about.mode) + "\",sync=\"" +
+         escape_label(about.sync) + "\",device=\"" + escape_label(about.device) + "\",strategy=\"" +
+         escape_label(about.strategy) + "\",threads=\"" + std::to_string(about.threads) +
+         "\",lanes=\"" + std::to_string(about.lanes) + "\"} 1\n";
 
   header(out, "evr_server_requests_total", "counter",
          "HTTP requests answered, by path and status.");
@@ -101,22 +179,30 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, std::str
              static_cast<unsigned long long>(v));
     }
   }
+  header(out, "evr_server_requests_in_flight", "gauge",
+         "Requests whose head was read and whose response is not yet written.");
+  append(out, "evr_server_requests_in_flight %lld\n", static_cast<long long>(in_flight()));
+  header(out, "evr_server_connections", "gauge", "Connections open (this one included).");
+  append(out, "evr_server_connections %zu\n", connections);
 
+  auto path_label = [](std::string_view p) { return "path=\"" + std::string(p) + "\""; };
   header(out, "evr_server_request_duration_seconds", "histogram",
-         "From a request's head being read to its response being written.");
-  std::uint64_t cumulative = 0;
-  for (std::size_t b = 0; b < latency_bounds.size(); ++b) {
-    cumulative += latency_[b].load(std::memory_order_relaxed);
-    append(out, "evr_server_request_duration_seconds_bucket{le=\"%g\"} %llu\n", latency_bounds[b],
-           static_cast<unsigned long long>(cumulative));
-  }
-  cumulative += latency_[latency_bounds.size()].load(std::memory_order_relaxed);
-  append(out, "evr_server_request_duration_seconds_bucket{le=\"+Inf\"} %llu\n",
-         static_cast<unsigned long long>(cumulative));
-  append(out, "evr_server_request_duration_seconds_sum %.9f\n",
-         static_cast<double>(latency_sum_ns_.load(std::memory_order_relaxed)) * 1e-9);
-  append(out, "evr_server_request_duration_seconds_count %llu\n",
-         static_cast<unsigned long long>(cumulative));
+         "From a request's head being read to its response being written, by path.");
+  for (std::size_t p = 0; p < paths.size(); ++p)
+    duration_[p].render(latency_bounds, out, "evr_server_request_duration_seconds",
+                        path_label(paths[p]));
+  header(out, "evr_server_gpu_wait_seconds", "histogram",
+         "From a request's GPU work being enqueued to the request knowing it is done, by path.");
+  for (std::size_t p = 0; p < paths.size(); ++p)
+    gpu_wait_[p].render(latency_bounds, out, "evr_server_gpu_wait_seconds", path_label(paths[p]));
+  header(out, "evr_server_mlp_batch_rows", "histogram", "Rows per /mlp batch run on the GPU.");
+  batches_.render(batch_bounds, out, "evr_server_mlp_batch_rows", "");
+  header(out, "evr_server_checks_total", "counter",
+         "Answers compared with the CPU's reference, by result.");
+  append(out, "evr_server_checks_total{result=\"agreed\"} %llu\n",
+         static_cast<unsigned long long>(checks_[0].load(std::memory_order_relaxed)));
+  append(out, "evr_server_checks_total{result=\"wrong\"} %llu\n",
+         static_cast<unsigned long long>(checks_[1].load(std::memory_order_relaxed)));
 
   if (reactor != nullptr) {
     const evr::reactor_metrics& m = *reactor;
@@ -141,10 +227,12 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, std::str
     header(out, "evr_reactor_streams", "gauge", "Distinct streams the reactor knows.");
     append(out, "evr_reactor_streams %llu\n", static_cast<unsigned long long>(m.streams));
     reactor_histogram(out, "evr_reactor_submit_to_deliver_seconds",
-                      "From a wait's submission to its handler being posted (GPU time included).",
+                      "From a wait's submission to its handler being posted (GPU time included; "
+                      "_sum unknown: the reactor keeps none).",
                       m.submit_to_deliver);
     reactor_histogram(out, "evr_reactor_detect_to_deliver_seconds",
-                      "From the sweep that saw a wait done to its handler being posted.",
+                      "From the sweep that saw a wait done to its handler being posted (_sum "
+                      "unknown: the reactor keeps none).",
                       m.detect_to_deliver);
   }
   return out;

@@ -1,15 +1,27 @@
 // The server's own counters and their rendering, with the reactor's, in the Prometheus text
 // exposition format (version 0.0.4) for GET /metrics.
 //
-// Server metrics:  evr_server_requests_total{path,status}   counter
-//                  evr_server_request_duration_seconds      histogram (head read → response
-//                  written) evr_server_info{mode,device,strategy}    1
-// Reactor metrics: evr_reactor_<counter>_total, evr_reactor_in_flight (gauge), and the
-//                  submit→deliver and detect→deliver histograms from the reactor's power-of-two
-//                  buckets (the reactor keeps no sums, so these histograms have no _sum line;
-//                  OpenMetrics makes _sum optional, Prometheus accepts its absence).
+// Server metrics:
+//   evr_server_info{mode,sync,device,strategy,threads,lanes}  1
+//   evr_server_requests_total{path,status}                  counter
+//   evr_server_requests_in_flight                           gauge: heads read, responses not yet
+//                                                           written
+//   evr_server_connections                                  gauge: connections open
+//   evr_server_request_duration_seconds{path}               histogram: head read -> response
+//                                                           written
+//   evr_server_gpu_wait_seconds{path}                       histogram: GPU work enqueued -> the
+//                                                           request knows it is done (evr: the
+//                                                           co_await; blocking: the synchronize)
+//   evr_server_mlp_batch_rows                               histogram: rows per /mlp batch run
+//   evr_server_checks_total{result}                         counter: answers compared with the CPU
+// Reactor metrics (evr mode): evr_reactor_<counter>_total, evr_reactor_in_flight (gauge), and the
+//   submit->deliver and detect->deliver histograms from the reactor's power-of-two buckets. The
+//   reactor keeps counts per bucket but no sum of the samples, so their _sum is NaN ("unknown" in
+//   the format) rather than an estimate; evr_server_gpu_wait_seconds has the exact sum.
 //
-// Thread safety: record() from any thread (relaxed atomics: statistics, not synchronization).
+// Every histogram has _bucket lines with increasing `le` (ending at +Inf), _sum and _count.
+// Thread safety: every record_* and the gauge from any thread (relaxed atomics: statistics, not
+// synchronization); render() from any thread (a snapshot whose lines may be a few requests apart).
 #pragma once
 
 #include <array>
@@ -21,31 +33,75 @@
 
 #include <evr/reactor/metrics.hpp>
 
+/// A fixed-bucket histogram of non-negative values with their exact sum. The bucket bounds are
+/// the caller's (the same array for every call of one histogram).
+template <std::size_t Bounds>
+class histogram {
+ public:
+  void record(const std::array<double, Bounds>& bounds, double v) noexcept;
+  /// Appends the _bucket, _sum and _count lines of `name` with `labels` ("" or `path="/mlp"`).
+  void render(const std::array<double, Bounds>& bounds, std::string& out, const char* name,
+              std::string_view labels) const;
+
+ private:
+  std::array<std::atomic<std::uint64_t>, Bounds + 1> counts_{};  // last: above every bound
+  std::atomic<double> sum_{0.0};
+};
+
 class server_metrics {
  public:
   /// Paths are a closed set so that a scanner requesting random URLs cannot grow the label space.
-  static constexpr std::array<std::string_view, 4> paths = {"/saxpy", "/sum", "/metrics", "other"};
+  static constexpr std::array<std::string_view, 6> paths = {"/saxpy", "/sum",     "/busy",
+                                                            "/mlp",   "/metrics", "other"};
   static constexpr std::array<int, 11> statuses = {200, 400, 404, 405, 408, 413,
                                                    431, 500, 501, 503, 505};
-  /// Upper bounds (seconds) of the request latency buckets; +Inf is implied.
-  static constexpr std::array<double, 15> latency_bounds = {25e-6, 50e-6,  100e-6, 250e-6, 500e-6,
-                                                            1e-3,  2.5e-3, 5e-3,   10e-3,  25e-3,
-                                                            50e-3, 100e-3, 250e-3, 1.0,    5.0};
+  /// Upper bounds (seconds) of the latency buckets; +Inf is implied.
+  static constexpr std::array<double, 18> latency_bounds = {
+      25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
+      25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0,  2.5,    5.0,  10.0};
+  /// Upper bounds of the batch-size buckets (rows).
+  static constexpr std::array<double, 11> batch_bounds = {1,  2,   4,   8,   16,  32,
+                                                          64, 128, 256, 512, 1024};
 
+  /// A response was written (or failed to be) for a request on `path`, `latency` after its head
+  /// was read.
   void record(std::string_view path, int status, std::chrono::nanoseconds latency) noexcept;
+  /// A request on `path` waited `latency` for its GPU work.
+  void record_gpu_wait(std::string_view path, std::chrono::nanoseconds latency) noexcept;
+  /// An /mlp batch of `rows` rows ran.
+  void record_batch(std::size_t rows) noexcept;
+  /// An answer was compared with the CPU's.
+  void record_check(bool agreed) noexcept;
+  void request_started() noexcept { in_flight_.fetch_add(1, std::memory_order_relaxed); }
+  void request_finished() noexcept { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
+  std::int64_t in_flight() const noexcept { return in_flight_.load(std::memory_order_relaxed); }
 
   /// Requests answered so far with a status in [lo, hi] (of the statuses listed above).
   std::uint64_t count(int lo, int hi) const noexcept;
+  /// Answers the CPU disagreed with.
+  std::uint64_t wrong_answers() const noexcept {
+    return checks_[1].load(std::memory_order_relaxed);
+  }
 
-  /// The whole /metrics page. `reactor` may be null (blocking mode has no reactor).
-  std::string render(const evr::reactor_metrics* reactor, std::string_view mode,
-                     std::string_view device, std::string_view strategy) const;
+  /// How this server runs, for evr_server_info.
+  struct info {
+    std::string mode, sync, device, strategy;
+    int threads = 0, lanes = 0;
+  };
+  /// The whole /metrics page. `reactor` may be null (the blocking modes have no reactor).
+  /// `connections`: the server's open connections.
+  std::string render(const evr::reactor_metrics* reactor, const info& about,
+                     std::size_t connections) const;
 
  private:
+  static std::size_t path_index(std::string_view path) noexcept;
   static constexpr std::size_t other_status = statuses.size();  // last column: anything else
   std::array<std::array<std::atomic<std::uint64_t>, statuses.size() + 1>, paths.size()> requests_{};
-  std::array<std::atomic<std::uint64_t>, latency_bounds.size() + 1> latency_{};  // per bucket
-  std::atomic<std::uint64_t> latency_sum_ns_{0};
+  std::array<histogram<latency_bounds.size()>, paths.size()> duration_{};
+  std::array<histogram<latency_bounds.size()>, paths.size()> gpu_wait_{};
+  histogram<batch_bounds.size()> batches_{};
+  std::array<std::atomic<std::uint64_t>, 2> checks_{};  // agreed, disagreed
+  std::atomic<std::int64_t> in_flight_{0};
 };
 
 /// One line for logs: "submitted 200, completed 200, ..., wake-ups 3".

@@ -1,6 +1,7 @@
 #include "server.hpp"
 
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <utility>
 
@@ -13,6 +14,8 @@
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
+
+#include "busy_math.hpp"
 
 namespace {
 
@@ -52,13 +55,6 @@ std::string_view metrics_path(std::string_view path) {
   return "other";
 }
 
-/// The head as parse_request_head wants it: without the blank line that ends it. A head ended by
-/// a bare LF is passed whole, so the parser reports the bare LF.
-std::string_view head_without_blank_line(const std::string& buffer, std::size_t head_size) {
-  const std::string_view head(buffer.data(), head_size);
-  return head.ends_with("\r\n\r\n") ? head.substr(0, head_size - 2) : head;
-}
-
 std::string json_number(double v) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.17g", v);
@@ -71,31 +67,62 @@ std::string fixed1(double v) {
   return buf;
 }
 
+double micros(clock_type::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
+
 }  // namespace
 
-const char* to_string(wait_mode m) noexcept { return m == wait_mode::evr ? "evr" : "blocking"; }
+const char* to_string(wait_mode m) noexcept {
+  switch (m) {
+    case wait_mode::evr: return "evr";
+    case wait_mode::pool: return "pool";
+    case wait_mode::thread: return "thread";
+  }
+  return "?";
+}
 
 struct server::connection {
   connection(asio::ip::tcp::socket s, evr::reactor* reactor)
       : socket(std::move(s)), deadline(socket.get_executor()) {
-    if (reactor != nullptr) waiter.emplace(socket.get_executor(), *reactor);
+    if (reactor != nullptr) {
+      waiter.emplace(socket.get_executor(), *reactor);
+      mailbox.emplace(socket.get_executor(), 1);
+    }
   }
   asio::ip::tcp::socket socket;  // on the connection's strand, like everything below
   asio::steady_timer deadline;
-  std::optional<evr::gpu_waiter> waiter;  // evr mode only
+  std::optional<evr::gpu_waiter> waiter;        // evr mode only
+  std::optional<mlp_batcher::mailbox> mailbox;  // evr mode only: /mlp batches answer here
+};
+
+struct server::conn_thread {
+  asio::io_context io{1};
+  std::thread thread;
+  std::atomic<bool> done{false};
 };
 
 server::server(asio::io_context& io, server_config cfg, lane_pool& lanes, evr::reactor* reactor,
-               server_metrics& metrics)
+               const mlp::model& model, server_metrics& metrics)
     : io_(io),
       cfg_(std::move(cfg)),
       lanes_(lanes),
       reactor_(cfg_.mode == wait_mode::evr ? reactor : nullptr),
+      model_(model),
       metrics_(metrics),
       accept_strand_(asio::make_strand(io)),
       acceptor_(accept_strand_) {
   if (cfg_.mode == wait_mode::evr && reactor_ == nullptr)
     throw std::invalid_argument("server: wait_mode::evr needs a reactor");
+  if (cfg_.check_every == 0) throw std::invalid_argument("server: check_every must be at least 1");
+  if (reactor_ != nullptr)
+    batcher_ =
+        std::make_unique<mlp_batcher>(io, lanes, *reactor_, model.dims(), cfg_.batching, metrics);
+}
+
+server::~server() {
+  stop();
+  join_connection_threads();
 }
 
 void server::start() {
@@ -128,7 +155,7 @@ void server::stop() {
     std::error_code ignored;
     acceptor_.close(ignored);
   });
-  // Each connection is closed on its own strand, where its coroutine runs.
+  // Each connection is closed on its own strand (or thread), where its coroutine runs.
   for (const auto& c : open) {
     asio::post(c->socket.get_executor(), [c] {
       std::error_code ignored;
@@ -138,15 +165,52 @@ void server::stop() {
   }
 }
 
+void server::join_connection_threads() {
+  std::list<std::shared_ptr<conn_thread>> threads;
+  {
+    std::lock_guard lock(mutex_);
+    threads.swap(conn_threads_);
+  }
+  for (auto& t : threads)
+    if (t->thread.joinable()) t->thread.join();
+}
+
+std::shared_ptr<server::conn_thread> server::new_conn_thread() {
+  return std::make_shared<conn_thread>();
+}
+
+void server::reap_conn_threads() {
+  std::list<std::shared_ptr<conn_thread>> finished;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = conn_threads_.begin(); it != conn_threads_.end();) {
+      if ((*it)->done.load(std::memory_order_acquire)) {
+        finished.push_back(std::move(*it));
+        it = conn_threads_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& t : finished) t->thread.join();  // already past run(): returns at once
+}
+
 asio::awaitable<void> server::accept_loop() {
   asio::steady_timer backoff(accept_strand_);
   std::error_code ignored;
   acceptor_.non_blocking(true,
                          ignored);  // for the draining accepts below (async ones are unaffected)
+  const bool own_threads = cfg_.mode == wait_mode::thread;
+  // Each connection gets its own strand (with several io threads, its socket and timer are only
+  // ever used from one at a time) or, in thread mode, its own io_context and thread.
+  auto next = [&]() -> std::pair<asio::any_io_executor, std::shared_ptr<conn_thread>> {
+    if (!own_threads) return {asio::make_strand(io_), nullptr};
+    auto t = new_conn_thread();
+    return {t->io.get_executor(), t};
+  };
   for (;;) {
-    // Every connection gets its own strand: with several io threads, its socket and timer are
-    // only ever used from one at a time.
-    auto [ec, socket] = co_await acceptor_.async_accept(asio::make_strand(io_), use_tuple);
+    auto [ex, own] = next();
+    auto [ec, socket] = co_await acceptor_.async_accept(ex, use_tuple);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
       // Out of descriptors and the like: say so and retry a little later instead of spinning.
@@ -155,19 +219,21 @@ asio::awaitable<void> server::accept_loop() {
       co_await backoff.async_wait(use_tuple);
       continue;
     }
-    if (!start_connection(std::move(socket))) co_return;
+    if (own_threads) reap_conn_threads();
+    if (!start_connection(std::move(socket), std::move(own))) co_return;
     // Then take what else is waiting in the backlog without another trip through the scheduler:
-    // when every io thread is busy (blocking mode), each trip can take milliseconds, and 256
-    // clients connecting at once would otherwise wait in line for one accept each.
+    // when every io thread is busy (pool mode), each trip can take milliseconds, and 256 clients
+    // connecting at once would otherwise wait in line for one accept each.
     for (int i = 0; i < 256; ++i) {
-      asio::ip::tcp::socket more = acceptor_.accept(asio::make_strand(io_), ec);
+      auto [ex2, own2] = next();
+      asio::ip::tcp::socket more = acceptor_.accept(ex2, ec);
       if (ec) break;  // would_block: the backlog is empty (other errors: the async accept reports)
-      if (!start_connection(std::move(more))) co_return;
+      if (!start_connection(std::move(more), std::move(own2))) co_return;
     }
   }
 }
 
-bool server::start_connection(asio::ip::tcp::socket socket) {
+bool server::start_connection(asio::ip::tcp::socket socket, std::shared_ptr<conn_thread> own) {
   std::error_code ignored;
   socket.set_option(asio::ip::tcp::no_delay(true), ignored);  // small responses, sent at once
   auto c = std::make_shared<connection>(std::move(socket), reactor_);
@@ -175,6 +241,7 @@ bool server::start_connection(asio::ip::tcp::socket socket) {
     std::lock_guard lock(mutex_);
     if (stopping_) return false;  // c's socket closes as it goes
     connections_.insert(c);
+    if (own) conn_threads_.push_back(own);
   }
   asio::co_spawn(c->socket.get_executor(), serve(c), [](std::exception_ptr e) {
     if (!e) return;
@@ -184,6 +251,18 @@ bool server::start_connection(asio::ip::tcp::socket socket) {
       std::fprintf(stderr, "evr-async-server: connection ended by an exception: %s\n", ex.what());
     }
   });
+  if (own) {
+    // The thread runs this one connection and ends with it. Its io_context (and so the thread's
+    // only reference to it) is kept by conn_threads_ until joined.
+    own->thread = std::thread([t = own.get()] {
+      try {
+        t->io.run();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "evr-async-server: connection thread: %s\n", e.what());
+      }
+      t->done.store(true, std::memory_order_release);
+    });
+  }
   return true;
 }
 
@@ -228,7 +307,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
     } else if (ec) {
       break;  // the peer closed (eof, reset), the deadline fired, or stop() closed the socket
     } else if (auto bad =
-                   http::parse_request_head(head_without_blank_line(buffer, head_size), req)) {
+                   http::parse_request_head(std::string_view(buffer.data(), head_size), req)) {
       // After a malformed head we cannot know where the next request starts: answer and close.
       r = error_response(bad->status, std::move(bad->message), true);
     } else {
@@ -249,6 +328,11 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
       req.body = buffer.substr(0, req.content_length);
       buffer.erase(0, req.content_length);
       c->deadline.cancel();  // the GPU work is not the client's delay
+      struct in_flight {
+        server_metrics& m;
+        explicit in_flight(server_metrics& metrics) : m(metrics) { m.request_started(); }
+        ~in_flight() { m.request_finished(); }
+      } counted(metrics_);
       r = co_await handle(req, *c);
     }
 
@@ -275,7 +359,8 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
     // An error response was sent while the client may still be sending (an oversized head, a
     // body we refused). Closing with unread bytes makes the kernel send a reset, which can
     // destroy our response before the client reads it; so stop sending, then read and discard
-    // until the client closes, for at most ~1 s and 64 KiB (what servers call lingering close).
+    // until the client closes, for at most ~1 s and 256 KiB (what servers call lingering close;
+    // more than the largest body refused, so that the client reads its response before any reset).
     c->socket.shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
     c->deadline.expires_after(std::chrono::seconds(1));
     c->deadline.async_wait([weak = std::weak_ptr<connection>(c)](std::error_code ec) {
@@ -285,7 +370,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
       }
     });
     char sink[4096];
-    for (std::size_t drained = 0; drained < 64 * 1024;) {
+    for (std::size_t drained = 0; drained < 256 * 1024;) {
       auto [rec, n] = co_await c->socket.async_read_some(asio::buffer(sink), use_tuple);
       if (rec) break;
       drained += n;
@@ -305,50 +390,88 @@ server::response server::error_response(int status, std::string message, bool cl
   return r;
 }
 
+bool server::sample_check() noexcept {
+  return answers_.fetch_add(1, std::memory_order_relaxed) % cfg_.check_every == 0;
+}
+
 asio::awaitable<server::response> server::handle(const http::request& req, connection& c) {
   const std::string_view path = req.path();
+  auto method_not_allowed = [](std::string_view what, const char* allow) {
+    response r = error_response(405, std::string(what) + " takes " + allow);
+    r.extra_headers = std::string("Allow: ") + allow + "\r\n";
+    return r;
+  };
   if (path == "/metrics") {
-    if (req.method != "GET") {
-      response r = error_response(405, "/metrics takes GET");
-      r.extra_headers = "Allow: GET\r\n";
-      co_return r;
-    }
+    if (req.method != "GET") co_return method_not_allowed("/metrics", "GET");
     const std::optional<evr::reactor_metrics> m =
         reactor_ != nullptr ? std::optional(reactor_->metrics()) : std::nullopt;
     response r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    r.body = metrics_.render(m ? &*m : nullptr, to_string(cfg_.mode), cfg_.device_label,
-                             cfg_.strategy_label);
+    std::size_t open = 0;
+    {
+      std::lock_guard lock(mutex_);
+      open = connections_.size();
+    }
+    r.body = metrics_.render(m ? &*m : nullptr, cfg_.info, open);
     co_return r;
   }
 
-  job::kind kind;
-  if (path == "/saxpy")
-    kind = job::kind::saxpy;
-  else if (path == "/sum")
-    kind = job::kind::sum;
-  else
+  const bool known = path == "/saxpy" || path == "/sum" || path == "/busy" || path == "/mlp";
+  if (!known)
     co_return error_response(404, "no such path '" + std::string(path.substr(0, 64)) +
-                                      "'; try /saxpy?n=65536, /sum?n=65536 or /metrics");
+                                      "'; try /busy?us=2000, /mlp?seed=1, /saxpy?n=65536, "
+                                      "/sum?n=65536 or /metrics");
+  if (path == "/busy" ? req.method != "GET" : req.method != "GET" && req.method != "POST")
+    co_return method_not_allowed(path, path == "/busy" ? "GET" : "GET, POST");
 
-  if (req.method != "GET" && req.method != "POST") {
-    response r =
-        error_response(405, "/" + std::string(job::to_string(kind)) + " takes GET or POST");
-    r.extra_headers = "Allow: GET, POST\r\n";
-    co_return r;
-  }
-  // GET: parameters in the query. POST: in the body (form encoding), after any in the query.
-  std::vector<std::pair<std::string, std::string>> params, body_params;
-  if (auto bad = http::parse_query(req.query(), params))
+  // Parameters in the query; for POST /saxpy and /sum also in the body (form encoding), after any
+  // in the query. POST /mlp carries its rows in the body (CSV).
+  params::list query, body_params;
+  if (auto bad = http::parse_query(req.query(), query))
     co_return error_response(bad->status, bad->message);
+
+  if (path == "/busy") {
+    busy::spec spec;
+    if (auto bad = busy::parse(query, cfg_.max_busy_us, spec)) co_return error_response(400, *bad);
+    co_return co_await run_busy(spec, c);
+  }
+  if (path == "/mlp") {
+    mlp::request mreq;
+    if (auto bad = mlp::parse(query, req.body, req.method == "POST", model_.dims(),
+                              cfg_.batching.max_rows, mreq))
+      co_return error_response(bad->status, bad->message);
+    co_return co_await run_mlp(mreq, c);
+  }
+  const job::kind kind = path == "/saxpy" ? job::kind::saxpy : job::kind::sum;
   if (req.method == "POST") {
     if (auto bad = http::parse_query(req.body, body_params))
       co_return error_response(bad->status, bad->message);
-    params.insert(params.end(), body_params.begin(), body_params.end());
+    query.insert(query.end(), body_params.begin(), body_params.end());
   }
   job::spec spec;
-  if (auto bad = job::parse(kind, params, cfg_.max_n, spec)) co_return error_response(400, *bad);
+  if (auto bad = job::parse(kind, query, cfg_.max_n, spec)) co_return error_response(400, *bad);
   co_return co_await run_job(spec, c);
+}
+
+asio::awaitable<std::error_code> server::wait_gpu(lane_pool::lease& lease, connection& c,
+                                                  std::string_view path, double& waited_us) {
+  const auto t0 = clock_type::now();
+  std::error_code ec;
+  if (c.waiter) {
+    // evr: this thread serves other connections until the reactor sees the stream done.
+    auto [wec] = co_await c.waiter->async_wait(lease->stream(), use_tuple);
+    ec = wec;
+  } else {
+    // pool / thread: this thread can do nothing else until the GPU is done.
+    ec = lease->wait_blocking(cfg_.sync);
+  }
+  const auto waited = clock_type::now() - t0;
+  waited_us = micros(waited);
+  if (!ec) {
+    lease.mark_idle();
+    metrics_.record_gpu_wait(path, waited);
+  }
+  co_return ec;
 }
 
 asio::awaitable<server::response> server::run_job(const job::spec& spec, connection& c) {
@@ -369,26 +492,19 @@ asio::awaitable<server::response> server::run_job(const job::spec& spec, connect
   }
   if (refused) co_return std::move(*refused);
 
-  const auto t0 = clock_type::now();
-  std::error_code ec;
-  if (c.waiter) {
-    // evr: this thread serves other connections until the reactor sees the stream done.
-    auto [wec] = co_await c.waiter->async_wait(l.stream(), use_tuple);
-    ec = wec;
-  } else {
-    // blocking: the comparison server. This thread can do nothing else until the GPU is done.
-    ec = l.synchronize();
-  }
-  const double gpu_us = std::chrono::duration<double, std::micro>(clock_type::now() - t0).count();
+  double gpu_us = 0;
+  const std::error_code ec =
+      co_await wait_gpu(lease, c, spec.kind == job::kind::saxpy ? "/saxpy" : "/sum", gpu_us);
   if (ec) co_return error_response(500, "waiting for the GPU failed: " + ec.message());
-  lease.mark_idle();
 
   double value = 0;
   if (auto wrong = job::check(spec, l.x(), l.y(), l.out(), l.sum(), value)) {
+    metrics_.record_check(false);
     std::fprintf(stderr, "evr-async-server: %s (n=%zu seed=%u)\n", wrong->c_str(), spec.n,
                  spec.seed);
     co_return error_response(500, *wrong);
   }
+  metrics_.record_check(true);
   response r;
   r.body = std::string("{\"op\":\"") + job::to_string(spec.kind) +
            "\",\"n\":" + std::to_string(spec.n) +
@@ -396,5 +512,108 @@ asio::awaitable<server::response> server::run_job(const job::spec& spec, connect
            ",\"seed\":" + std::to_string(spec.seed) + ",\"result\":" + json_number(value) +
            ",\"checked\":true,\"wait_us\":" + fixed1(gpu_us) + ",\"wait\":\"" +
            to_string(cfg_.mode) + "\"}\n";
+  co_return r;
+}
+
+asio::awaitable<server::response> server::run_busy(const busy::spec& spec, connection& c) {
+  std::uint32_t result = 0;
+  double gpu_us = 0;
+  {
+    lane_pool::lease lease = co_await lanes_.acquire();
+    std::optional<response> refused;
+    try {
+      lease.mark_busy();
+      lease->enqueue_busy(spec);
+    } catch (const std::exception& e) {
+      refused = error_response(500, std::string("launching the GPU work failed: ") + e.what());
+    }
+    if (refused) co_return std::move(*refused);
+    const std::error_code ec = co_await wait_gpu(lease, c, "/busy", gpu_us);
+    if (ec) co_return error_response(500, "waiting for the GPU failed: " + ec.message());
+    result = lease->busy_result();
+  }  // the lane goes back before the answer is checked and sent
+  const bool checked = sample_check();
+  if (checked) {
+    const std::uint32_t want = busy_math::reference(spec.seed);
+    metrics_.record_check(result == want);
+    if (result != want) {
+      const std::string msg = "wrong busy answer from the device: got " + std::to_string(result) +
+                              ", the CPU says " + std::to_string(want);
+      std::fprintf(stderr, "evr-async-server: %s (seed=%u)\n", msg.c_str(), spec.seed);
+      co_return error_response(500, msg);
+    }
+  }
+  response r;
+  r.body = "{\"op\":\"busy\",\"us\":" + std::to_string(spec.us) +
+           ",\"seed\":" + std::to_string(spec.seed) + ",\"result\":" + std::to_string(result) +
+           ",\"checked\":" + (checked ? "true" : "false") + ",\"wait_us\":" + fixed1(gpu_us) +
+           ",\"wait\":\"" + to_string(cfg_.mode) + "\"}\n";
+  co_return r;
+}
+
+asio::awaitable<server::response> server::run_mlp(const mlp::request& req, connection& c) {
+  const mlp::shape& d = model_.dims();
+  const std::size_t in = static_cast<std::size_t>(d.in), out = static_cast<std::size_t>(d.out);
+  std::vector<float> outputs(req.rows * out);
+  std::size_t batch_rows = req.rows;
+  double gpu_us = 0;
+  if (batcher_) {
+    // evr: the request joins a batch; this coroutine (not a thread) waits for the batch.
+    const auto t0 = clock_type::now();
+    const mlp_batcher::result r = co_await batcher_->run(req, outputs.data(), *c.mailbox);
+    gpu_us = micros(clock_type::now() - t0);
+    if (r.ec) co_return error_response(500, r.what);
+    batch_rows = r.batch_rows;
+  } else {
+    // pool / thread: a batch of this request alone, waited for by blocking the thread.
+    lane_pool::lease lease = co_await lanes_.acquire();
+    lane& l = *lease;
+    std::optional<response> refused;
+    try {
+      l.reserve_rows(req.rows);
+      std::memcpy(l.mlp_input(), req.inputs.data(), req.rows * in * sizeof(float));
+      lease.mark_busy();
+      l.enqueue_mlp(req.rows);
+    } catch (const std::exception& e) {
+      refused = error_response(500, std::string("launching the GPU work failed: ") + e.what());
+    }
+    if (refused) co_return std::move(*refused);
+    const std::error_code ec = co_await wait_gpu(lease, c, "/mlp", gpu_us);
+    if (ec) co_return error_response(500, "waiting for the GPU failed: " + ec.message());
+    std::memcpy(outputs.data(), l.mlp_output(), outputs.size() * sizeof(float));
+    metrics_.record_batch(req.rows);
+  }
+
+  const bool checked = sample_check();
+  if (checked) {
+    std::vector<float> want(out);
+    for (std::size_t r = 0; r < req.rows; ++r) {
+      model_.forward(req.inputs.data() + r * in, want.data());
+      if (auto wrong = mlp::compare_row(outputs.data() + r * out, want.data(), d.out)) {
+        metrics_.record_check(false);
+        const std::string msg =
+            "wrong mlp answer from the device, row " + std::to_string(r) + ", " + *wrong;
+        std::fprintf(stderr, "evr-async-server: %s\n", msg.c_str());
+        co_return error_response(500, msg);
+      }
+    }
+    metrics_.record_check(true);
+  }
+  response r;
+  r.body = "{\"op\":\"mlp\",\"rows\":" + std::to_string(req.rows) +
+           ",\"batch\":" + std::to_string(batch_rows);
+  if (req.seed) r.body += ",\"seed\":" + std::to_string(*req.seed);
+  r.body += ",\"checksums\":[";
+  for (std::size_t row = 0; row < req.rows; ++row) {
+    if (row != 0) r.body += ',';
+    r.body += json_number(mlp::checksum(outputs.data() + row * out, d.out));
+  }
+  r.body += "],\"first\":[";
+  for (std::size_t i = 0; i < 4 && i < out; ++i) {
+    if (i != 0) r.body += ',';
+    r.body += json_number(outputs[i]);
+  }
+  r.body += std::string("],\"checked\":") + (checked ? "true" : "false") +
+            ",\"wait_us\":" + fixed1(gpu_us) + ",\"wait\":\"" + to_string(cfg_.mode) + "\"}\n";
   co_return r;
 }

@@ -1,28 +1,39 @@
 // The HTTP server: accepts connections, reads requests (keep-alive, pipelining), runs each
-// request's GPU work on a lane and answers with the checked result.
+// request's GPU work on a lane and answers with the result.
 //
 // Routes:
-//   GET|POST /saxpy?n=N[&a=A][&seed=S]   y = a*x + y on N floats (POST: parameters in the body,
-//   GET|POST /sum?n=N[&seed=S]           application/x-www-form-urlencoded) — see job.hpp
-//   GET /metrics                         Prometheus text format (metrics.hpp)
+//   GET|POST /saxpy?n=N[&a=A][&seed=S]   y = a*x + y on N floats  } CPU-bound: filling and checking
+//   GET|POST /sum?n=N[&seed=S]           the sum of N floats      } the inputs dominate (job.hpp)
+//   GET      /busy?us=D[&seed=S]         a kernel of D us on one block: GPU-bound (busy.hpp)
+//   GET|POST /mlp?seed=S[&rows=R]        an MLP forward pass, dynamically batched in evr mode
+//                                        (mlp.hpp, batcher.hpp)
+//   GET      /metrics                    Prometheus text format (metrics.hpp)
 //
-// Two ways to wait for the GPU, with everything else identical:
-//   * wait_mode::evr       the request's coroutine co_awaits evr::gpu_waiter::async_wait: its
-//                          thread goes on serving other connections meanwhile, so one thread
-//                          serves any number of requests in flight.
-//   * wait_mode::blocking  the request's thread blocks in the backend's synchronize_stream
-//                          (cudaStreamSynchronize): requests in flight <= threads running the
-//                          io_context. The comparison a thread-pool server makes.
+// Three ways to serve, everything else identical:
+//   * wait_mode::evr     the request's coroutine co_awaits evr::gpu_waiter::async_wait: its thread
+//                        serves other connections meanwhile, so N threads keep any number of
+//                        requests in flight (up to the lanes).
+//   * wait_mode::pool    a pool of N threads; a request blocks its thread until its GPU work is
+//                        done (sync_kind: spin or blocking-sync): requests in flight <= N.
+//   * wait_mode::thread  a thread per connection, which blocks the same way: requests in flight
+//                        <= connections (and lanes), at the price of a thread each.
 //
-// Threads: any number may run the io_context. Each connection lives on its own strand, so its
-// socket, deadline timer and coroutine are never touched by two threads at once.
+// Threads (evr, pool): one io_context run by N threads; each connection lives on its own strand,
+// so its socket, deadline timer and coroutine are never touched by two threads at once. One shared
+// io_context and not one per thread: a blocking pool needs a shared queue (any idle thread takes
+// the next ready connection; with an io_context per thread a connection would wait behind the
+// blocked thread it was pinned to), and evr uses the same arrangement so that the two differ only
+// in how a request waits. (thread): each accepted connection gets a thread of its own running a
+// private io_context for that one socket, so its reads, writes and waits block only that thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_set>
 
 #include <asio/awaitable.hpp>
@@ -32,31 +43,41 @@
 
 #include <evr/evr.hpp>
 
+#include "batcher.hpp"
+#include "busy.hpp"
 #include "http.hpp"
 #include "job.hpp"
 #include "lanes.hpp"
 #include "metrics.hpp"
+#include "mlp.hpp"
 
-enum class wait_mode { evr, blocking };
+enum class wait_mode { evr, pool, thread };
 const char* to_string(wait_mode m) noexcept;
 
 struct server_config {
   std::string address = "127.0.0.1";
   std::uint16_t port = 0;  ///< 0: an ephemeral port (see server::port())
   wait_mode mode = wait_mode::evr;
+  sync_kind sync = sync_kind::spin;  ///< pool and thread modes
   std::size_t max_n = std::size_t{1} << 22;
+  std::uint32_t max_busy_us = 100000;
+  /// /busy and /mlp: every check_every-th answer is compared with the CPU's reference (/saxpy and
+  /// /sum: every answer; that CPU work is what those routes are about).
+  std::uint32_t check_every = 16;
+  mlp_batcher::options batching;  ///< evr mode; the blocking modes run each /mlp request alone
   /// A connection that sends no complete request head (or does not take its response) for this
   /// long is closed: keeps idle keep-alive clients and slow senders from holding sockets forever.
   std::chrono::milliseconds io_timeout{30000};
-  std::string device_label;    ///< for evr_server_info
-  std::string strategy_label;  ///< for evr_server_info
+  server_metrics::info info;  ///< for evr_server_info
 };
 
 class server {
  public:
-  /// `reactor` is required in wait_mode::evr and ignored in wait_mode::blocking.
+  /// `reactor` is required in wait_mode::evr and ignored otherwise. `model` is the /mlp model (its
+  /// reference checks answers; the lanes hold its weights). All must outlive the server.
   server(asio::io_context& io, server_config cfg, lane_pool& lanes, evr::reactor* reactor,
-         server_metrics& metrics);
+         const mlp::model& model, server_metrics& metrics);
+  ~server();
   server(const server&) = delete;
   server& operator=(const server&) = delete;
 
@@ -71,6 +92,10 @@ class server {
   /// Thread-safe, idempotent.
   void stop();
 
+  /// wait_mode::thread: joins every connection thread (call after stop(), once the io threads
+  /// have returned). Other modes: nothing to do.
+  void join_connection_threads();
+
  private:
   struct connection;
   struct response {
@@ -80,13 +105,22 @@ class server {
     std::string extra_headers;  ///< "Name: value\r\n" lines
     bool close = false;         ///< close the connection after this response
   };
+  struct conn_thread;  // wait_mode::thread: a connection's own io_context and thread
 
   asio::awaitable<void> accept_loop();
   /// Registers and serves an accepted socket; false once the server is stopping.
-  bool start_connection(asio::ip::tcp::socket socket);
+  bool start_connection(asio::ip::tcp::socket socket, std::shared_ptr<conn_thread> own);
+  std::shared_ptr<conn_thread> new_conn_thread();
+  void reap_conn_threads();
   asio::awaitable<void> serve(std::shared_ptr<connection> c);
   asio::awaitable<response> handle(const http::request& req, connection& c);
   asio::awaitable<response> run_job(const job::spec& spec, connection& c);
+  asio::awaitable<response> run_busy(const busy::spec& spec, connection& c);
+  asio::awaitable<response> run_mlp(const mlp::request& req, connection& c);
+  /// Waits for the work queued so far on the lease's lane, the way this server's mode waits.
+  asio::awaitable<std::error_code> wait_gpu(lane_pool::lease& lease, connection& c,
+                                            std::string_view path, double& waited_us);
+  bool sample_check() noexcept;
   static response error_response(int status, std::string message, bool close = false);
   void arm_deadline(const std::shared_ptr<connection>& c);
   void forget(const std::shared_ptr<connection>& c);
@@ -95,12 +129,16 @@ class server {
   server_config cfg_;
   lane_pool& lanes_;
   evr::reactor* reactor_;
+  const mlp::model& model_;
   server_metrics& metrics_;
+  std::unique_ptr<mlp_batcher> batcher_;   // evr mode
+  std::atomic<std::uint64_t> answers_{0};  // for sample_check
   asio::strand<asio::io_context::executor_type> accept_strand_;
   asio::ip::tcp::acceptor acceptor_;
   std::uint16_t port_ = 0;
 
-  std::mutex mutex_;  // guards connections_ and stopping_ (accept strand vs. stop() vs. serve exit)
+  std::mutex mutex_;  // guards connections_, conn_threads_ and stopping_
   std::unordered_set<std::shared_ptr<connection>> connections_;
+  std::list<std::shared_ptr<conn_thread>> conn_threads_;
   bool stopping_ = false;
 };

@@ -29,17 +29,7 @@ std::chrono::nanoseconds sim_cost(std::size_t n) { return std::chrono::nanosecon
 
 // --- choosing the device ----------------------------------------------------------------------
 
-device::device(int argc, char** argv, int sim_devices) {
-  std::string want = "auto";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--device" && i + 1 < argc) {
-      want = argv[++i];
-    } else {
-      throw std::invalid_argument("unknown argument '" + arg + "' (usage: " + argv[0] +
-                                  " [--device auto|cuda|sim])");
-    }
-  }
+device::device(const std::string& want, int sim_devices) {
   if (want != "auto" && want != "cuda" && want != "sim")
     throw std::invalid_argument("--device takes auto, cuda or sim, not '" + want + "'");
 

@@ -1,7 +1,7 @@
 // What the examples share — none of it is part of evr: picking the GPU or evr's simulated device,
 // memory on either, and the three kinds of work the examples put on a stream.
 //
-//   examples::device gpu(argc, argv);        // the GPU if there is one, else the simulated device
+//   examples::device gpu("auto");            // the GPU if there is one, else the simulated device
 //   evr::reactor reactor(gpu.backend());     // evr works the same on both
 //   evr::stream stream(gpu.backend(), 0);
 //   gpu.copy_to_device(stream, dev, host);   // queued on the stream, returns at once
@@ -22,6 +22,7 @@
 #include <string>
 
 #include <evr/evr.hpp>
+#include <evr/sim/device.hpp>
 
 namespace examples {
 
@@ -73,10 +74,11 @@ class host_floats {
 
 class device {
  public:
-  /// Reads `--device auto|cuda|sim` (default auto: the GPU when there is one) and prints which
-  /// device the example runs on. The simulated device gets `sim_devices` devices. Throws
-  /// std::invalid_argument for other arguments, std::runtime_error for --device cuda without one.
-  device(int argc, char** argv, int sim_devices = 1);
+  /// Opens the device `choice` names (auto: the GPU when there is one; cuda; sim: evr's
+  /// simulated device, with `sim_devices` devices; see example_cli.hpp for --device) and prints
+  /// which one the example runs on. Throws std::invalid_argument for another choice,
+  /// std::runtime_error for cuda without a usable GPU.
+  explicit device(const std::string& choice, int sim_devices = 1);
   ~device();
   device(const device&) = delete;
   device& operator=(const device&) = delete;

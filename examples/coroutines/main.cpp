@@ -1,13 +1,15 @@
 // evr-coroutines: C++20 coroutines that co_await GPU work through evr.
 //
 //   1. a pipeline, copy in -> kernel -> copy out, with a co_await after each stage;
-//   2. a GPU wait raced against a timeout (asio::experimental::make_parallel_group): the loser is
-//      cancelled;
+//   2. a GPU wait raced against a timeout (make_parallel_group): the loser is cancelled;
 //   3. a wait cancelled by hand (asio::cancellation_signal).
 // A cancelled wait completes with asio::error::operation_aborted, but the GPU work goes on:
 // cancelling stops the *waiting*, never the GPU. 2 and 3 show both.
 //
-//   evr-coroutines [--device auto|cuda|sim]     (no argument: the GPU if there is one)
+//   evr-coroutines [--device auto|cuda|sim]     (no argument: the GPU if there is one; --help)
+//
+// as_tuple, deferred and make_parallel_group come from <evr/callbacks/asio_compat.hpp>, which
+// names them for the Asio found (they left asio::experimental in Asio 1.23).
 //
 // Everything runs on one thread (io.run() in main): while a coroutine waits for the GPU it is
 // suspended, and the thread is free to run the others. evr's reactor thread resumes it (through
@@ -17,19 +19,18 @@
 #include <exception>
 
 #include <asio.hpp>
-#include <asio/experimental/as_tuple.hpp>
-#include <asio/experimental/deferred.hpp>
-#include <asio/experimental/parallel_group.hpp>
 
+#include <evr/callbacks/asio_compat.hpp>
 #include <evr/evr.hpp>
 
+#include "example_cli.hpp"
 #include "example_device.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
-using asio::experimental::as_tuple;
-using asio::experimental::deferred;
+using evr::compat::as_tuple;
+using evr::compat::deferred;
 
 constexpr std::size_t n = 1 << 16;
 
@@ -67,9 +68,9 @@ asio::awaitable<std::error_code> wait_with_timeout(evr::gpu_waiter& waiter, cons
   // `deferred` makes each async_wait a not-yet-started operation; the group starts both and, with
   // wait_for_one, cancels the other as soon as one finishes. It completes once both have.
   auto [order, gpu_ec, timer_ec] =
-      co_await asio::experimental::make_parallel_group(waiter.async_wait(s, deferred),
-                                                       timer.async_wait(deferred))
-          .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+      co_await evr::compat::make_parallel_group(waiter.async_wait(s, deferred),
+                                                timer.async_wait(deferred))
+          .async_wait(evr::compat::wait_for_one(), asio::use_awaitable);
   std::printf("   %7.1f ms  first: %s; GPU wait: %s; timer: %s\n", examples::ms_since_start(),
               order[0] == 0 ? "the GPU" : "the timeout", gpu_ec ? gpu_ec.message().c_str() : "done",
               timer_ec ? timer_ec.message().c_str() : "expired");
@@ -135,8 +136,16 @@ asio::awaitable<bool> run_all(examples::device& gpu, evr::gpu_waiter& waiter) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  CLI::App app{
+      "C++20 coroutines that co_await GPU work: a pipeline, a wait raced against a "
+      "timeout, a wait cancelled by hand",
+      "evr-coroutines"};
+  std::string device = "auto";
+  examples::add_device_option(app, device);
+  if (int rc = examples::parse_cli(app, argc, argv); rc >= 0) return rc;
+
   examples::ms_since_start();  // t = 0
-  examples::device gpu(argc, argv);
+  examples::device gpu(device);
   evr::reactor reactor(gpu.backend());  // evr's background thread
   asio::io_context io;
   evr::gpu_waiter waiter(io.get_executor(), reactor);  // async_wait for any Asio completion token

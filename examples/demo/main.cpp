@@ -4,21 +4,23 @@
 // simulated device otherwise, and says which.
 //
 //   evr-demo [--device auto|cuda|sim] [--streams S] [--requests R] [--elements N]
-//            [--strategy adaptive|poll|fence|host_func]
+//            [--strategy adaptive|poll|fence|host_func]        (--help: the usage)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <asio.hpp>
-#include <asio/experimental/as_tuple.hpp>
 
+#include <evr/callbacks/asio_compat.hpp>
 #include <evr/evr.hpp>
+#include <evr/sim/device.hpp>
+
+#include "example_cli.hpp"
 
 #if defined(EVR_DEMO_HAVE_KERNELS)
 #include <cuda_runtime.h>
@@ -38,61 +40,33 @@ struct settings {
   evr::strategy strategy = evr::strategy::adaptive;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "evr-demo: %s\nusage: evr-demo [--device auto|cuda|sim] [--streams S] [--requests R]"
-               " [--elements N] [--strategy adaptive|poll|fence|host_func]\n",
-               why);
-  std::exit(2);
-}
-
-settings parse(int argc, char** argv) {
-  settings s;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value after " + a).c_str());
-      return argv[++i];
-    };
-    auto number = [&](long lo, long hi) {
-      std::string v = value();
-      char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      if (*end != '\0' || n < lo || n > hi)
-        usage((a + " takes a whole number from " + std::to_string(lo) + " to " +
-               std::to_string(hi) + ", not '" + v + "'")
-                  .c_str());
-      return n;
-    };
-    if (a == "--device") {
-      s.device = value();
-      if (s.device != "auto" && s.device != "cuda" && s.device != "sim")
-        usage(("--device takes auto, cuda or sim, not '" + s.device + "'").c_str());
-    } else if (a == "--streams") {
-      s.streams = static_cast<int>(number(1, 1024));
-    } else if (a == "--requests") {
-      s.requests = static_cast<int>(number(1, 100000000));
-    } else if (a == "--elements") {
-      s.elements = static_cast<std::size_t>(number(1, 1L << 28));
-    } else if (a == "--strategy") {
-      std::string v = value();
-      if (v == "adaptive")
-        s.strategy = evr::strategy::adaptive;
-      else if (v == "poll")
-        s.strategy = evr::strategy::poll;
-      else if (v == "fence")
-        s.strategy = evr::strategy::fence;
-      else if (v == "host_func")
-        s.strategy = evr::strategy::host_func;
-      else
-        usage(("unknown strategy '" + v + "'").c_str());
-    } else if (a == "--help" || a == "-h") {
-      usage("help");
-    } else {
-      usage(("unknown argument '" + a + "'").c_str());
-    }
-  }
-  return s;
+/// Reads the command line into `s`. Returns -1 to run, or the exit code (0 after --help).
+int parse(int argc, char** argv, settings& s) {
+  CLI::App app{
+      "Requests that launch GPU work (y = a*x + y) on several streams and co_await it "
+      "through evr, on one io_context thread; every answer is checked",
+      "evr-demo"};
+  examples::add_device_option(app, s.device);
+  app.add_option("--streams", s.streams, "streams the requests are spread over")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--requests", s.requests, "requests in all")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  app.add_option("--elements", s.elements, "floats per request")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 28))
+      ->capture_default_str();
+  const std::map<std::string, evr::strategy> strategies{{"adaptive", evr::strategy::adaptive},
+                                                        {"poll", evr::strategy::poll},
+                                                        {"fence", evr::strategy::fence},
+                                                        {"host_func", evr::strategy::host_func}};
+  std::string strategy = evr::to_string(s.strategy);
+  app.add_option("--strategy", strategy, "how the reactor learns of completions")
+      ->check(CLI::IsMember(strategies))
+      ->capture_default_str();
+  const int rc = examples::parse_cli(app, argc, argv);
+  if (rc < 0) s.strategy = strategies.at(strategy);
+  return rc;
 }
 
 /// One stream's buffers and how to enqueue a request's work on it.
@@ -182,8 +156,7 @@ asio::awaitable<void> client(evr::gpu_waiter& waiter, lane& l, int requests, std
     }
     const auto t0 = clock_type::now();
     l.enqueue(a, x, y);
-    auto [ec] =
-        co_await waiter.async_wait(l.stream(), asio::experimental::as_tuple(asio::use_awaitable));
+    auto [ec] = co_await waiter.async_wait(l.stream(), evr::compat::as_tuple(asio::use_awaitable));
     t.latency_us.push_back(
         std::chrono::duration<double, std::micro>(clock_type::now() - t0).count());
     if (ec) {
@@ -211,7 +184,8 @@ double percentile(std::vector<double> v, double q) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  settings cfg = parse(argc, argv);
+  settings cfg;
+  if (int rc = parse(argc, argv, cfg); rc >= 0) return rc;
   bool use_cuda = false;
   if (cfg.device == "cuda" || cfg.device == "auto") {
 #if defined(EVR_DEMO_HAVE_KERNELS)

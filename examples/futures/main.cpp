@@ -1,7 +1,7 @@
 // evr-futures: GPU work on several streams, awaited as std::futures; then the same work awaited
 // with plain callbacks (evr::on_complete), for code that does not use Asio at all.
 //
-//   evr-futures [--device auto|cuda|sim]     (no argument: the GPU if there is one)
+//   evr-futures [--device auto|cuda|sim]     (no argument: the GPU if there is one; --help)
 //
 // What evr does here: for every wait, it puts a small marker on the stream behind the work queued
 // so far. Its background thread (the reactor) notices when the GPU passes the marker and completes
@@ -17,6 +17,7 @@
 
 #include <evr/evr.hpp>
 
+#include "example_cli.hpp"
 #include "example_device.hpp"
 
 namespace {
@@ -47,7 +48,15 @@ bool check(const lane& l, float a, float b) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::device gpu(argc, argv);
+  CLI::App app{
+      "GPU work on several streams awaited as std::futures, then with plain callbacks "
+      "(evr::on_complete)",
+      "evr-futures"};
+  std::string device = "auto";
+  examples::add_device_option(app, device);
+  if (int rc = examples::parse_cli(app, argc, argv); rc >= 0) return rc;
+
+  examples::device gpu(device);
 
   // The reactor: evr's background thread that watches every stream with a pending wait.
   evr::reactor reactor(gpu.backend());

@@ -3,7 +3,7 @@
 // line) to a child process. The child opens the event and awaits it through evr, as a second
 // server would await the first one's result without polling or blocking a thread.
 //
-//   evr-ipc [--device auto|cuda|sim]     the parent (no argument: the GPU if there is one)
+//   evr-ipc [--device auto|cuda|sim]     the parent (no argument: the GPU if there is one; --help)
 //   evr-ipc --child HEX                  the child (started by the parent)
 //
 // CUDA rules this follows: an event to be shared needs cudaEventInterprocess (evr:
@@ -18,7 +18,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -27,6 +26,7 @@
 
 #include <evr/evr.hpp>
 
+#include "example_cli.hpp"
 #include "example_device.hpp"
 
 extern char** environ;
@@ -88,13 +88,34 @@ pid_t spawn_child(const char* argv0, const std::string& hex) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  CLI::App app{
+      "A GPU event shared between two processes: the child awaits the parent's "
+      "interprocess event through evr",
+      "evr-ipc"};
+  std::string device = "auto";
+  std::string child_handle;
+  auto* device_option = examples::add_device_option(app, device);
+  app.add_option("--child", child_handle,
+                 "run as the child process, awaiting the event with this handle (128 hex digits; "
+                 "the parent passes it)")
+      ->check(CLI::Validator(
+          [](std::string& hex) -> std::string {
+            if (hex.size() != 2 * sizeof(evr::device::ipc_event_handle::bytes) ||
+                hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+              return "the handle must be 128 hex digits";
+            return {};
+          },
+          "HANDLE"))
+      ->excludes(device_option);
+  if (int rc = examples::parse_cli(app, argc, argv); rc >= 0) return rc;
+
   examples::ms_since_start();  // t = 0
-  if (argc == 3 && std::strcmp(argv[1], "--child") == 0) {
+  if (!child_handle.empty()) {
     // The child process: the GPU only (the simulated device never spawns one).
-    return child_role(evr::device::cuda_backend(), argv[2], "child process") ? 0 : 1;
+    return child_role(evr::device::cuda_backend(), child_handle, "child process") ? 0 : 1;
   }
 
-  examples::device gpu(argc, argv);
+  examples::device gpu(device);
   evr::reactor reactor(gpu.backend());
   evr::stream stream(gpu.backend(), 0);
 

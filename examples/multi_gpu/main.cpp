@@ -2,7 +2,7 @@
 // awaited per device; then an NCCL all-reduce across the devices, awaited through evr as one
 // future per device.
 //
-//   evr-multi-gpu [--device auto|cuda|sim]     (no argument: the GPUs if there are any)
+//   evr-multi-gpu [--device auto|cuda|sim]     (no argument: the GPUs if there are any; --help)
 //
 // evr keeps per-stream state (which device the stream belongs to, its pending waits), so a
 // single reactor thread can watch streams of any number of devices. On the simulated device
@@ -20,6 +20,7 @@
 
 #include <evr/evr.hpp>
 
+#include "example_cli.hpp"
 #include "example_device.hpp"
 
 #if defined(EVR_EXAMPLES_HAVE_NCCL)
@@ -100,8 +101,16 @@ bool all_reduce(examples::device& gpu, evr::gpu_waiter& waiter, std::vector<per_
 }  // namespace
 
 int main(int argc, char** argv) try {
+  CLI::App app{
+      "One reactor serves every device: work awaited per device, then an NCCL all-reduce "
+      "awaited as one future per device (two simulated devices without a GPU)",
+      "evr-multi-gpu"};
+  std::string device = "auto";
+  examples::add_device_option(app, device);
+  if (int rc = examples::parse_cli(app, argc, argv); rc >= 0) return rc;
+
   examples::ms_since_start();  // t = 0
-  examples::device gpu(argc, argv, /*sim_devices=*/2);
+  examples::device gpu(device, /*sim_devices=*/2);
   const int count = gpu.count();
   std::printf("devices: %d\n", count);
 

@@ -1,6 +1,6 @@
 // evr-release-after: buffers freed only once the GPU is done with them, without waiting for it.
 //
-//   evr-release-after [--device auto|cuda|sim]     (no argument: the GPU if there is one)
+//   evr-release-after [--device auto|cuda|sim]     (no argument: the GPU if there is one; --help)
 //
 // A buffer the GPU still reads must not be freed. The usual fixes block a thread
 // (cudaStreamSynchronize, then free) or keep buffers in a list checked now and then.
@@ -20,6 +20,7 @@
 
 #include <evr/evr.hpp>
 
+#include "example_cli.hpp"
 #include "example_device.hpp"
 
 #if defined(EVR_EXAMPLES_HAVE_KERNELS)
@@ -99,8 +100,16 @@ struct release_later {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  CLI::App app{
+      "Buffers freed once the GPU is done with them (evr::release_after), without waiting "
+      "for it",
+      "evr-release-after"};
+  std::string device = "auto";
+  examples::add_device_option(app, device);
+  if (int rc = examples::parse_cli(app, argc, argv); rc >= 0) return rc;
+
   examples::ms_since_start();  // t = 0
-  examples::device gpu(argc, argv);
+  examples::device gpu(device);
 
   // strategy::poll: the reactor marks each wait with an event taken from its pool, so the pool's
   // stats at the end have something to show (the default strategy marks the stream with a fence

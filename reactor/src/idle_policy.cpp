@@ -121,19 +121,30 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   const idle_time earliest = start + low - spread / 4;
   const idle_time awake_by = earliest - settings.prespin;
   const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), awake_by - start));
-  const idle_time open = std::max(start, awake_by - margin);
   const idle_time close = start + high + std::max(margin, spread / 2);
-  if (open - now >= min_nap) {
-    o.where = phase::before_window;
-    o.next_look = open;
-    return o;
+  // Sleep until `awake_by`, early by the margin of a sleep of the time left: a long sleep ends
+  // with a wide margin (the large overshoots of long sleeps), and if it ended early, the rest is
+  // slept again with the narrower margin of a shorter sleep, instead of spun.
+  const nanoseconds left = awake_by - now;
+  if (left > nanoseconds(0)) {
+    const idle_time open = std::max(start, awake_by - overshoot.margin(left));
+    // A first sleep is worth it from min_nap on; a second one only when it is long enough to
+    // save more than the wake-up it costs (min_resleep).
+    const nanoseconds worth = now - start < min_resleep ? min_nap : min_resleep;
+    if (open - now >= worth) {
+      o.where = phase::before_window;
+      o.next_look = open;
+      return o;
+    }
   }
   if (now <= close) {
-    // Steady work (a narrow window) is spun through; irregular work (a wide one) is polled.
+    // Steady work is spun through; irregular work is polled. What decides is the spread of the
+    // work itself, not the window's width: the margin and prespin are spun in either case (they
+    // cover the timer, not the work), and counting them made steady work on a machine with late
+    // timers look irregular (polled every poll_period: tens of us late).
     const bool narrow =
-        close - open <=
-        std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
-                 2 * settings.poll_period);
+        spread <= std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
+                           2 * settings.poll_period);
     if (narrow) {
       o.where = phase::window_spin;
       o.next_look = now;

@@ -28,10 +28,12 @@
 //   learning        fewer than `min_samples` samples: spin `spin_window` after the start, then
 //                   naps that grow with the wait's age (a quarter of it), up to `max_sleep`.
 //   before_window   the window opens more than min_nap from now: nothing can finish before;
-//                   sleep until it opens.
-//   window_spin     the window [start + low - margin, start + high + slack] is narrow (at most
-//                   `spin_fraction` of high): busy-poll through it. Cost: the width of the
-//                   window on a miss, about half of it plus the margin on a hit.
+//                   sleep until it opens, early by the margin of a sleep of the time left (a
+//                   long sleep that ended early is followed by a shorter one with a narrower
+//                   margin, not by spinning).
+//   window_spin     the work is steady (spread at most `spin_fraction` of high, or two poll
+//                   periods): busy-poll through the window. Cost: the width of the window on a
+//                   miss; margin + prespin + spread/4 + (actual - low) on a hit.
 //   window_poll     the window is wide (irregular work): look every `poll_period` through it.
 //   missed          past the window: the prediction failed (the work got longer): naps that grow
 //                   with the time since the miss, up to `max_sleep`; the adaptive strategy arms a
@@ -57,6 +59,9 @@ using std::chrono::nanoseconds;
 
 /// Below this a nap costs more than it saves (a futex wait and wake: a few us of CPU): spin.
 inline constexpr nanoseconds min_nap = std::chrono::microseconds(5);
+/// A wait's second and later sleeps before its window must be at least this long: shorter ones
+/// cost a wake-up (and its overshoot) for a few us of spinning saved.
+inline constexpr nanoseconds min_resleep = std::chrono::microseconds(20);
 
 /// Recent service times of one stream, and robust bounds of them.
 class service_time_model {

@@ -17,8 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include <asio/error.hpp>
-
 #include <evr/pool/pool_set.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
@@ -42,8 +40,9 @@ struct atomic_metrics {
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> submit_to_deliver{};
 };
 
-/// What a wait aborted by cancellation or shutdown completes with.
-inline std::error_code aborted_error() noexcept { return asio::error::operation_aborted; }
+/// What a wait aborted by cancellation or shutdown completes with (the Asio front end maps it to
+/// its flavour's asio::error::operation_aborted; the core is Asio-free).
+inline std::error_code aborted_error() noexcept { return make_error_code(errc::operation_aborted); }
 
 /// Adds one sample to a latency histogram (relaxed: statistics).
 void add_sample(std::array<std::atomic<std::uint64_t>, latency_histogram::buckets>& h,
@@ -96,7 +95,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   bool sweep_loose();
   void arm_doorbell(stream_state& st);
   void learn(stream_state& st, clock::time_point now);  // (reactor) a service-time sample
-  void retire_front(stream_state& st, std::error_code ec);
+  /// Retires the `count` oldest entries of `st` (all of them at most) with `ec`.
+  void retire_front(stream_state& st, std::size_t count, std::error_code ec);
   void retire_op(wait_op* op, std::error_code ec);
   void fail_stream(stream_state& st, std::error_code ec);
   void fail_device(int device, std::error_code ec);
@@ -127,21 +127,22 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   // fence / adaptive: fence markers enqueued and not yet retired, per device (submitters add,
   // the reactor subtracts; relaxed: a threshold, not a synchronization).
   std::array<std::atomic<std::int64_t>, max_devices> pending_fences_{};
-  // fence / adaptive: streams with fence markers pending, per device (a stream counts while its
-  // stream_state::pending_fence_markers is non-zero: whoever moves that from 0 to 1 adds, whoever
-  // moves it from 1 to 0 subtracts). A stream without fences pending starts with an event marker
-  // while fence_stream_limit_ streams already have some.
-  std::array<std::atomic<std::int64_t>, max_devices> fence_streams_{};
+  // fence / adaptive: streams with markers pending, per device (a stream counts while its
+  // stream_state::pending_markers is non-zero: whoever moves that from 0 to 1 adds, whoever moves
+  // it from 1 to 0 subtracts). While more than fence_stream_limit_ streams of a device are busy,
+  // every new wait there records an event (put_marker says why).
+  std::array<std::atomic<std::int64_t>, max_devices> busy_streams_{};
   std::int64_t fence_stream_limit_ = 0;
-  void fence_enqueued(stream_state& st) noexcept {
-    pending_fences_[st.device].fetch_add(1, std::memory_order_relaxed);
-    if (st.pending_fence_markers.fetch_add(1, std::memory_order_relaxed) == 0)
-      fence_streams_[st.device].fetch_add(1, std::memory_order_relaxed);
+  void marker_enqueued(stream_state& st, bool fence) noexcept {
+    if (fence) pending_fences_[st.device].fetch_add(1, std::memory_order_relaxed);
+    if (st.pending_markers.fetch_add(1, std::memory_order_relaxed) == 0)
+      busy_streams_[st.device].fetch_add(1, std::memory_order_relaxed);
   }
-  void fence_retired(stream_state& st) noexcept {
-    pending_fences_[st.device].fetch_sub(1, std::memory_order_relaxed);
-    if (st.pending_fence_markers.fetch_sub(1, std::memory_order_relaxed) == 1)
-      fence_streams_[st.device].fetch_sub(1, std::memory_order_relaxed);
+  /// `count` markers of `st` retired, `fences` of them fence writes.
+  void markers_retired(stream_state& st, std::int64_t count, std::int64_t fences) noexcept {
+    if (fences > 0) pending_fences_[st.device].fetch_sub(fences, std::memory_order_relaxed);
+    if (st.pending_markers.fetch_sub(count, std::memory_order_relaxed) == count)
+      busy_streams_[st.device].fetch_sub(1, std::memory_order_relaxed);
   }
   int device_count_ = 0;  // at construction; names the device of a fault when only one exists
   std::atomic<bool> fault_reported_{false};

@@ -30,27 +30,34 @@ void reactor_core::retire_op(wait_op* op, std::error_code ec) {
   ready_.emplace_back(op, ec);
 }
 
-void reactor_core::retire_front(stream_state& st, std::error_code ec) {
-  timeline_entry e = st.entries.front();
-  st.entries.pop_front();
-  if (e.event == nullptr && st.fence_host != nullptr) fence_retired(st);
-  st.completed_seq = std::max(st.completed_seq, e.seq);
-  st.published_completed_seq.store(st.completed_seq, std::memory_order_relaxed);
-  if (e.op != nullptr && !ec) {
-    st.retired_submit = e.op->submitted_at_;  // the newest retired wait: learn() samples it
-    st.retired_in_sweep = true;
-  }
-  if (e.pool != nullptr) {
-    if (!ec) {
-      // The GPU is past it: back to the pool, after this sweep's completions are delivered
-      // (returning it is not on the latency path).
-      to_release_.emplace_back(e.pool, e.event);
-    } else {
-      // Failed: never reuse it; destroyed with the reactor, off this thread.
-      abandoned_.emplace_back(e.pool, e.event);
+void reactor_core::retire_front(stream_state& st, std::size_t count, std::error_code ec) {
+  count = std::min(count, st.entries.size());
+  std::int64_t fences = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    timeline_entry e = st.entries.front();
+    st.entries.pop_front();
+    if (e.event == nullptr) ++fences;
+    st.completed_seq = std::max(st.completed_seq, e.seq);
+    if (e.op != nullptr && !ec) {
+      st.retired_submit = e.op->submitted_at_;  // the newest retired wait: learn() samples it
+      st.retired_in_sweep = true;
     }
+    if (e.pool != nullptr) {
+      if (!ec) {
+        // The GPU is past it: back to the pool, after this sweep's completions are delivered
+        // (returning it is not on the latency path).
+        to_release_.emplace_back(e.pool, e.event);
+      } else {
+        // Failed: never reuse it; destroyed with the reactor, off this thread.
+        abandoned_.emplace_back(e.pool, e.event);
+      }
+    }
+    if (e.op != nullptr) retire_op(e.op, ec);
   }
-  if (e.op != nullptr) retire_op(e.op, ec);
+  // Counters shared with submitters move once per batch, not once per wait.
+  if (traits_.fence_markers && count > 0)
+    markers_retired(st, static_cast<std::int64_t>(count), fences);
+  st.published_completed_seq.store(st.completed_seq, std::memory_order_relaxed);
 }
 
 bool reactor_core::sweep_poll(stream_state& st) {
@@ -65,7 +72,7 @@ bool reactor_core::sweep_poll(stream_state& st) {
     if (is_sticky(ec)) {
       fail_device(st.device, ec);
     } else {
-      retire_front(st, ec);  // this event alone is broken (e.g. destroyed handle)
+      retire_front(st, 1, ec);  // this event alone is broken (e.g. destroyed handle)
     }
     return true;
   }
@@ -96,17 +103,16 @@ bool reactor_core::sweep_poll(stream_state& st) {
       done_through = lo;
     }
   }
-  for (std::size_t i = 0; i <= done_through; ++i) retire_front(st, {});
+  retire_front(st, done_through + 1, {});
   return true;
 }
 
 bool reactor_core::sweep_word(stream_state& st, std::uint64_t word) {
-  bool progress = false;
-  while (!st.entries.empty() && st.entries.front().seq <= word) {
-    retire_front(st, {});
-    progress = true;
-  }
-  return progress;
+  // Entries are in sequence order: count those the word covers, then retire them in one batch.
+  std::size_t covered = 0;
+  while (covered < st.entries.size() && st.entries.at(covered).seq <= word) ++covered;
+  retire_front(st, covered, {});
+  return covered > 0;
 }
 
 bool reactor_core::sweep_event_front(stream_state& st) {
@@ -121,7 +127,7 @@ bool reactor_core::sweep_event_front(stream_state& st) {
       fail_device(st.device, ec);
       return true;
     }
-    retire_front(st, ec);
+    retire_front(st, 1, ec);
     progress = true;
   }
   return progress;
@@ -143,8 +149,8 @@ bool reactor_core::probe(stream_state& st, clock::time_point now) {
   // The stream is idle: every marker enqueued before this query has executed, which includes
   // every entry (the reactor accepted each after its marker was enqueued). A word that still lags
   // would mean a lost write; complete the waits rather than hang them.
-  bool progress = !st.entries.empty();
-  while (!st.entries.empty()) retire_front(st, {});
+  const bool progress = !st.entries.empty();
+  retire_front(st, st.entries.size(), {});
   return progress;
 }
 
@@ -270,7 +276,7 @@ void reactor_core::learn(stream_state& st, clock::time_point now) {
 }
 
 void reactor_core::fail_stream(stream_state& st, std::error_code ec) {
-  while (!st.entries.empty()) retire_front(st, ec);
+  retire_front(st, st.entries.size(), ec);
 }
 
 void reactor_core::fail_device(int device, std::error_code ec) {
@@ -293,16 +299,19 @@ void reactor_core::fail_device(int device, std::error_code ec) {
 
 void reactor_core::abort_everything() {
   for (stream_state* st : active_) {
+    const auto count = static_cast<std::int64_t>(st->entries.size());
+    std::int64_t fences = 0;
     while (!st->entries.empty()) {
       timeline_entry e = st->entries.front();
       st->entries.pop_front();
       // The GPU may not be past the marker: keep pooled events out of the pool for good.
       if (e.pool != nullptr) abandoned_.emplace_back(e.pool, e.event);
-      if (e.event == nullptr && st->fence_host != nullptr) {
-        aborted_fences_ = true;
-        fence_retired(*st);
-      }
+      if (e.event == nullptr) ++fences;
       if (e.op != nullptr) retire_op(e.op, aborted_error());
+    }
+    if (traits_.fence_markers && count > 0) {
+      aborted_fences_ = aborted_fences_ || fences > 0;
+      markers_retired(*st, count, fences);
     }
     st->active = false;
   }

@@ -7,8 +7,7 @@
 #include <system_error>
 #include <thread>
 
-#include <asio/io_context.hpp>
-
+#include <evr/callbacks/detail/asio_forward.hpp>  // evr::asio: the flavour under test (io_context)
 #include <evr/device/error.hpp>
 #include <evr/reactor/options.hpp>
 

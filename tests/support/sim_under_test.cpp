@@ -5,7 +5,7 @@
 #include <string>
 #include <thread>
 
-#include <evr/device/sim.hpp>
+#include <evr/sim/device.hpp>
 
 #include "support/device_under_test.hpp"
 

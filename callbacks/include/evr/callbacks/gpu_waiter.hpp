@@ -5,13 +5,19 @@
 //   kernel<<<g, b, 0, stream.native()>>>(...);
 //   co_await waiter.async_wait(stream, asio::use_awaitable);
 //
-// Completion signature: void(std::error_code).
+// Completion signature: void(evr::asio_error_code) — std::error_code with standalone Asio (the same
+// type as asio::error_code), boost::system::error_code with Boost.Asio (evr::evr_boost), so that
+// every token treats it as the error: use_awaitable throws, use_future stores the exception.
 //   {}                              the work before the wait is done
 //   a cuda_category() error         the device failed (sticky errors fail every wait on it)
 //   asio::error::operation_aborted  cancelled (cancel(), the slot, the waiter destroyed) or the
-//                                   reactor stopped before the work was done
+//                                   reactor stopped before the work was done: the flavour's own
+//                                   value. It equals std::errc::operation_canceled with Boost.Asio
+//                                   and standalone Asio 1.38+ (older Asio lacks that mapping)
 //   an evr_category() error         refused: errc::reactor_stopped, backend_mismatch,
 //                                   event_never_recorded, per_thread_default_stream, ...
+// A boost::system::error_code carrying a cuda_category() or evr_category() error keeps that
+// category: `ec == evr::errc::reactor_stopped` and `ec.message()` work with either flavour.
 //
 // Per-operation cancellation: terminal, partial and total, through the handler's associated
 // cancellation slot. Emit the signal where the handler's executor runs (Asio's usual rule). The
@@ -23,7 +29,13 @@
 // Delivery: posted to the handler's associated executor (default: the waiter's executor), never
 // run inside async_wait. set_delivery(delivery::inline_on_reactor) runs handlers on the reactor
 // thread instead: the lowest latency, but the handler must be short and must never block (it
-// holds up every other completion), and a coroutine would resume on the reactor thread.
+// holds up every other completion), and a coroutine would resume on the reactor thread. An
+// exception thrown by a posted handler leaves the executor's run(), as with any Asio handler; one
+// thrown by an inline handler is reported on stderr and dropped (detail/callback_exception.hpp).
+//
+// Memory: each wait's operation is allocated with the handler's associated allocator (default:
+// Asio's recycling allocator) and given back to it before the handler runs, also when the wait is
+// cancelled or refused.
 //
 // Thread safety: distinct objects: safe. Shared object: async_wait and cancel may be called from
 // any thread (the reactor is thread-safe); moving or destroying needs exclusive access.
@@ -35,17 +47,14 @@
 #include <cstdint>
 #include <utility>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/async_result.hpp>
-#include <asio/execution.hpp>
-#include <asio/query.hpp>
-
+#include <evr/callbacks/detail/asio_forward.hpp>
 #include <evr/callbacks/detail/asio_wait_op.hpp>
 #include <evr/callbacks/reactor_service.hpp>
 #include <evr/reactor/reactor.hpp>
 #include <evr/reactor/wait_target.hpp>
 
 namespace evr {
+inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 
 template <typename Executor = asio::any_io_executor>
 class basic_gpu_waiter {
@@ -59,7 +68,8 @@ class basic_gpu_waiter {
   };
 
   basic_gpu_waiter(const executor_type& ex, reactor& r) : executor_(ex), reactor_(&r) {}
-  /// Finds the reactor through the executor's context (evr::reactor_service).
+  /// Finds the reactor through the executor's context (evr::reactor_service; attach one with
+  /// evr::use_reactor). Throws evr::error when none is attached and CUDA is not compiled in.
   explicit basic_gpu_waiter(const executor_type& ex)
       : executor_(ex),
         reactor_(
@@ -100,7 +110,7 @@ class basic_gpu_waiter {
   template <typename CompletionToken = asio::default_completion_token_t<executor_type>>
   auto async_wait(const wait_target& target,
                   CompletionToken&& token = asio::default_completion_token_t<executor_type>()) {
-    return asio::async_initiate<CompletionToken, void(std::error_code)>(initiate_wait{this}, token,
+    return asio::async_initiate<CompletionToken, void(asio_error_code)>(initiate_wait{this}, token,
                                                                         target);
   }
 
@@ -145,4 +155,5 @@ class basic_gpu_waiter {
 
 using gpu_waiter = basic_gpu_waiter<>;
 
+}  // namespace EVR_ASIO_FLAVOUR_NAMESPACE
 }  // namespace evr

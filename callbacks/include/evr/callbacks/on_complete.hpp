@@ -2,12 +2,20 @@
 //
 //   evr::on_complete(reactor, stream, [](std::error_code ec) { ... });
 //
-// The callback runs exactly once on the reactor thread (the "delivery thread"), with the same
-// outcomes as gpu_waiter::async_wait. It must be short and must never block: it delays every other
-// completion of the reactor. Hand real work to your own thread or pool from it.
+// The callback runs exactly once on the reactor thread (the "delivery thread"). It must be short
+// and must never block: it delays every other completion of the reactor. Hand real work to your
+// own thread or pool from it. It receives a std::error_code (this header needs no Asio):
+//   {}                         the work before the wait is done
+//   a cuda_category() error    the device failed (sticky errors fail every wait on it)
+//   errc::operation_aborted    the reactor stopped before the work was done (compares equal to
+//                              std::errc::operation_canceled; these waits have no cancel())
 //
 // Returns {} when the wait started. On refusal (stopped reactor, bad input, a device error putting
 // the marker on the stream) returns the error and the callback is neither called nor kept.
+//
+// Exceptions: the callback should not throw. If it does, the exception is caught on the reactor
+// thread, reported on stderr with its what() and dropped; the reactor goes on serving every other
+// wait (there is no caller to rethrow it to, and letting it escape would end the process).
 // Thread safety: callable from any thread except inside a CUDA host function.
 #pragma once
 
@@ -17,6 +25,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <evr/callbacks/detail/callback_exception.hpp>
 #include <evr/reactor/reactor.hpp>
 
 namespace evr {
@@ -38,8 +47,7 @@ class callback_op final : public wait_op {
     try {
       fn(ec);
     } catch (...) {
-      // A callback that throws on the reactor thread must not take the reactor down; there is
-      // nowhere to report it. Document: callbacks must not throw.
+      report_callback_exception("an on_complete callback");  // see the file comment
     }
   }
   Fn fn_;

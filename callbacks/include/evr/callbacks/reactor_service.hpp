@@ -1,23 +1,27 @@
 // evr/callbacks/reactor_service.hpp — finds a reactor through an Asio execution context, as
 // Asio's timers find their service.
 //
-//   evr::use_reactor(io, my_reactor);            // attach one (it must outlive the context's
-//   waits) evr::gpu_waiter w{io.get_executor()};        // uses it, or a default CUDA reactor made
-//   on
-//                                                // first use and owned by the context
+// Usage:
 //
-// Thread safety: use() and get() are thread-safe. Lifetime: an owned reactor is stopped when the
-// context shuts down (Asio calls shutdown() before destroying handlers still queued).
+//     evr::use_reactor(io, my_reactor);      // attach a reactor to io's context (not owned)
+//     evr::gpu_waiter w{io.get_executor()};  // finds it through the executor's context
+//
+// With no reactor attached, the first waiter made from the context creates a reactor on the CUDA
+// backend (default options), owned by the context (evr::error in a build without CUDA).
+//
+// Thread safety: use() and get() are thread-safe.
+// Lifetime: an attached reactor must outlive the context's waits. An owned reactor is stopped when
+// the context shuts down (Asio calls shutdown() before destroying the handlers still queued).
 #pragma once
 
 #include <memory>
 #include <mutex>
 
-#include <asio/execution_context.hpp>
-
+#include <evr/callbacks/detail/asio_forward.hpp>
 #include <evr/reactor/reactor.hpp>
 
 namespace evr {
+inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 
 class reactor_service : public asio::execution_context::service {
  public:
@@ -64,4 +68,5 @@ inline void use_reactor(asio::execution_context& context, reactor& r) {
   asio::use_service<reactor_service>(context).use(r);
 }
 
+}  // namespace EVR_ASIO_FLAVOUR_NAMESPACE
 }  // namespace evr

@@ -11,6 +11,14 @@
 //
 // On the reactor thread the destructor must be cheap and must not synchronize with the device
 // (cudaFree does!): for device memory pass an executor, so the destructor runs there.
+//
+// There is no user callback: the resource's destructor is the only code evr runs for it, on every
+// outcome of the wait ({}, a device error, or errc::operation_aborted at shutdown), and evr does
+// not tell which. Wait with gpu_waiter or on_complete as well when the outcome matters.
+// The executor overload takes an Asio executor of the front end's flavour
+// (detail/asio_forward.hpp), so this header needs Asio; without Asio, capture the resource in an
+// on_complete callback instead.
+// Thread safety: callable from any thread except inside a CUDA host function.
 #pragma once
 
 #include <optional>
@@ -18,10 +26,7 @@
 #include <type_traits>
 #include <utility>
 
-#include <asio/execution.hpp>
-#include <asio/post.hpp>
-#include <asio/prefer.hpp>
-
+#include <evr/callbacks/detail/asio_forward.hpp>
 #include <evr/callbacks/on_complete.hpp>
 
 namespace evr {
@@ -68,8 +73,13 @@ std::error_code release_after(reactor& r, const wait_target& target, Resource&& 
   // Outstanding work on `ex` until the resource is freed there: run() does not return while a
   // release is still to come.
   auto work = asio::prefer(ex, asio::execution::outstanding_work.tracked);
-  std::error_code ec = on_complete(
-      r, target, [raw, work](std::error_code) { asio::post(work, [raw] { delete raw; }); });
+  std::error_code ec = on_complete(r, target, [raw, work](std::error_code) {
+    try {
+      asio::post(work, [raw] { delete raw; });
+    } catch (...) {
+      delete raw;  // posting failed (out of memory): free it here rather than leak it
+    }
+  });
   if (ec) {
     detail::synchronize_target(target);
     return ec;

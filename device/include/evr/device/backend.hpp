@@ -4,8 +4,9 @@
 // `evr::device::backend`. Two implementations exist:
 //   * cuda_backend()  — the CUDA runtime (device/src/cuda_backend.cpp); driver entry points are
 //                       fetched at run time, libcuda is never linked.
-//   * evr::sim::device — a simulated device (evr/device/sim.hpp) that models the CUDA semantics
-//                       evr relies on, so every reactor property can be tested without a GPU.
+//   * evr::sim::device — a simulated device (<evr/sim/device.hpp>, target evr::sim, in
+//                       device/sim/) that models the CUDA semantics evr relies on, so every
+//                       reactor property can be tested without a GPU.
 //
 // Contract for implementers:
 //   * Every function is noexcept and reports failure through std::error_code, in cuda_category()

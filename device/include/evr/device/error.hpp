@@ -2,7 +2,8 @@
 //
 // * cuda_category(): the value is a cudaError_t (the simulated device reports the same values, so
 //   a test written against the simulator sees exactly what the GPU would report).
-// * evr_category(): misuse and life-cycle errors of evr itself (evr::errc).
+// * evr_category(): misuse and life-cycle errors of evr itself (evr::errc). errc::operation_aborted
+//   maps to the error condition std::errc::operation_canceled; every other value is its own.
 //
 // Thread safety: every function here is thread-safe and never allocates except when a message
 // string is built (which happens only on failure paths).
@@ -30,6 +31,10 @@ enum class errc {
   invalid_argument,                 ///< an argument out of its documented range
   no_device,                        ///< no device of that index (or none at all)
   unsupported,                      ///< the backend cannot do this (e.g. IPC on the simulator)
+  /// The wait was cancelled, or the reactor aborted it at shutdown (on_complete callbacks, the
+  /// reactor). Compares equal to std::errc::operation_canceled (its default_error_condition).
+  /// The Asio front end hands its handlers the flavour's asio::error::operation_aborted instead.
+  operation_aborted,
 };
 
 const std::error_category& evr_category() noexcept;

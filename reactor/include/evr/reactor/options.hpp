@@ -73,9 +73,10 @@ struct reactor_options {
   /// futex wait and wake): 50 us is about 8 % of a core while such a window is open, and finds
   /// the completion about 25 us late on average.
   std::chrono::nanoseconds poll_period = std::chrono::microseconds(50);
-  /// predictive: spin through the window in which a completion is expected when the window is at
-  /// most this fraction of the expected service time (or at most two poll_periods); otherwise
-  /// poll it every poll_period. Higher: lower latency for jittery work, more CPU.
+  /// predictive: spin through the window in which a completion is expected when the work is
+  /// steady: the spread of its recent service times is at most this fraction of the longest (or
+  /// at most two poll_periods); otherwise poll the window every poll_period. Spinning costs about
+  /// the spread per completion. Higher: lower latency for jittery work, more CPU.
   double spin_fraction = 0.25;
   /// predictive: how long before the earliest predicted completion the reactor is awake and
   /// polling. A thread that has just woken runs its first microseconds slower (cold caches, a
@@ -99,14 +100,15 @@ struct reactor_options {
   /// behind unfinished work (about 1021 on the H100) and then blocks the enqueuing thread inside
   /// cuStreamWriteValue64; event records were seen not to block at 8192.
   std::size_t max_pending_fences = 512;
-  /// fence / adaptive: streams per device that may have fence markers pending at once; a wait on
-  /// another stream of that device records a pooled event instead while that many have some (the
-  /// sweep queries it). A fence write holds the hardware queue it is in until the work before it
-  /// on its stream is done, and the driver spreads streams over a few hardware queues (8 unless
-  /// CUDA_DEVICE_MAX_CONNECTIONS says otherwise, 32 at most): fences on more streams than queues
-  /// would hold up unrelated streams' work behind one another. 0: the backend's number of
-  /// hardware queues (CUDA: CUDA_DEVICE_MAX_CONNECTIONS or 8; simulated device: no limit).
-  /// SIZE_MAX: no limit.
+  /// fence / adaptive: busy streams (with waits pending) per device up to which waits get fence
+  /// markers; while more streams of the device are busy, new waits there record pooled events
+  /// instead (the sweep queries them). A fence write holds the hardware queue it is in until the
+  /// work before it on its stream is done, and the driver spreads streams over a few hardware
+  /// queues (8 unless CUDA_DEVICE_MAX_CONNECTIONS says otherwise, 32 at most): with more busy
+  /// streams than queues, streams share queues and fences would hold up unrelated streams' work
+  /// (H100, 64 streams of irregular work: p99 of milliseconds with fences, ~80 us with events). 0:
+  /// the backend's number of hardware queues (CUDA: CUDA_DEVICE_MAX_CONNECTIONS or 8; simulated
+  /// device: no limit). SIZE_MAX: no limit.
   std::size_t max_fence_streams = 0;
   /// Events created per pool growth (pools of the reactor's own events).
   std::size_t pool_batch = 64;

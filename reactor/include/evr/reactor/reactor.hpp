@@ -15,8 +15,10 @@
 //
 // Guarantees: every submitted wait completes exactly once: with {} when the work before it is
 // done; with the device error when it failed (sticky errors fail every wait of that device, and
-// the reactor keeps serving other devices); with asio::error::operation_aborted when cancelled or
-// aborted at shutdown; with errc::reactor_stopped when submitted after stop().
+// the reactor keeps serving other devices); with errc::operation_aborted (== the condition
+// std::errc::operation_canceled) when cancelled or aborted at shutdown; with errc::reactor_stopped
+// when submitted after stop(). The Asio front end hands its handlers Asio's operation_aborted
+// instead of errc::operation_aborted.
 //
 // Thread safety: submit, cancel, cancel_owner, metrics and stop may be called from any thread.
 // Lifetime: destroying the reactor stops it (see stop()). Destroying it from one of its own inline

@@ -14,6 +14,11 @@
 //      operation's memory is back in the allocator's cache before the upcall, as Asio requires.
 //   A refused submission (stopped reactor, bad input) is posted the same way: a handler never
 //   runs inside the initiating call.
+// The core's outcome (std::error_code) reaches the handler through to_asio_error: the flavour's
+// asio::error::operation_aborted for errc::operation_aborted, the code itself otherwise.
+// A handler that throws: posted, the exception leaves the executor's run() as with any Asio
+// handler; inline on the reactor thread, it is reported on stderr and dropped (the reactor goes
+// on serving the other waits).
 #pragma once
 
 #include <cstddef>
@@ -23,20 +28,12 @@
 #include <type_traits>
 #include <utility>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/associated_allocator.hpp>
-#include <asio/associated_cancellation_slot.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/cancellation_type.hpp>
-#include <asio/execution.hpp>
-#include <asio/io_context.hpp>
-#include <asio/post.hpp>
-#include <asio/prefer.hpp>
-#include <asio/recycling_allocator.hpp>
-
+#include <evr/callbacks/detail/asio_forward.hpp>
+#include <evr/callbacks/detail/callback_exception.hpp>
 #include <evr/reactor/reactor.hpp>
 
 namespace evr::detail {
+inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 
 /// Storage inside an operation for the executor's wrapper of the posted delivery function.
 struct delivery_slab {
@@ -148,9 +145,15 @@ class asio_wait_op final : public wait_op {
     return p;
   }
 
+  /// The handler's associated cancellation slot. The two-argument form: Boost 1.81's
+  /// one-argument get() is ambiguous for a std::reference_wrapper handler (std::ref(fn)).
+  static auto handler_slot(const Handler& h) noexcept {
+    return asio::get_associated_cancellation_slot(h, asio::cancellation_slot());
+  }
+
   /// Connects the handler's cancellation slot (if any) to reactor::cancel.
   void connect_cancellation() {
-    auto slot = asio::get_associated_cancellation_slot(handler_);
+    auto slot = handler_slot(handler_);
     if (slot.is_connected()) slot.template emplace<cancel_handler>(this);
   }
 
@@ -191,7 +194,12 @@ class asio_wait_op final : public wait_op {
   static void do_complete(wait_op* base, std::error_code ec) noexcept {
     auto* self = static_cast<asio_wait_op*>(base);
     if (self->how_ == delivery::inline_on_reactor) {
-      finish(self, ec);
+      try {
+        finish(self, ec);
+      } catch (...) {
+        // The handler threw on the reactor thread, where no caller can take the exception.
+        report_callback_exception("a gpu_waiter handler delivered inline_on_reactor");
+      }
     } else {
       post_completion(self, ec);
     }
@@ -208,7 +216,7 @@ class asio_wait_op final : public wait_op {
   }
 
   static void finish(asio_wait_op* self, std::error_code ec) {
-    auto slot = asio::get_associated_cancellation_slot(self->handler_);
+    auto slot = handler_slot(self->handler_);
     if (slot.is_connected()) slot.clear();
     allocator alloc(
         asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
@@ -218,7 +226,7 @@ class asio_wait_op final : public wait_op {
     // Memory back to the handler's allocator before the upcall.
     self->~asio_wait_op();
     std::allocator_traits<allocator>::deallocate(alloc, self, 1);
-    std::move(handler)(ec);
+    std::move(handler)(to_asio_error(ec));
   }
 
   static void destroy(asio_wait_op* self) noexcept {
@@ -234,4 +242,5 @@ class asio_wait_op final : public wait_op {
   reactor& reactor_;
 };
 
+}  // namespace EVR_ASIO_FLAVOUR_NAMESPACE
 }  // namespace evr::detail

@@ -1,6 +1,13 @@
-// evr/device/sim.hpp — a simulated GPU that models the CUDA semantics evr relies on.
+// evr/sim/device.hpp — a simulated GPU that models the CUDA semantics evr relies on, so that code
+// using evr (and evr itself) can be tested without a GPU. Target evr::sim (library evr_sim):
 //
-// Model (see ../shared/CUDA-NOTES.md for the real device's rules):
+//   find_package(evr CONFIG REQUIRED)
+//   target_link_libraries(app_tests PRIVATE evr::evr evr::sim)
+//
+//   evr::sim::device sim{{.devices = 2, .mode = evr::sim::run_mode::threaded}};
+//   evr::reactor reactor{sim};                      // any evr object that takes a backend
+//
+// Model (what evr relies on from CUDA; docs/architecture.md, "device/ — the seam"):
 //   * A stream is an ordered queue of operations: kernels (a duration and/or a host callable that
 //     plays the kernel's body), event records, host functions, 64-bit memory writes (fences) and
 //     waits on an event. Operations of one stream complete in issue order.
@@ -12,7 +19,10 @@
 //   * Delays (a kernel's duration) and stalls (a stream stops advancing until resumed).
 //
 // Two modes:
-//   * threaded: each stream has a worker thread that runs its operations as they come.
+//   * threaded: operations run as they come, on threads of the simulator: each stream has a
+//     worker thread, which runs its kernels' durations and bodies and its host functions; its
+//     cheap operations (records, fence writes, waits, kernels with neither) run on the worker or
+//     on the device's runner thread, whichever gets there first.
 //   * manual: nothing runs until the test calls step()/run_until_blocked(); deterministic.
 //
 // Details that differ from, or make precise, what CUDA does:
@@ -25,10 +35,17 @@
 //   * Counters: queries and records count every call, failed ones too; host_funcs_launched and
 //     fence_writes_enqueued count successful enqueues only.
 //   * The legacy default stream (nullptr, 1) is not modelled: errc::invalid_argument.
+//   * A fence write queued before its fence block was freed never lands, also when a new block
+//     is later allocated at the same address.
+//
+// Cost (evr-bench sim): well under a microsecond per enqueued and per completed operation
+// (0.05-0.5 us on a 2-core machine); an enqueue makes a system call only when the runner thread
+// sleeps (it sleeps after 50 us without work).
 //
 // Thread safety: every member may be called from any thread concurrently. Host functions and
 // kernel bodies run on the stream's worker thread (threaded) or on the thread calling step()
 // (manual). Destroying the device with streams alive destroys them (pending work is dropped).
+// The constructor throws std::system_error when the runner thread cannot be started.
 #pragma once
 
 #include <chrono>

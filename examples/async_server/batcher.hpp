@@ -1,0 +1,118 @@
+// Dynamic batching for /mlp (evr mode): requests that arrive while the GPU is busy, within a
+// short window, or until a batch is full, are copied into one batch; one forward pass runs on one
+// lane; every request of the batch awaits that one completion and then takes its rows back.
+//
+//   request coroutine                     batcher
+//   run(rows) --> joins the open batch --> closes (below) --> execute: lane, copy in, GEMMs,
+//   co_await mailbox                                           co_await evr, copy out
+//   <------------------------------------ try_send to each request's mailbox <--'
+//
+// When a batch closes:
+//   * it is full (max_rows), or the next request would not fit (that request opens the next);
+//   * fewer than `inflight` batches are running: the GPU has room, so waiting would only add
+//     latency (one connection gets batches of one, at once);
+//   * a running batch finishes (the requests that gathered meanwhile go next);
+//   * `window` after its first request, even if `inflight` batches are still running (a bound on
+//     how long a request waits for its batch to start).
+// So under light load requests go at once, and under heavy load the batches grow to what arrives
+// while the GPU works on the previous ones. window 0: every request is a batch of its own.
+//
+// Why this needs evr (or some other non-blocking wait): every request of a batch waits for the
+// batch. A request that held its thread while waiting would take a thread per row of the batch;
+// with evr a batch of 128 requests costs no thread at all while the GPU works.
+//
+// Thread safety: run() from any thread (one mutex guards the open batch and the count of running
+// ones; the window timer lives on a strand). Lifetime: the batcher, the lane pool, the reactor and
+// the io_context must outlive every run() and every batch in flight (the server's io threads are
+// joined first).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <asio/awaitable.hpp>
+#include <asio/experimental/concurrent_channel.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
+
+#include <evr/evr.hpp>
+
+#include "lanes.hpp"
+#include "metrics.hpp"
+#include "mlp.hpp"
+
+class mlp_batcher {
+ public:
+  struct options {
+    std::size_t max_rows = 128;  ///< rows per batch at most (also the most one request may carry)
+    std::chrono::microseconds window{1000};
+    std::size_t inflight = 2;  ///< batches running before new requests wait to be batched
+  };
+
+  /// Where a request hears that its batch ran (the message: no error, the batch's row count). One
+  /// per connection (a connection has at most one request in the batcher); capacity 1, so a batch
+  /// that finishes before the request starts to wait leaves the message there. (Asio 1.22 cannot
+  /// instantiate a channel of void(std::error_code) alone: its channel_traits are ambiguous.)
+  using mailbox = asio::experimental::concurrent_channel<void(std::error_code, std::size_t)>;
+
+  /// What a request gets back.
+  struct result {
+    std::error_code ec;          ///< the batch's failure, if any
+    std::string what;            ///< its description (for the 500 response)
+    std::size_t batch_rows = 0;  ///< rows of the batch it ran in
+  };
+
+  mlp_batcher(asio::io_context& io, lane_pool& lanes, evr::reactor& reactor,
+              const mlp::shape& shape, options opts, server_metrics& metrics);
+  mlp_batcher(const mlp_batcher&) = delete;
+  mlp_batcher& operator=(const mlp_batcher&) = delete;
+
+  /// Adds req's rows (req.rows <= max_rows) to the open batch and suspends until that batch has
+  /// run; then `outputs` (req.rows x shape.out floats) holds the answers. `inputs` and `outputs`
+  /// must stay valid until run() returns.
+  asio::awaitable<result> run(const mlp::request& req, float* outputs, mailbox& box);
+
+  const options& settings() const noexcept { return opts_; }
+
+ private:
+  struct entry {
+    const float* inputs;
+    std::size_t rows;
+    float* outputs;
+    mailbox* box;
+    result* out;
+  };
+  struct batch {
+    std::uint64_t id = 0;
+    std::size_t rows = 0;
+    std::vector<entry> entries;
+  };
+
+  void submit(const entry& e);
+  void arm_window(std::uint64_t id);  // on timer_strand_
+  /// Takes the open batch for launch (mutex_ held): counts it as running.
+  std::unique_ptr<batch> close_locked();
+  void launch(std::unique_ptr<batch> b);
+  void finished();  // a batch ran: the next one may go
+  asio::awaitable<void> execute(std::unique_ptr<batch> b);
+
+  asio::io_context& io_;
+  lane_pool& lanes_;
+  const mlp::shape shape_;
+  const options opts_;
+  server_metrics& metrics_;
+  evr::gpu_waiter waiter_;
+  asio::strand<asio::io_context::executor_type> timer_strand_;
+  asio::steady_timer timer_;  // on timer_strand_
+
+  std::mutex mutex_;  // guards open_, next_id_ and running_
+  std::unique_ptr<batch> open_;
+  std::uint64_t next_id_ = 1;
+  std::size_t running_ = 0;  // batches closed and not yet finished
+};

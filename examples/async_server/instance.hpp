@@ -1,0 +1,66 @@
+// One running server: its reactor (evr mode), io_context and io threads, lane pool, metrics and
+// the server itself, in the order they must be torn down. The process runs one instance for the
+// self-test, load or serve, and two more in turn for --compare; the lanes and the /mlp model are
+// the process's and outlive every instance.
+//
+// Thread safety: stop() from any thread (a signal handler's strand included); the rest from the
+// thread that owns the instance.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+
+#include <evr/evr.hpp>
+
+#include "lanes.hpp"
+#include "metrics.hpp"
+#include "mlp.hpp"
+#include "server.hpp"
+
+struct instance_config {
+  server_config server;
+  int threads = 1;               ///< io threads (thread mode: 1, the accept loop's)
+  evr::reactor_options reactor;  ///< evr mode
+};
+
+class instance {
+ public:
+  /// Builds everything and starts listening and the io threads. Throws std::runtime_error when the
+  /// address cannot be bound.
+  instance(evr::device::backend& backend, const std::vector<lane*>& lanes, const mlp::model& model,
+           instance_config cfg);
+  /// Stops and joins, if not done yet.
+  ~instance();
+  instance(const instance&) = delete;
+  instance& operator=(const instance&) = delete;
+
+  asio::ip::tcp::endpoint endpoint() const;
+  /// Stops accepting and closes the connections (requests in flight finish their GPU work).
+  void stop() { server_->stop(); }
+  /// Waits for every io and connection thread to finish. False if one ended by an exception.
+  bool join();
+
+  asio::io_context& io() noexcept { return io_; }
+  server& srv() noexcept { return *server_; }
+  server_metrics& metrics() noexcept { return metrics_; }
+  lane_pool& pool() noexcept { return pool_; }
+  evr::reactor* reactor() noexcept { return reactor_ ? &*reactor_ : nullptr; }
+
+ private:
+  // Teardown is the reverse of this order: the server (and its batcher) and the pool go before the
+  // io_context they post to, the io_context before the reactor it may still have waits with.
+  std::optional<evr::reactor> reactor_;
+  asio::io_context io_;
+  lane_pool pool_;
+  server_metrics metrics_;
+  std::unique_ptr<server> server_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> crashed_{false};
+  bool joined_ = false;
+};
