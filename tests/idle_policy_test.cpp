@@ -150,6 +150,37 @@ TEST_CASE("idle predict: learning, then sleep until the window, spin through it,
   CHECK(o.next_look == t0 + 1s + s.max_sleep);
 }
 
+TEST_CASE("idle predict: final_sleep cuts a long sleep so its last part is slept on its own") {
+  idle_settings s = defaults();
+  s.prespin = 10us;
+  const nanoseconds margin = 15us;
+  const sleep_overshoot timers = overshoot_of(margin);
+  service_time_model m;
+  work w(20ms, 0.05);
+  for (int i = 0; i < 32; ++i) m.add(w.next());
+  const idle_time awake_by = t0 + m.low() - (m.high() - m.low()) / 4 - s.prespin;
+  const idle_time open = awake_by - margin;
+
+  // Off (the default): one sleep to the window.
+  CHECK(predict(s, m, t0, t0 + 100us, timers).next_look == open);
+
+  s.final_sleep = 1ms;
+  stream_outlook o = predict(s, m, t0, t0 + 100us, timers);
+  CHECK(o.where == phase::before_window);
+  CHECK(o.next_look == awake_by - 1ms);
+  // Woken there (a little late): the rest is one short sleep, to the same window as without it.
+  o = predict(s, m, t0, awake_by - 1ms + 30us, timers);
+  CHECK(o.where == phase::before_window);
+  CHECK(o.next_look == open);
+  // Work shorter than final_sleep: nothing to cut.
+  service_time_model short_work;
+  work ws(500us, 0.05);
+  for (int i = 0; i < 32; ++i) short_work.add(ws.next());
+  const idle_time short_open =
+      t0 + short_work.low() - (short_work.high() - short_work.low()) / 4 - s.prespin - margin;
+  CHECK(predict(s, short_work, t0, t0 + 10us, timers).next_look == short_open);
+}
+
 TEST_CASE("idle predict: irregular work is polled every poll_period inside its range") {
   const idle_settings s = defaults();
   service_time_model m;

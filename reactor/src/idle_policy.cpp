@@ -127,7 +127,11 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   // slept again with the narrower margin of a shorter sleep, instead of spun.
   const nanoseconds left = awake_by - now;
   if (left > nanoseconds(0)) {
-    const idle_time open = std::max(start, awake_by - overshoot.margin(left));
+    idle_time open = std::max(start, awake_by - overshoot.margin(left));
+    // A long sleep's rare late wake-ups (milliseconds on some hosts) are kept away from the
+    // window: the last final_sleep is slept again on its own.
+    if (settings.final_sleep > nanoseconds(0) && left > settings.final_sleep)
+      open = std::min(open, awake_by - settings.final_sleep);
     // A first sleep is worth it from min_nap on; a second one only when it is long enough to
     // save more than the wake-up it costs (min_resleep).
     const nanoseconds worth = now - start < min_resleep ? min_nap : min_resleep;

@@ -30,7 +30,8 @@
 //   before_window   the window opens more than min_nap from now: nothing can finish before;
 //                   sleep until it opens, early by the margin of a sleep of the time left (a
 //                   long sleep that ended early is followed by a shorter one with a narrower
-//                   margin, not by spinning).
+//                   margin, not by spinning). With `final_sleep` set, a sleep longer than it is
+//                   cut so that the last final_sleep before the window is slept on its own.
 //   window_spin     the work is steady (spread at most `spin_fraction` of high, or two poll
 //                   periods): busy-poll through the window. Cost: the width of the window on a
 //                   miss; margin + prespin + spread/4 + (actual - low) on a hit.
@@ -140,9 +141,10 @@ struct idle_settings {
   nanoseconds poll_period{};
   double spin_fraction = 0.25;
   nanoseconds prespin{};
+  nanoseconds final_sleep{};
 
   static idle_settings from(const reactor_options& o) noexcept {
-    return {o.spin_window, o.max_sleep, o.poll_period, o.spin_fraction, o.prespin};
+    return {o.spin_window, o.max_sleep, o.poll_period, o.spin_fraction, o.prespin, o.final_sleep};
   }
 };
 
