@@ -176,6 +176,9 @@ struct row_result {
   double cpu_ns = 0, wall_ns = 0;
   std::uint64_t misses = 0, doorbells = 0, wakeups = 0;
   bool failed = false;
+  /// evr rows: the reactor's timed sleeps that ended late, and its fault probes (driver calls)
+  /// that took long, during the row: where a late completion's time went.
+  latency_histogram nap_overshoot{}, probe_time{};
   double cpu_percent() const { return wall_ns > 0 ? 100.0 * cpu_ns / wall_ns : 0; }
   double cpu_per_completion() const {
     return samples.empty() ? 0 : cpu_ns / static_cast<double>(samples.size());
@@ -277,7 +280,8 @@ row_result run_floor(bench_device& dev, std::vector<std::unique_ptr<lane>>& lane
                  {},      0,
                  0,       0,
                  0,       0,
-                 false};
+                 false,   {},
+                 {}};
   drive(
       dev, lanes, w, /*ack=*/true, [](lane&) {},
       [&](lane& l) {
@@ -293,7 +297,8 @@ row_result run_floor(bench_device& dev, std::vector<std::unique_ptr<lane>>& lane
 /// evr with method `m`, delivered inline on the reactor thread or posted to an io_context thread.
 row_result run_evr(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes, const workload& w,
                    const evr_method& m, bool posted) {
-  row_result out{m.key, m.name, posted ? "posted" : "inline", "evr", {}, 0, 0, 0, 0, 0, false};
+  row_result out{m.key, m.name, posted ? "posted" : "inline", "evr", {}, 0, 0, 0, 0, 0, false,
+                 {},    {}};
   reactor r(dev.backend(), m.options);
   std::unique_ptr<io_thread> io;
   std::unique_ptr<gpu_waiter> waiter;
@@ -328,6 +333,10 @@ row_result run_evr(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes,
   out.misses = m1.prediction_misses - metrics0.prediction_misses;
   out.doorbells = m1.doorbells - metrics0.doorbells;
   out.wakeups = m1.wakeups - metrics0.wakeups;
+  for (int i = 0; i < latency_histogram::buckets; ++i) {
+    out.nap_overshoot.counts[i] = m1.nap_overshoot.counts[i] - metrics0.nap_overshoot.counts[i];
+    out.probe_time.counts[i] = m1.fault_probe_time.counts[i] - metrics0.fault_probe_time.counts[i];
+  }
   return out;
 }
 
@@ -339,7 +348,7 @@ struct baseline {
 
 row_result run_baseline(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes,
                         const workload& w, const baseline& b) {
-  row_result out{b.key, b.name, "thread", "baseline", {}, 0, 0, 0, 0, 0, false};
+  row_result out{b.key, b.name, "thread", "baseline", {}, 0, 0, 0, 0, 0, false, {}, {}};
   device::backend& be = dev.backend();
   const int quota = per_lane_quota(w);
   const bool sim = dev.name() == "sim";
@@ -572,6 +581,28 @@ const row_result* find_row(const scenario_result& s, const std::string& key,
   return nullptr;
 }
 
+/// A power-of-two histogram as a JSON array of counts (bucket i: [2^i, 2^(i+1)) ns).
+std::string histogram_json(const latency_histogram& h) {
+  std::vector<double> v(h.counts.begin(), h.counts.end());
+  return json_writer::array(v);
+}
+
+/// Samples of `h` at or above `ns` (bucket resolution: counts buckets starting at or above it).
+std::uint64_t at_least(const latency_histogram& h, std::uint64_t ns) {
+  std::uint64_t n = 0;
+  for (int i = 0; i < latency_histogram::buckets; ++i)
+    if ((std::uint64_t{1} << i) >= ns) n += h.counts[static_cast<std::size_t>(i)];
+  return n;
+}
+
+/// Upper bound of the highest non-empty bucket, us (0 when empty).
+double max_upper_us(const latency_histogram& h) {
+  for (int i = latency_histogram::buckets - 1; i >= 0; --i)
+    if (h.counts[static_cast<std::size_t>(i)] != 0)
+      return static_cast<double>(std::uint64_t{2} << i) / 1000.0;
+  return 0;
+}
+
 std::string row_json(const row_result& r, const series& floor) {
   const series s{r.name, r.group, r.samples};
   return "{\"key\":" + json_writer::quote(r.key) + ",\"name\":" + json_writer::quote(r.name) +
@@ -588,6 +619,8 @@ std::string row_json(const row_result& r, const series& floor) {
          ",\"prediction_misses\":" + std::to_string(r.misses) +
          ",\"doorbells\":" + std::to_string(r.doorbells) +
          ",\"wakeups\":" + std::to_string(r.wakeups) +
+         ",\"nap_overshoot_log2_ns\":" + histogram_json(r.nap_overshoot) +
+         ",\"probe_time_log2_ns\":" + histogram_json(r.probe_time) +
          ",\"failed\":" + (r.failed ? "true" : "false") +
          ",\"samples_ns\":" + json_writer::array(r.samples) + "}";
 }
@@ -786,6 +819,18 @@ int idle_main(int argc, char** argv) {
       std::fprintf(stderr, "  %-60s %-7s p50 %9.2f us  p99 %9.2f us  CPU %6.1f%%%s\n",
                    r.name.c_str(), r.delivery.c_str(), s.p50() / 1000, s.p99() / 1000,
                    r.cpu_percent(), r.failed ? "  (ERRORS)" : "");
+      if (r.group == "evr") {
+        const auto late = std::count_if(r.samples.begin(), r.samples.end(),
+                                        [](double ns) { return ns > 50'000; });
+        std::fprintf(stderr,
+                     "    found >50 us late: %zu; reactor sleeps that woke >=64 us late: %llu "
+                     "(latest < %.0f us); fault probes >=64 us: %llu (longest < %.0f us)\n",
+                     static_cast<std::size_t>(late),
+                     static_cast<unsigned long long>(at_least(r.nap_overshoot, 65'536)),
+                     max_upper_us(r.nap_overshoot),
+                     static_cast<unsigned long long>(at_least(r.probe_time, 65'536)),
+                     max_upper_us(r.probe_time));
+      }
       sr.rows.push_back(r);
     };
     report(run_floor(*dev, lanes, w));

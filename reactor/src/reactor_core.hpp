@@ -38,6 +38,8 @@ struct atomic_metrics {
       prediction_misses{0};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> detect_to_deliver{};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> submit_to_deliver{};
+  std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> nap_overshoot{};
+  std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> fault_probe_time{};
 };
 
 /// What a wait aborted by cancellation or shutdown completes with (the Asio front end maps it to

@@ -116,7 +116,10 @@ void reactor_core::nap_until(clock::time_point until, bool learn_overshoot) {
   const clock::time_point asked_at = clock::now();
   const bool timed_out = wake_->nap_until(until, [this] { return has_inputs(); });
   // Only a nap that ran its course says how late this machine's timers fire.
-  if (learn_overshoot && timed_out) overshoot_.add(until - asked_at, clock::now() - until);
+  if (!timed_out) return;
+  const clock::time_point woke = clock::now();
+  add_sample(m_.nap_overshoot, woke - until);
+  if (learn_overshoot) overshoot_.add(until - asked_at, woke - until);
 }
 
 reactor_core::clock::time_point reactor_core::service_start(const stream_state& st) const noexcept {

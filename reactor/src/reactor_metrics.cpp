@@ -60,6 +60,8 @@ reactor_metrics reactor_core::metrics() const noexcept {
   for (int i = 0; i < latency_histogram::buckets; ++i) {
     r.detect_to_deliver.counts[i] = get(m_.detect_to_deliver[i]);
     r.submit_to_deliver.counts[i] = get(m_.submit_to_deliver[i]);
+    r.nap_overshoot.counts[i] = get(m_.nap_overshoot[i]);
+    r.fault_probe_time.counts[i] = get(m_.fault_probe_time[i]);
   }
   return r;
 }

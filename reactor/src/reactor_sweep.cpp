@@ -137,7 +137,9 @@ bool reactor_core::probe(stream_state& st, clock::time_point now) {
   if (now - st.last_probe < options_.fault_probe_interval) return false;
   st.last_probe = now;
   m_.stream_queries.fetch_add(1, std::memory_order_relaxed);
+  const clock::time_point asked = clock::now();
   std::error_code ec = backend_.query_stream(st.native);
+  add_sample(m_.fault_probe_time, clock::now() - asked);
   if (is_not_ready(ec)) return false;
   if (ec) {
     if (is_sticky(ec))

@@ -40,6 +40,11 @@ struct reactor_metrics {
   latency_histogram detect_to_deliver;
   /// Time from submission to the handler being posted / run inline (includes GPU time).
   latency_histogram submit_to_deliver;
+  /// How late the reactor's timed sleeps ended (woken by the clock, not by a submission or a
+  /// doorbell): the host's share of a late completion while the reactor slept.
+  latency_histogram nap_overshoot;
+  /// How long each fault probe (a stream query: a driver call) took.
+  latency_histogram fault_probe_time;
 };
 
 }  // namespace evr
