@@ -108,6 +108,7 @@ TEST_CASE("idle model: a jump in work length is learned within three samples") {
 TEST_CASE("idle predict: learning, then sleep until the window, spin through it, back off after") {
   idle_settings s = defaults();
   s.prespin = 10us;
+  s.final_sleep = 0us;  // one sleep to the window (the cut is the next test's subject)
   const nanoseconds margin = 15us;
   const sleep_overshoot timers = overshoot_of(margin);
   service_time_model m;
@@ -161,8 +162,12 @@ TEST_CASE("idle predict: final_sleep cuts a long sleep so its last part is slept
   const idle_time awake_by = t0 + m.low() - (m.high() - m.low()) / 4 - s.prespin;
   const idle_time open = awake_by - margin;
 
-  // Off (the default): one sleep to the window.
+  // Off: one sleep to the window.
+  s.final_sleep = 0us;
   CHECK(predict(s, m, t0, t0 + 100us, timers).next_look == open);
+  // The default cuts it.
+  CHECK(predict(defaults(), m, t0, t0 + 100us, timers).next_look ==
+        awake_by - evr::reactor_options{}.final_sleep);
 
   s.final_sleep = 1ms;
   stream_outlook o = predict(s, m, t0, t0 + 100us, timers);

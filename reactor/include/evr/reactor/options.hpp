@@ -85,11 +85,13 @@ struct reactor_options {
   std::chrono::nanoseconds prespin = std::chrono::microseconds(10);
   /// predictive: the longest single sleep that ends right before a predicted completion. A
   /// longer sleep towards a window is cut short so that its last `final_sleep` is slept again on
-  /// its own: on hosts where a long timed sleep now and then wakes milliseconds late (a virtual
-  /// CPU halted for long, `evr-bench timer` shows it), only a short final sleep decides how late
-  /// the reactor is. Costs one more wake-up (a few us of CPU) per predicted completion of work
-  /// longer than it. 0: no cut.
-  std::chrono::nanoseconds final_sleep = std::chrono::microseconds(0);
+  /// its own. Why: how late a timed sleep wakes grows with its length on some hosts (the idle
+  /// state the core enters; a virtual CPU halted for long): on the H100 host, sleeps of about
+  /// 1 ms woke >= 64 us late 122 times in 900, cut ones 3 times in 1800, and the completions
+  /// found > 50 us late halved over two runs of 1-20 ms work (docs/benchmarks.md, "where the
+  /// tail comes from"). Costs one more wake-up (a few us of CPU) per predicted completion of
+  /// work longer than it. 0: no cut.
+  std::chrono::nanoseconds final_sleep = std::chrono::microseconds(250);
   /// adaptive: age of a wait that the prediction does not cover after which one host-function
   /// doorbell is armed on its stream (ladder: age of the stream's oldest wait).
   std::chrono::nanoseconds doorbell_after = std::chrono::milliseconds(5);
