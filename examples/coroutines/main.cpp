@@ -136,13 +136,11 @@ asio::awaitable<bool> run_all(examples::device& gpu, evr::gpu_waiter& waiter) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  CLI::App app{
+  const std::string device = examples::device_from_cli(
+      argc, argv,
       "C++20 coroutines that co_await GPU work: a pipeline, a wait raced against a "
       "timeout, a wait cancelled by hand",
-      "evr-coroutines"};
-  std::string device = "auto";
-  examples::add_device_option(app, device);
-  if (int rc = examples::parse_cli(app, argc, argv); rc >= 0) return rc;
+      "evr-coroutines");
 
   examples::ms_since_start();  // t = 0
   examples::device gpu(device);

@@ -48,13 +48,11 @@ bool check(const lane& l, float a, float b) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  CLI::App app{
+  const std::string device = examples::device_from_cli(
+      argc, argv,
       "GPU work on several streams awaited as std::futures, then with plain callbacks "
       "(evr::on_complete)",
-      "evr-futures"};
-  std::string device = "auto";
-  examples::add_device_option(app, device);
-  if (int rc = examples::parse_cli(app, argc, argv); rc >= 0) return rc;
+      "evr-futures");
 
   examples::device gpu(device);
 

@@ -101,13 +101,11 @@ bool all_reduce(examples::device& gpu, evr::gpu_waiter& waiter, std::vector<per_
 }  // namespace
 
 int main(int argc, char** argv) try {
-  CLI::App app{
+  const std::string device = examples::device_from_cli(
+      argc, argv,
       "One reactor serves every device: work awaited per device, then an NCCL all-reduce "
       "awaited as one future per device (two simulated devices without a GPU)",
-      "evr-multi-gpu"};
-  std::string device = "auto";
-  examples::add_device_option(app, device);
-  if (int rc = examples::parse_cli(app, argc, argv); rc >= 0) return rc;
+      "evr-multi-gpu");
 
   examples::ms_since_start();  // t = 0
   examples::device gpu(device, /*sim_devices=*/2);

@@ -100,13 +100,11 @@ struct release_later {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  CLI::App app{
+  const std::string device = examples::device_from_cli(
+      argc, argv,
       "Buffers freed once the GPU is done with them (evr::release_after), without waiting "
       "for it",
-      "evr-release-after"};
-  std::string device = "auto";
-  examples::add_device_option(app, device);
-  if (int rc = examples::parse_cli(app, argc, argv); rc >= 0) return rc;
+      "evr-release-after");
 
   examples::ms_since_start();  // t = 0
   examples::device gpu(device);
