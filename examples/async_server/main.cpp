@@ -17,6 +17,7 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -257,19 +258,29 @@ bool run_shutdown(const process& p, instance& inst) {
   const std::int64_t busy = static_cast<std::int64_t>(targets.size() - targets.size() / 4);
   const std::int64_t expect =
       p.cfg.mode == wait_mode::pool ? std::min<std::int64_t>(busy, p.cfg.threads) : busy;
+  // On a slow machine (sanitizers, a loaded CI host) the first requests may finish before the
+  // last arrive: after 2 s of waiting for all of them, any request in flight will do. stop() must
+  // find at least one in the server, or the check proves nothing.
+  const auto patience = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  std::int64_t held_at_stop = 0;
   const shutdown_report r = run_shutdown_check(
-      inst.endpoint(), targets, [&] { return inst.metrics().in_flight() >= expect; },
+      inst.endpoint(), targets,
+      [&] {
+        held_at_stop = inst.metrics().in_flight();
+        return held_at_stop >= expect ||
+               (held_at_stop >= 1 && std::chrono::steady_clock::now() > patience);
+      },
       [&] { inst.stop(); });
   const bool joined = inst.join();
   const std::int64_t left = inst.metrics().in_flight();
   const std::size_t leased = inst.pool().leased();
   const std::uint64_t reactor_left = inst.reactor() ? inst.reactor()->metrics().in_flight : 0;
   std::printf(
-      "shutdown: stop() with %d requests sent, at least %lld in the server: %d answered, %d "
-      "closed; "
-      "afterwards %lld requests, %zu of %zu lanes, %llu reactor waits left\n",
-      r.sent, static_cast<long long>(expect), r.answered, r.closed, static_cast<long long>(left),
-      leased, inst.pool().size(), static_cast<unsigned long long>(reactor_left));
+      "shutdown: stop() with %d requests sent, %lld in the server (%lld wanted): %d answered, "
+      "%d closed; afterwards %lld requests, %zu of %zu lanes, %llu reactor waits left\n",
+      r.sent, static_cast<long long>(held_at_stop), static_cast<long long>(expect), r.answered,
+      r.closed, static_cast<long long>(left), leased, inst.pool().size(),
+      static_cast<unsigned long long>(reactor_left));
   for (const auto& f : r.failures) std::printf("  FAILED %s\n", f.c_str());
   return joined && r.failures.empty() && r.answered + r.closed == r.sent && left == 0 &&
          leased == 0 && reactor_left == 0;
