@@ -147,6 +147,10 @@ def default_reactor() -> Reactor:
         return _default
 
 
+def _is_shut_down() -> bool:
+    return _shut_down
+
+
 def shutdown() -> None:
     """Stops the default reactor (and the reactors of simulated devices made by evr.sim); later
     waits that need it raise :class:`ReactorStopped`. Reactors you made stay yours to stop."""
@@ -262,8 +266,9 @@ def wait(x: Any, *, reactor: Optional[Reactor] = None) -> "asyncio.Future[None]"
 
     ``await evr.wait(stream)``: the work queued on ``stream`` so far is done; ``await
     evr.wait(event)``: the work the (recorded) event captured is done. Raises
-    :class:`CudaError` when the device failed, :class:`ReactorStopped` when the reactor is (or
-    shut down while) stopped. Cancelling the awaiting task cancels the wait. Must be called
+    :class:`CudaError` when the device failed (also when it had failed before the call: the
+    future then fails at once), :class:`ReactorStopped` when the reactor is stopped (raised by
+    the call) or shuts down while the wait is pending (raised by the await). Cancelling the awaiting task cancels the wait. Must be called
     from a coroutine running in an event loop (any loop: asyncio's, uvloop's; any thread).
     """
     try:
@@ -273,7 +278,10 @@ def wait(x: Any, *, reactor: Optional[Reactor] = None) -> "asyncio.Future[None]"
                            "asyncio use evr.wait_future)") from None
     r, kind, handle, device = _resolve(x, reactor, "evr.wait")
     fut = loop.create_future()
-    r._impl.wait_async(_sink_for(loop), fut, kind, handle, device)
+    try:
+        r._impl.wait_async(_sink_for(loop), fut, kind, handle, device)
+    except CudaError as e:  # the device had already failed: the wait fails, the call does not
+        fut.set_exception(e)
     return fut
 
 
@@ -282,7 +290,11 @@ def wait_future(x: Any, *, reactor: Optional[Reactor] = None) -> "concurrent.fut
     (resolved by evr's resolver thread; ``f.result(timeout)``, ``asyncio.wrap_future``)."""
     r, kind, handle, device = _resolve(x, reactor, "evr.wait_future")
     fut: concurrent.futures.Future = concurrent.futures.Future()
-    r._impl.wait_future(fut, kind, handle, device)
+    try:
+        r._impl.wait_future(fut, kind, handle, device)
+    except CudaError as e:  # the device had already failed: the wait fails, the call does not
+        fut.set_running_or_notify_cancel()
+        fut.set_exception(e)
     return fut
 
 

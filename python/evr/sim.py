@@ -45,9 +45,12 @@ class Device:
         """This device's default evr.Reactor (default options), made on first use."""
         r = self._reactor
         if r is None:
-            from . import Reactor
+            from . import Reactor, ReactorStopped, _is_shut_down
             with self._lock:
                 if self._reactor is None:
+                    if _is_shut_down():
+                        raise ReactorStopped("evr: evr.shutdown() was called; no new wait can "
+                                             "start (evr.set_default_reactor(...) to start again)")
                     self._reactor = Reactor(device=self)
                 r = self._reactor
         return r

@@ -83,24 +83,25 @@ bool resolver_started = false;  // GIL
 void resolver_main() noexcept {
   completion_sink& sink = resolver_sink();
   for (;;) {
-    sink.wait_readable(-1);
-    completion* list = sink.take();
-    if (list != nullptr) {
+    // take() before sleeping: a take that consumed the stop request's eventfd write together
+    // with a batch comes back here, finds nothing, and sees the flag.
+    if (completion* list = sink.take()) {
       PyGILState_STATE g = PyGILState_Ensure();  // once per batch
       resolve_all(list);
       PyGILState_Release(g);
       continue;
     }
-    // acquire: pairs with the release store in stop_resolver; nodes pushed before the stop are
-    // then visible to the take() above, which found none.
+    // acquire: pairs with the release store in stop_resolver, which writes the eventfd after it;
+    // a stop requested after this load makes the poll below return at once.
     if (resolver_stop.load(std::memory_order_acquire)) {
-      if (completion* late = sink.take()) {  // pushed between the take and the stop flag
+      if (completion* late = sink.take()) {  // pushed between the take and the flag
         PyGILState_STATE g = PyGILState_Ensure();
         resolve_all(late);
         PyGILState_Release(g);
       }
       return;
     }
+    sink.wait_readable(-1);
   }
 }
 
