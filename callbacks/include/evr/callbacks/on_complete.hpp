@@ -107,11 +107,17 @@ std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn, wait
                 "on_complete needs a callable taking std::error_code");
   using op_type = detail::shared_callback_op<std::decay_t<Fn>>;
   handle.reset();
-  std::unique_ptr<op_type> op(new op_type(std::forward<Fn>(fn), detail::reactor_access::core(r)));
-  if (std::error_code ec = r.submit(op.get(), target)) return ec;  // op (and fn) destroyed here
+  auto* op = new op_type(std::forward<Fn>(fn), detail::reactor_access::core(r));
+  // Into the handle before the wait starts: the callback may run at once (on the reactor thread)
+  // and may use the handle; submit's push (release) publishes this write to it.
+  detail::wait_handle_access::adopt(handle, op);
+  if (std::error_code ec = r.submit(op, target)) {
+    detail::wait_handle_access::forget(handle);
+    delete op;  // refused: never shared, fn destroyed here
+    return ec;
+  }
   // Both references are live from here: the reactor's (its completion drops it, possibly already
   // under way on the reactor thread) and the handle's.
-  detail::wait_handle_access::adopt(handle, op.release());
   return {};
 }
 

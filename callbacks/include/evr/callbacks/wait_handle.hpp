@@ -13,7 +13,8 @@
 // pool only once the GPU is past it.
 //
 // Thread safety: cancel() may be called from any thread at any time: before or after completion,
-// concurrently with completion, from inside the callback itself, from several threads on the same
+// concurrently with completion, from inside the callback itself (on_complete fills the handle
+// before the wait starts), from several threads on the same
 // handle at once (exactly one of them can return true), and after the reactor stopped or was
 // destroyed (it returns false then: every wait completed by the time stop() returned). Moving,
 // assigning or destroying a handle must not race with other calls on that same handle object, as
@@ -106,6 +107,8 @@ struct wait_handle_access {
     h.reset();
     h.op_ = op;
   }
+  /// Empties `h` without dropping a reference (the operation was never submitted).
+  static void forget(wait_handle& h) noexcept { h.op_ = nullptr; }
 };
 }  // namespace detail
 
