@@ -268,7 +268,8 @@ def wait(x: Any, *, reactor: Optional[Reactor] = None) -> "asyncio.Future[None]"
     evr.wait(event)``: the work the (recorded) event captured is done. Raises
     :class:`CudaError` when the device failed (also when it had failed before the call: the
     future then fails at once), :class:`ReactorStopped` when the reactor is stopped (raised by
-    the call) or shuts down while the wait is pending (raised by the await). Cancelling the awaiting task cancels the wait. Must be called
+    the call) or shuts down while the wait is pending (raised by the await). Cancelling the awaiting task cancels the wait (evr::wait_handle: the C++ wait completes
+    once, aborted; the GPU work goes on). Must be called
     from a coroutine running in an event loop (any loop: asyncio's, uvloop's; any thread).
     """
     try:

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include <evr/callbacks/on_complete.hpp>
+#include <evr/callbacks/wait_handle.hpp>
 #include <evr/device/backend.hpp>
 #include <evr/device/error.hpp>
 #include <evr/device/event.hpp>
@@ -64,6 +65,22 @@ std::chrono::nanoseconds seconds_to_ns(double s, const char* what) {
 std::error_code cuda_code(int value) {
   return value == 0 ? std::error_code{} : evr::make_cuda_error(value);
 }
+
+// --- cancellation ------------------------------------------------------------------------------
+/// A future's done callback: cancels the evr wait when the future was cancelled (an asyncio task
+/// cancelled while awaiting evr.wait, or Future.cancel()). Any thread; at most one cancel.
+struct wait_canceller {
+  evr::wait_handle handle;
+  bool cancelled = false;  ///< set when cancel() moved the wait to cancelled (for tests)
+  void operator()(py::handle fut) {
+    PyObject* r = PyObject_CallMethod(fut.ptr(), "cancelled", nullptr);
+    if (r == nullptr) throw py::error_already_set();
+    bool was = PyObject_IsTrue(r) == 1;
+    Py_DECREF(r);
+    if (was) cancelled = handle.cancel();
+    handle.reset();  // the future is done: nothing left to cancel
+  }
+};
 
 // --- the reactor -------------------------------------------------------------------------------
 class py_reactor {
@@ -159,24 +176,31 @@ class py_reactor {
                      : evr::wait_target::of_event(r_->backend(), native, device);
   }
 
-  /// Starts a wait whose completion resolves `fut` through `sink`. Raises on refusal.
+  /// Starts a wait whose completion resolves `fut` through `sink`, and makes cancelling `fut`
+  /// cancel the C++ wait (evr::wait_handle; it then completes once with operation_aborted, which
+  /// the drain skips for a cancelled future). Raises on refusal.
   void submit(const std::shared_ptr<completion_sink>& sink, py::handle fut, completion::kind what,
               const evr::wait_target& t) {
     auto* c = new completion;
     c->what = what;
     c->obj = fut.inc_ref().ptr();
-    completion_sink* raw = sink.get();
+    auto canceller = std::make_unique<wait_canceller>();
     std::shared_ptr<completion_sink> keep = sink;  // the sink outlives the pending wait
-    std::error_code ec = evr::on_complete(*r_, t, [c, keep = std::move(keep)](std::error_code e) {
-      c->ec = e;
-      keep->push(c);
-    });
-    (void)raw;
+    std::error_code ec = evr::on_complete(
+        *r_, t,
+        [c, keep = std::move(keep)](std::error_code e) {
+          c->ec = e;
+          keep->push(c);
+        },
+        canceller->handle);
     if (ec) {
       Py_DECREF(c->obj);
       delete c;
       raise(ec);
     }
+    // The future's done callback: cancels the wait if the future was cancelled. It holds the
+    // handle (memory-safe whenever it runs) until the future is done and its callbacks ran.
+    fut.attr("add_done_callback")(py::cast(std::move(canceller)));
   }
 
   void wait_async(const std::shared_ptr<completion_sink>& sink, py::handle fut, int kind,
@@ -305,6 +329,10 @@ PYBIND11_MODULE(_evr, m) {
     m.attr("CUDA_CATEGORY") = evr::cuda_category().name();
     m.attr("EVR_CATEGORY") = evr::evr_category().name();
   }
+
+  py::class_<wait_canceller>(m, "WaitCanceller")
+      .def("__call__", &wait_canceller::operator())
+      .def_readonly("cancelled", &wait_canceller::cancelled);
 
   py::class_<loop_sink>(m, "LoopSink")
       .def(py::init<>())

@@ -17,6 +17,13 @@ class Resource:
     pass
 
 
+def _until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert cond()
+
+
 def test_wait_future(dev):
     s = dev.stream()
     dev.launch_kernel(s, 0.02)
@@ -49,10 +56,15 @@ def test_wait_future_cancelled_before_completion(dev):
     dev.stall(s)
     f = evr.wait_future(s)
     assert f.cancel()
+    # The C++ wait is cancelled (evr::wait_handle) while the stream is still stalled.
+    _until(lambda: dev.reactor.metrics()["cancelled"] == 1)
+    m = dev.reactor.metrics()
+    assert (m["cancelled"], m["completed"], m["in_flight"]) == (1, 0, 0)
     dev.resume(s)
     dev.wait_idle()
     time.sleep(0.05)
     assert f.cancelled()
+    assert dev.reactor.metrics()["cancelled"] == 1
 
 
 def test_release_after_keeps_the_object_until_the_gpu_is_past(dev):
@@ -90,7 +102,13 @@ def test_cancel_the_awaiting_task(dev):
         t.cancel()
         with pytest.raises(asyncio.CancelledError):
             await t
-        # The GPU work goes on; its completion later is ignored for the cancelled future.
+        # The C++ wait is aborted exactly once, while the GPU work is still pending.
+        for _ in range(1000):
+            if dev.reactor.metrics()["cancelled"] == 1:
+                break
+            await asyncio.sleep(0.002)
+        m = dev.reactor.metrics()
+        assert (m["cancelled"], m["completed"], m["in_flight"]) == (1, 0, 0), m
         dev.resume(s)
         dev.launch_kernel(s, 0.001)
         await evr.wait(s)
@@ -101,7 +119,7 @@ def test_cancel_the_awaiting_task(dev):
     gc.collect()
     assert refs[0]() is None, "the cancelled future leaked"
     m = dev.reactor.metrics()
-    assert m["in_flight"] == 0
+    assert (m["cancelled"], m["completed"], m["in_flight"]) == (1, 1, 0), m
 
 
 def test_cancel_many_while_others_complete(dev):
@@ -121,8 +139,18 @@ def test_cancel_many_while_others_complete(dev):
                 assert r is None
             else:
                 assert isinstance(r, asyncio.CancelledError) or r is None
+        for _ in range(1000):  # the cancellations' aborts arrive on the reactor thread
+            if dev.reactor.metrics()["in_flight"] == 0:
+                break
+            await asyncio.sleep(0.002)
+        return sum(isinstance(r, asyncio.CancelledError) for r in results)
 
-    run(main())
+    n_cancelled = run(main())
+    m = dev.reactor.metrics()
+    # every wait completed exactly once: cancelled in C++ or completed (a future cancelled after
+    # its wait completed counts as completed)
+    assert m["cancelled"] + m["completed"] == 400 and m["in_flight"] == 0, m
+    assert m["cancelled"] <= n_cancelled
 
 
 def test_interpreter_exits_with_waits_pending(tmp_path):
