@@ -36,6 +36,11 @@ rm -rf "$dest" "$lib_dest"
 mkdir -p "$dest" "$lib_dest"
 cp -a "$src/asio.hpp" "$src/asio" "$src/concurrentqueue" "$src/doctest" "$src/CLI" "$src/http_parser.h" "$dest/"
 cp -L "$lib_src" "$lib_dest/libhttp_parser.so.2.9"
+# pybind11 (the Python binding): used on the GPU machine only when its Python has no pybind11 of
+# its own (python3 -m pybind11 wins; see cmake/evrPython.cmake).
+if [[ -f "$src/pybind11/pybind11.h" ]]; then
+  cp -a "$src/pybind11" "$dest/"
+fi
 
 echo "stage-deps: staged $(find "$dest" -type f | wc -l) files, $(du -sh "$dest" | cut -f1) in $dest; $(ls "$lib_dest") in $lib_dest"
 if git check-ignore -q .deps 2>/dev/null; then

@@ -3,7 +3,8 @@
 //   device/   evr::stream, evr::event, the device backend interface and the CUDA backend
 //   pool/     evr::event_pool, evr::pool_set, evr::event_registry
 //   reactor/  evr::reactor (the background thread), options, metrics
-//   callbacks/ evr::gpu_waiter (Asio), evr::reactor_service, evr::on_complete, evr::release_after
+//   callbacks/ evr::gpu_waiter (Asio), evr::reactor_service, evr::on_complete, evr::wait_handle,
+//              evr::release_after
 //
 // The Asio parts use the flavour of the CMake target linked: evr::evr (standalone Asio) or
 // evr::evr_boost (Boost.Asio); see evr/callbacks/detail/asio_forward.hpp. Names that moved between
@@ -16,6 +17,7 @@
 #include <evr/callbacks/on_complete.hpp>
 #include <evr/callbacks/reactor_service.hpp>
 #include <evr/callbacks/release_after.hpp>
+#include <evr/callbacks/wait_handle.hpp>
 #include <evr/device/backend.hpp>
 #include <evr/device/error.hpp>
 #include <evr/device/event.hpp>

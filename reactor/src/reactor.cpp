@@ -143,6 +143,14 @@ void reactor_core::stop(bool destroying) noexcept {
   if (thread_.joinable()) thread_.join();
 }
 
+bool cancel_wait(reactor_core* core, wait_op* op) noexcept {
+  // The core is touched only after the CAS won, i.e. while `op` was pending and therefore while
+  // the reactor thread (which holds a reference to the core) is still running.
+  if (!reactor_core::request_cancel(op)) return false;
+  core->push_cancel(op);
+  return true;
+}
+
 }  // namespace detail
 
 // ------------------------------------------------------------------------------------------------

@@ -57,7 +57,11 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
 
   void start();  // launches the thread (needs shared_from_this)
   std::error_code submit(wait_op* op, const wait_target& target) noexcept;
-  void cancel(wait_op* op) noexcept;
+  bool cancel(wait_op* op) noexcept;  ///< true: this call moved op from pending to cancelled
+  /// The two halves of cancel(): the CAS pending -> cancel_requested (touches only `op`), and,
+  /// for the winner only, the push onto the cancellation stack.
+  static bool request_cancel(wait_op* op) noexcept;
+  void push_cancel(wait_op* op) noexcept;
   void cancel_owner(std::uintptr_t owner) noexcept;
   void stop(bool destroying) noexcept;
   reactor_metrics metrics() const noexcept;

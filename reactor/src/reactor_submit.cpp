@@ -226,17 +226,25 @@ void reactor_core::doorbell_rang(void* state) noexcept {
   wake->wake_urgent();
 }
 
-void reactor_core::cancel(wait_op* op) noexcept {
+bool reactor_core::request_cancel(wait_op* op) noexcept {
   std::uint32_t expected = wait_op::pending;
   // acq_rel: exactly one of {this CAS, the reactor's exchange to done} wins.
-  if (!op->state_.compare_exchange_strong(expected, wait_op::cancel_requested,
-                                          std::memory_order_acq_rel, std::memory_order_acquire)) {
-    return;  // already completed or already being cancelled: cancelling twice is harmless
-  }
-  // From here the reactor will not free `op` until it has seen this request.
+  return op->state_.compare_exchange_strong(expected, wait_op::cancel_requested,
+                                            std::memory_order_acq_rel, std::memory_order_acquire);
+  // false: already completed or already being cancelled: cancelling twice is harmless.
+}
+
+void reactor_core::push_cancel(wait_op* op) noexcept {
+  // The caller won request_cancel: the reactor will not free `op` until it has seen this request.
   if (cancels_.push(op) ==
       intrusive_stack<wait_op, &wait_op::cancel_next_>::push_result::pushed_to_empty)
     wake_->wake_urgent();
+}
+
+bool reactor_core::cancel(wait_op* op) noexcept {
+  if (!request_cancel(op)) return false;
+  push_cancel(op);
+  return true;
 }
 
 void reactor_core::cancel_owner(std::uintptr_t owner) noexcept {

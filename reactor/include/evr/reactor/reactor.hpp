@@ -41,7 +41,16 @@ namespace evr {
 
 namespace detail {
 class reactor_core;
-}
+struct reactor_access;
+
+/// Per-operation cancellation through the core, for front ends whose handle may outlive the
+/// evr::reactor object (evr::wait_handle). Returns true if this call moved `op` from pending to
+/// cancel_requested (the reactor then completes it with operation_aborted), false if it had
+/// already completed or was being cancelled. `core` is dereferenced only when the call wins, and a
+/// pending wait keeps its core alive, so a core already freed (every wait completed) is never
+/// touched. `op` must not be freed (callers keep it alive with a reference count).
+bool cancel_wait(reactor_core* core, wait_op* op) noexcept;
+}  // namespace detail
 
 class reactor {
  public:
@@ -89,7 +98,15 @@ class reactor {
   bool running_in_this_thread() const noexcept;
 
  private:
+  friend struct detail::reactor_access;
   std::shared_ptr<detail::reactor_core> core_;
 };
+
+namespace detail {
+/// What the in-repo front ends (callbacks/) reach inside a reactor; not for users.
+struct reactor_access {
+  static reactor_core* core(reactor& r) noexcept { return r.core_.get(); }
+};
+}  // namespace detail
 
 }  // namespace evr

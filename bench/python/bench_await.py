@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""GPU done -> awaiting coroutine resumed: evr.wait against the usual asyncio workarounds.
+
+Methods, each over the same kernel of known length on one stream:
+  evr        await evr.wait(s)
+  executor   await loop.run_in_executor(None, s.synchronize)
+  query0     while not s.query(): await asyncio.sleep(0)
+  sleep100   while not s.query(): await asyncio.sleep(1e-4)
+and a floor, `sync` (s.synchronize() on the loop thread, blocking it). Per method: p50/p99 of
+launch -> resumed, the p50 over the floor's, and the process CPU (cores) while it ran. Then
+10 000 concurrent awaits on one loop: every one resumed exactly once, resumes per second,
+memory. Runs on torch on the GPU when there is one, else on evr's simulated device (it says
+which). --json FILE writes the figures; --smoke is a short run for ctest (goals not enforced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+import evr  # noqa: E402
+import evr.sim  # noqa: E402
+
+
+class SimDevice:
+    name = "simulated device (no GPU)"
+
+    def __init__(self):
+        self.dev = evr.sim.Device()
+        self.stream = self.dev.stream()
+        self.reactor = self.dev.reactor
+
+    def launch(self, seconds):
+        self.dev.launch_kernel(self.stream, seconds)
+
+    def query(self):
+        return self.stream.query()
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+
+class TorchDevice:
+    def __init__(self, torch):
+        self.torch = torch
+        self.name = f"CUDA: {torch.cuda.get_device_name()} (torch {torch.__version__})"
+        self.stream = torch.cuda.Stream()
+        self.reactor = None
+        # calibrate torch.cuda._sleep: cycles per second
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(self.stream):
+            start.record()
+            torch.cuda._sleep(1_000_000)
+            end.record()
+        end.synchronize()
+        self.cycles_per_s = 1_000_000 / (start.elapsed_time(end) / 1e3)
+
+    def launch(self, seconds):
+        with self.torch.cuda.stream(self.stream):
+            self.torch.cuda._sleep(max(1, int(seconds * self.cycles_per_s)))
+
+    def query(self):
+        return self.stream.query()
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+
+def pick_device(which):
+    if which in ("auto", "cuda") and evr.cuda_available():
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return TorchDevice(torch)
+        except ImportError:
+            pass
+    if which == "cuda":
+        sys.exit("bench_await: --device cuda but no GPU with torch here")
+    return SimDevice()
+
+
+async def one(method, d, kernel, loop):
+    d.launch(kernel)
+    t0 = time.perf_counter()
+    if method == "evr":
+        await evr.wait(d.stream, reactor=d.reactor)
+    elif method == "executor":
+        await loop.run_in_executor(None, d.synchronize)
+    elif method == "query0":
+        while not d.query():
+            await asyncio.sleep(0)
+    elif method == "sleep100":
+        while not d.query():
+            await asyncio.sleep(1e-4)
+    elif method == "sync":
+        d.synchronize()
+    return time.perf_counter() - t0
+
+
+async def latency(method, d, kernel, samples):
+    loop = asyncio.get_running_loop()
+    for _ in range(min(20, samples)):  # warm-up (thread pool, predictions)
+        await one(method, d, kernel, loop)
+    lat = []
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(samples):
+        lat.append(await one(method, d, kernel, loop))
+        await asyncio.sleep(0)
+    cpu = (time.process_time() - c0) / (time.perf_counter() - w0)
+    lat.sort()
+    return {"p50_us": lat[len(lat) // 2] * 1e6, "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6,
+            "cpu_cores": cpu}
+
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+async def many(d, n, kernel):
+    resumed = [0] * n
+    stamps = [0.0] * n
+
+    async def waiter(i):
+        await evr.wait(d.stream, reactor=d.reactor)
+        resumed[i] += 1
+        stamps[i] = time.perf_counter()
+
+    m0 = rss_mb()
+    d.launch(kernel)
+    tasks = [asyncio.ensure_future(waiter(i)) for i in range(n)]
+    await asyncio.sleep(0)  # every waiter submitted
+    m1 = rss_mb()
+    await asyncio.gather(*tasks)
+    first, last = min(stamps), max(stamps)
+    return {"n": n, "exactly_once": resumed == [1] * n,
+            "resumes_per_s": (n - 1) / (last - first) if last > first else float("inf"),
+            "resume_span_ms": (last - first) * 1e3, "rss_growth_mb": m1 - m0}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=["auto", "cuda", "sim"], default="auto")
+    ap.add_argument("--samples", type=int, default=400)
+    ap.add_argument("--kernel-us", type=float, default=None, help="kernel length (default: 1000 sim, 200 GPU)")
+    ap.add_argument("--many", type=int, default=10_000)
+    ap.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--smoke", action="store_true", help="short run, goals reported not enforced")
+    args = ap.parse_args()
+    if args.smoke:
+        args.samples, args.many = 30, 2000
+    d = pick_device(args.device)
+    kernel = (args.kernel_us or (1000 if isinstance(d, SimDevice) else 200)) / 1e6
+    print(f"device: {d.name}")
+    if isinstance(d, SimDevice):
+        print("note: SIMULATED device: figures show evr's Python path, not a GPU's")
+    if args.loop == "uvloop":
+        import uvloop
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    out = {"device": d.name, "loop": args.loop, "kernel_us": kernel * 1e6, "methods": {}}
+
+    async def run_all():
+        for m in ["sync", "evr", "executor", "query0", "sleep100"]:
+            out["methods"][m] = await latency(m, d, kernel, args.samples)
+        out["many"] = await many(d, args.many, 0.05 if not args.smoke else 0.01)
+
+    asyncio.run(run_all())
+    floor = out["methods"]["sync"]["p50_us"]
+    print(f"kernel {kernel * 1e6:.0f} us, {args.samples} samples per method, loop {args.loop}")
+    print(f"{'method':10} {'p50 us':>9} {'p99 us':>9} {'p50-floor':>10} {'cpu cores':>9}")
+    for m, r in out["methods"].items():
+        r["over_floor_us"] = r["p50_us"] - floor
+        print(f"{m:10} {r['p50_us']:9.1f} {r['p99_us']:9.1f} {r['over_floor_us']:10.1f} {r['cpu_cores']:9.3f}")
+    mm = out["many"]
+    print(f"many: {mm['n']} concurrent awaits, exactly once: {mm['exactly_once']}, "
+          f"{mm['resumes_per_s']:.0f} resumes/s on one loop (span {mm['resume_span_ms']:.1f} ms), "
+          f"RSS +{mm['rss_growth_mb']:.1f} MB while pending")
+    e, x, q = out["methods"]["evr"], out["methods"]["executor"], out["methods"]["query0"]
+    goals = {
+        "p50_le_third_of_executor": e["over_floor_us"] <= x["over_floor_us"] / 3,
+        "cpu_le_tenth_of_query0_with_p50_not_worse": e["cpu_cores"] <= q["cpu_cores"] / 10
+        and e["p50_us"] <= q["p50_us"],
+        "many_ge_200k_resumes_per_s": mm["resumes_per_s"] >= 200_000,
+        "many_exactly_once": mm["exactly_once"],
+    }
+    out["goals"] = goals
+    print(f"goal: evr p50 over the floor <= 1/3 of run_in_executor's: "
+          f"{e['over_floor_us']:.1f} vs {x['over_floor_us']:.1f} us: {'MET' if goals['p50_le_third_of_executor'] else 'NOT MET'}")
+    print(f"goal: evr CPU <= 1/10 of the query()+sleep(0) loop's with equal or lower p50: "
+          f"{e['cpu_cores']:.3f} vs {q['cpu_cores']:.3f} cores, p50 {e['p50_us']:.1f} vs {q['p50_us']:.1f} us: "
+          f"{'MET' if goals['cpu_le_tenth_of_query0_with_p50_not_worse'] else 'NOT MET'}")
+    print(f"goal: 10k awaits >= 200000 resumes/s: {mm['resumes_per_s']:.0f}: "
+          f"{'MET' if goals['many_ge_200k_resumes_per_s'] else 'NOT MET'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    evr.shutdown()
+    if not mm["exactly_once"]:
+        print("FAIL: a waiter was not resumed exactly once")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

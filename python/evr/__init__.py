@@ -1,0 +1,323 @@
+"""evr: await GPU work from asyncio without blocking a thread.
+
+::
+
+    y = model(x.cuda(non_blocking=True))
+    await evr.wait(torch.cuda.current_stream())   # the work queued so far on the stream is done
+    return y.cpu()
+
+``evr.wait(x)`` accepts a CUDA stream or a recorded CUDA event in any of these forms (evr never
+imports torch or CuPy; it reads the attributes):
+
+* an object with ``__cuda_stream__`` (returns ``(version, handle)``; the CUDA stream protocol),
+* ``.cuda_stream`` (``torch.cuda.Stream``), ``.cuda_event`` (``torch.cuda.Event``, recorded),
+* ``.ptr`` (``cupy.cuda.Stream``, or ``cupy.cuda.Event`` when the class is an event),
+* an ``int``: a ``cudaStream_t`` handle (``evr.event_handle(ptr)`` for a ``cudaEvent_t``),
+* ``evr.sim.Stream`` / ``evr.sim.Event`` of the simulated device.
+
+Completion path: the reactor thread (C++) never takes the GIL. It pushes each completion onto a
+lock-free queue of the waiting event loop and wakes the loop through an eventfd (only when the
+queue was empty); the loop's reader resolves the whole batch. See docs/python.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import threading
+import weakref
+from typing import Any, Optional
+
+from . import _evr
+from ._errors import CudaError, EvrError, EvrValueError, ReactorStopped, cuda_error_name
+
+__all__ = [
+    "wait", "wait_future", "release_after", "Reactor", "shutdown", "default_reactor",
+    "set_default_reactor", "event_handle", "cuda_available", "CudaError", "EvrError",
+    "EvrValueError", "ReactorStopped", "cuda_error_name",
+]
+
+__version__ = "0.1.0"
+
+_STREAM = 0
+_EVENT = 1
+
+_ACCEPTED = ("a CUDA stream or event (an object with __cuda_stream__, .cuda_stream, .cuda_event "
+             "or .ptr, or an int handle)")
+
+
+def cuda_available() -> bool:
+    """True when this build has the CUDA backend and a GPU is usable."""
+    return _evr.cuda_device_available()
+
+
+# --- reactors -------------------------------------------------------------------------------------
+_all_reactors: "weakref.WeakSet[Reactor]" = weakref.WeakSet()
+_default: Optional["Reactor"] = None
+_default_lock = threading.Lock()
+_shut_down = False
+
+
+class Reactor:
+    """A background reactor thread that watches GPU progress and completes waits.
+
+    ``strategy``: ``"adaptive"`` (default), ``"fence"``, ``"poll"`` or ``"host_func"``.
+    ``device``: an :class:`evr.sim.Device` for the simulated device; ``None`` for CUDA.
+    ``options``: the fields of ``evr::reactor_options``; durations in seconds (``idle="spin"``,
+    ``max_sleep=1e-3``, ``shutdown_drain=0.5``, ``max_streams=4096``, ...).
+
+    Usable as a context manager (``shutdown()`` on exit).
+    """
+
+    def __init__(self, strategy: Optional[str] = None, *, device: Any = None, **options: Any):
+        from . import sim as _sim
+
+        if strategy is not None and not isinstance(strategy, str):
+            raise TypeError(f"evr.Reactor: strategy must be a str, got {type(strategy).__name__}")
+        if device is not None and not isinstance(device, _sim.Device):
+            raise TypeError("evr.Reactor: device must be an evr.sim.Device or None (CUDA), got "
+                            f"{type(device).__name__}")
+        self.device = device
+        self._impl = _evr.Reactor(strategy, device._impl if device is not None else None, options)
+        _all_reactors.add(self)
+
+    @property
+    def strategy(self) -> str:
+        return self._impl.strategy
+
+    @property
+    def backend(self) -> str:
+        """``"cuda"`` or ``"sim"``."""
+        return self._impl.backend
+
+    def describe(self) -> str:
+        """One line naming the device(s)."""
+        return self._impl.describe()
+
+    def metrics(self) -> dict:
+        """Counters: submitted, completed, cancelled, failed, rejected, in_flight, CPU seconds."""
+        return self._impl.metrics()
+
+    def shutdown(self) -> None:
+        """Stops the reactor: pending waits complete for up to ``shutdown_drain`` (2 s), then
+        fail with :class:`ReactorStopped`; later waits raise it at once. Idempotent."""
+        self._impl.stop()
+
+    def wait(self, x: Any) -> "asyncio.Future[None]":
+        """``evr.wait(x, reactor=self)``."""
+        return wait(x, reactor=self)
+
+    def __enter__(self) -> "Reactor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"<evr.Reactor strategy={self.strategy} backend={self.backend}>"
+
+
+def set_default_reactor(reactor: Optional[Reactor]) -> None:
+    """Makes ``reactor`` the one that waits without ``reactor=`` use (None: back to lazy)."""
+    global _default, _shut_down
+    if reactor is not None and not isinstance(reactor, Reactor):
+        raise TypeError(f"evr.set_default_reactor: expected an evr.Reactor, got {type(reactor).__name__}")
+    with _default_lock:
+        _default = reactor
+        _shut_down = False
+
+
+def default_reactor() -> Reactor:
+    """The process's default reactor, created on first use (CUDA backend, default options)."""
+    global _default
+    r = _default
+    if r is not None:
+        return r
+    with _default_lock:
+        if _default is None:
+            if _shut_down:
+                raise ReactorStopped("evr: evr.shutdown() was called; no new wait can start "
+                                     "(evr.set_default_reactor(...) to start again)")
+            if not _evr.cuda_compiled_in():
+                raise EvrError("evr: this build has no CUDA backend (simulated device only): "
+                               "pass reactor=evr.Reactor(device=evr.sim.Device()), wait on an "
+                               "evr.sim stream, or call evr.set_default_reactor(...)")
+            _default = Reactor()
+        return _default
+
+
+def _is_shut_down() -> bool:
+    return _shut_down
+
+
+def shutdown() -> None:
+    """Stops the default reactor (and the reactors of simulated devices made by evr.sim); later
+    waits that need it raise :class:`ReactorStopped`. Reactors you made stay yours to stop."""
+    global _default, _shut_down
+    with _default_lock:
+        r, _default, _shut_down = _default, None, True
+    if r is not None:
+        r.shutdown()
+    from . import sim as _sim
+    _sim._shutdown_all()
+
+
+# --- targets ------------------------------------------------------------------------------------
+class event_handle:
+    """A raw ``cudaEvent_t`` (an int) to wait on: ``await evr.wait(evr.event_handle(ptr))``.
+    ``device``: the event's device (-1: the calling thread's current device)."""
+
+    __slots__ = ("cuda_event", "device")
+
+    def __init__(self, ptr: int, device: int = -1) -> None:
+        if isinstance(ptr, bool) or not isinstance(ptr, int):
+            raise TypeError(f"evr.event_handle: expected an int, got {type(ptr).__name__}")
+        self.cuda_event = ptr
+        self.device = device
+
+
+def _handle(value: Any, what: str, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what}: {source} must be an int handle, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what}: {source} is negative ({value}); expected a CUDA handle")
+    return value
+
+
+def _resolve(x: Any, reactor: Optional[Reactor], what: str):
+    """(reactor, kind, handle, device) for a wait on `x`."""
+    from . import sim as _sim
+
+    if reactor is not None and not isinstance(reactor, Reactor):
+        raise TypeError(f"{what}: reactor must be an evr.Reactor, got {type(reactor).__name__}")
+    if isinstance(x, _sim.Stream):
+        r = reactor or x.device.reactor
+        if r.device is not x.device:
+            raise EvrValueError(f"{what}: this evr.sim.Stream belongs to another device than the "
+                                "reactor's")
+        return r, _STREAM, x.handle, -1
+    if isinstance(x, _sim.Event):
+        r = reactor or x.device.reactor
+        if r.device is not x.device:
+            raise EvrValueError(f"{what}: this evr.sim.Event belongs to another device than the "
+                                "reactor's")
+        if not x.recorded:
+            raise EvrValueError(f"{what}: the event was never recorded (record it on a stream "
+                                "first)")
+        return r, _EVENT, x.handle, x._impl.device_index
+    kind = None
+    device = -1
+    if isinstance(x, bool):
+        pass
+    elif isinstance(x, int):
+        kind, handle = _STREAM, _handle(x, what, "the stream handle")
+    elif hasattr(x, "__cuda_stream__"):
+        proto = x.__cuda_stream__
+        proto = proto() if callable(proto) else proto
+        if not (isinstance(proto, tuple) and len(proto) == 2):
+            raise TypeError(f"{what}: {type(x).__name__}.__cuda_stream__ must return (version, "
+                            f"handle), got {proto!r}")
+        kind, handle = _STREAM, _handle(proto[1], what, "__cuda_stream__()[1]")
+    elif hasattr(x, "cuda_stream"):
+        kind, handle = _STREAM, _handle(x.cuda_stream, what, f"{type(x).__name__}.cuda_stream")
+    elif hasattr(x, "cuda_event"):
+        kind, handle = _EVENT, _handle(x.cuda_event, what, f"{type(x).__name__}.cuda_event")
+        device = getattr(x, "device", -1)
+        device = device if isinstance(device, int) and not isinstance(device, bool) else -1
+    elif hasattr(x, "ptr"):
+        # CuPy: cupy.cuda.Stream / ExternalStream and cupy.cuda.Event both have .ptr.
+        is_event = "event" in type(x).__name__.lower() and not hasattr(x, "wait_event")
+        kind = _EVENT if is_event else _STREAM
+        handle = _handle(x.ptr, what, f"{type(x).__name__}.ptr")
+    if kind is None:
+        raise TypeError(f"{what}: expected {_ACCEPTED}, got {type(x).__name__}")
+    if kind == _EVENT and handle == 0:
+        raise EvrValueError(f"{what}: the event was never recorded (its handle is 0); record it "
+                            "on a stream first")
+    return (reactor or default_reactor()), kind, handle, device
+
+
+# --- event loops ------------------------------------------------------------------------------
+_sinks: dict = {}  # loop -> _evr.LoopSink
+_sinks_lock = threading.Lock()
+_tls = threading.local()
+
+
+def _sink_for(loop: asyncio.AbstractEventLoop) -> "_evr.LoopSink":
+    tls = _tls.__dict__
+    if tls.get("loop") is loop:
+        return tls["sink"]
+    with _sinks_lock:
+        sink = _sinks.get(loop)
+        if sink is None:
+            for old in [lp for lp in _sinks if lp.is_closed()]:
+                _sinks.pop(old).close()  # its completions are dropped from now on
+            sink = _evr.LoopSink()
+            loop.add_reader(sink.fd, sink.drain)
+            _sinks[loop] = sink
+    tls["loop"], tls["sink"] = loop, sink
+    return sink
+
+
+# --- the API -----------------------------------------------------------------------------------
+def wait(x: Any, *, reactor: Optional[Reactor] = None) -> "asyncio.Future[None]":
+    """Returns an asyncio future done when the GPU work before ``x`` is done.
+
+    ``await evr.wait(stream)``: the work queued on ``stream`` so far is done; ``await
+    evr.wait(event)``: the work the (recorded) event captured is done. Raises
+    :class:`CudaError` when the device failed (also when it had failed before the call: the
+    future then fails at once), :class:`ReactorStopped` when the reactor is stopped (raised by
+    the call) or shuts down while the wait is pending (raised by the await). Cancelling the awaiting task cancels the wait (evr::wait_handle: the C++ wait completes
+    once, aborted; the GPU work goes on). Must be called
+    from a coroutine running in an event loop (any loop: asyncio's, uvloop's; any thread).
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError("evr.wait: no running event loop (call it from a coroutine; outside "
+                           "asyncio use evr.wait_future)") from None
+    r, kind, handle, device = _resolve(x, reactor, "evr.wait")
+    fut = loop.create_future()
+    try:
+        r._impl.wait_async(_sink_for(loop), fut, kind, handle, device)
+    except CudaError as e:  # the device had already failed: the wait fails, the call does not
+        fut.set_exception(e)
+    return fut
+
+
+def wait_future(x: Any, *, reactor: Optional[Reactor] = None) -> "concurrent.futures.Future[None]":
+    """Like :func:`wait`, for code without an event loop: a ``concurrent.futures.Future``
+    (resolved by evr's resolver thread; ``f.result(timeout)``, ``asyncio.wrap_future``)."""
+    r, kind, handle, device = _resolve(x, reactor, "evr.wait_future")
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    try:
+        r._impl.wait_future(fut, kind, handle, device)
+    except CudaError as e:  # the device had already failed: the wait fails, the call does not
+        fut.set_running_or_notify_cancel()
+        fut.set_exception(e)
+    return fut
+
+
+def release_after(x: Any, obj: Any, *, reactor: Optional[Reactor] = None) -> None:
+    """Keeps ``obj`` alive until the GPU is past the work queued on ``x`` so far (or the event),
+    then drops evr's reference (on the resolver thread, under the GIL). Never early: if the
+    reactor refuses the wait, this synchronizes ``x`` first and then raises the refusal."""
+    r, kind, handle, device = _resolve(x, reactor, "evr.release_after")
+    r._impl.release_after(obj, kind, handle, device)
+
+
+# --- interpreter exit -----------------------------------------------------------------------------
+def _at_exit() -> None:
+    # Stop every reactor (GIL released inside): pending waits are drained or aborted and their
+    # completions queued; those of loops that no longer run are never resolved (and their
+    # references are leaked, harmlessly, at exit). Then the resolver serves its last batch.
+    for r in list(_all_reactors):
+        try:
+            r._impl.stop()
+        except Exception:  # noqa: BLE001 - exit must go on
+            pass
+    _evr.stop_resolver()
+
+
+atexit.register(_at_exit)

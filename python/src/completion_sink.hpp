@@ -1,0 +1,101 @@
+// python/src/completion_sink.hpp — how a completion leaves the reactor thread without the GIL.
+//
+// The reactor thread never takes the GIL. Its inline on_complete callback stores the outcome in a
+// `completion` node and pushes it onto a `completion_sink`: a lock-free intrusive stack (Treiber
+// push, exchange-all take) with an eventfd that is written only by the push that finds the stack
+// empty. Two kinds of sink exist:
+//   * one per asyncio event loop: the loop watches the eventfd (loop.add_reader) and its reader,
+//     drain_on_loop(), takes the whole batch and resolves the asyncio futures, under the GIL, on
+//     the loop's thread;
+//   * one process-wide resolver sink, served by the resolver thread: it takes the GIL once per
+//     batch to resolve concurrent.futures.Future objects (evr.wait_future) and to drop the
+//     references kept by evr.release_after.
+//
+// Lifetime: a node owns one reference to a Python object (`obj`), which is only ever touched
+// under the GIL. A sink whose loop has closed is closed (close() under the GIL takes what is left
+// and marks the stack closed); a push onto a closed sink forwards the node to the resolver sink,
+// so that its reference is still dropped under the GIL. Once the resolver has stopped (interpreter
+// exit), such nodes are leaked on purpose: a reference cannot be dropped without the GIL.
+//
+// Thread safety: push() from any thread (never blocks, never allocates, never takes the GIL);
+// take() and close() only by the sink's consumer.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <system_error>
+
+#include <Python.h>
+
+namespace evr_py {
+
+struct completion {
+  enum class kind : std::uint8_t {
+    asyncio_future,     ///< resolve an asyncio.Future on its loop (skipped if cancelled)
+    concurrent_future,  ///< resolve a concurrent.futures.Future (skipped if cancelled)
+    release,            ///< only drop the reference (evr.release_after)
+  };
+  completion* next = nullptr;  ///< stack link, written before the release CAS of push()
+  PyObject* obj = nullptr;     ///< one owned reference; GIL only
+  std::error_code ec;          ///< the outcome, written by the reactor thread before push()
+  kind what = kind::asyncio_future;
+};
+
+class completion_sink {
+ public:
+  /// Creates the eventfd (non-blocking, close-on-exec). Throws std::system_error on failure.
+  completion_sink();
+  ~completion_sink();  ///< closes the eventfd; the stack must be empty (closed sinks are)
+  completion_sink(const completion_sink&) = delete;
+  completion_sink& operator=(const completion_sink&) = delete;
+
+  int fd() const noexcept { return fd_; }
+
+  /// Pushes `c`. Writes the eventfd only when the stack was empty. On a closed sink forwards `c`
+  /// to the resolver sink (see the file comment). Thread-safe, lock-free, never takes the GIL.
+  void push(completion* c) noexcept;
+
+  /// Consumer: clears the eventfd, then takes every node, oldest first (nullptr when none). The
+  /// eventfd is read before the exchange: a push after the exchange writes it again, so no wake-up
+  /// is lost.
+  completion* take() noexcept;
+
+  /// Consumer: marks the sink closed and returns what it still held, oldest first.
+  completion* close() noexcept;
+
+  /// Blocks (no GIL held!) until the eventfd is readable or `timeout_ms` passed (-1: forever).
+  void wait_readable(int timeout_ms) const noexcept;
+  /// Writes the eventfd (wakes the consumer without a node).
+  void notify() const noexcept;
+
+ private:
+  static completion* reverse(completion* list) noexcept;
+  std::atomic<completion*> head_{nullptr};
+  int fd_ = -1;
+};
+
+/// The resolver sink (never destroyed: the reactor thread may push to it until the process ends).
+completion_sink& resolver_sink() noexcept;
+
+/// Starts the resolver thread if it is not running (GIL held). Thread-safe under the GIL.
+void start_resolver();
+/// Stops the resolver thread after it has served everything pushed so far, and joins it. Call with
+/// the GIL held: it is released while joining. Later completions for the resolver are leaked.
+void stop_resolver();
+bool resolver_running() noexcept;
+
+/// Resolves and frees every node of `list` (GIL held). Python exceptions raised while resolving
+/// (a future already done, a closed loop) are cleared: a completion has nobody to report to.
+void resolve_all(completion* list) noexcept;
+/// Drops the references of `list` without resolving anything, and frees it (GIL held).
+void discard_all(completion* list) noexcept;
+
+/// The exception for `ec` (evr._errors makes it); a new reference, or nullptr with a Python error.
+PyObject* make_exception(const std::error_code& ec) noexcept;
+/// Sets the Python error for `ec` (for a refused wait).
+void set_python_error(const std::error_code& ec) noexcept;
+/// evr._errors._from_error_code(category, value, message); set once at import.
+void set_error_factory(PyObject* factory) noexcept;
+
+}  // namespace evr_py

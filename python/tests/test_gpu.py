@@ -1,0 +1,84 @@
+"""On a real GPU: torch and CuPy streams and events through the default (CUDA) reactor.
+Skipped without a GPU, without the CUDA backend, or without torch / CuPy."""
+
+import asyncio
+import time
+
+import pytest
+
+import evr
+from conftest import run
+
+pytestmark = pytest.mark.skipif(not evr.cuda_available(), reason="no usable GPU / CUDA backend")
+
+
+def _sleep_kernel_torch(torch, ms):
+    # torch.cuda._sleep spins the GPU for a number of cycles (about 1-2 GHz).
+    torch.cuda._sleep(int(ms * 1.5e6))
+
+
+def test_torch_stream_event_and_current_stream():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+
+    async def main():
+        x = torch.randn(1024, 1024, device="cuda")
+        y = x @ x
+        await evr.wait(torch.cuda.current_stream())
+        assert torch.allclose(y.cpu(), (x.cpu() @ x.cpu()), rtol=1e-2, atol=1e-1)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            _sleep_kernel_torch(torch, 20)
+            e = torch.cuda.Event()
+            e.record(s)
+        t0 = time.perf_counter()
+        await evr.wait(e)
+        assert e.query() and time.perf_counter() - t0 > 0.005
+        with torch.cuda.stream(s):
+            _sleep_kernel_torch(torch, 5)
+        await evr.wait(s)
+        assert s.query()
+        await evr.wait(s.cuda_stream)  # the raw handle
+        await asyncio.gather(*(evr.wait(s) for _ in range(1000)))
+        f = evr.wait_future(s)
+        f.result(10)
+        evr.release_after(s, torch.empty(1 << 20, device="cuda"))
+
+    run(main())
+
+
+def test_torch_task_cancellation():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+
+    async def main():
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            _sleep_kernel_torch(torch, 50)
+        t = asyncio.ensure_future(evr.wait(s))
+        await asyncio.sleep(0.001)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        await evr.wait(s)
+
+    run(main())
+
+
+def test_cupy_stream_and_event():
+    cp = pytest.importorskip("cupy")
+
+    async def main():
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            a = cp.arange(1 << 20, dtype=cp.float32)
+            b = (a * 2).sum()
+            e = cp.cuda.Event()
+            e.record(s)
+        await evr.wait(e)
+        await evr.wait(s)
+        assert float(b) == float((1 << 20) * ((1 << 20) - 1))
+
+    run(main())

@@ -1,0 +1,194 @@
+"""await evr.wait(x) for every accepted stream/event type, many waits, strategies, loops."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import evr
+import evr.sim
+from conftest import run
+from fakes import (CupyLikeEvent, CupyLikeStream, ProtocolStream, TorchLikeEvent,
+                   TorchLikeStream)
+
+KERNEL = 0.03  # seconds
+
+
+async def _timed_wait(dev, stream, target, reactor=None):
+    dev.launch_kernel(stream, KERNEL)
+    # An event after the kernel says whether it is done (the stream itself may still be running
+    # a marker the reactor put after it, e.g. a host function).
+    done = dev.event()
+    done.record(stream)
+    t0 = time.perf_counter()
+    await evr.wait(target, reactor=reactor)
+    elapsed = time.perf_counter() - t0
+    assert done.query(), "the wait finished before the stream's work"
+    assert elapsed >= KERNEL * 0.8
+    return elapsed
+
+
+def test_sim_stream(dev):
+    s = dev.stream()
+    run(_timed_wait(dev, s, s))
+
+
+def test_sim_event(dev):
+    s = dev.stream()
+
+    async def main():
+        dev.launch_kernel(s, KERNEL)
+        e = dev.event()
+        e.record(s)
+        dev.launch_kernel(s, 10.0)  # work after the record: not waited for
+        await evr.wait(e)
+        assert e.query()
+        assert not s.query()
+
+    run(main())
+
+
+@pytest.mark.parametrize("make", [int, ProtocolStream, TorchLikeStream, CupyLikeStream],
+                         ids=["int", "__cuda_stream__", "cuda_stream", "cupy_ptr"])
+def test_stream_protocols(dev, reactor, make):
+    s = dev.stream()
+    run(_timed_wait(dev, s, make(s.handle), reactor=reactor))
+
+
+@pytest.mark.parametrize("make", [TorchLikeEvent, CupyLikeEvent, evr.event_handle],
+                         ids=["cuda_event", "cupy_event_ptr", "event_handle"])
+def test_event_protocols(dev, reactor, make):
+    s = dev.stream()
+
+    async def main():
+        dev.launch_kernel(s, KERNEL)
+        e = dev.event()
+        e.record(s)
+        dev.launch_kernel(s, 10.0)
+        await evr.wait(make(e.handle), reactor=reactor)
+        assert e.query() and not s.query()
+
+    run(main())
+
+
+def test_reactor_wait_method(dev, reactor):
+    s = dev.stream()
+
+    async def main():
+        await _timed_wait(dev, s, s, reactor=reactor)
+
+    run(main())
+
+
+@pytest.mark.parametrize("strategy", ["adaptive", "fence", "poll", "host_func"])
+def test_strategies(dev, strategy):
+    with evr.Reactor(strategy, device=dev, shutdown_drain=0.2) as r:
+        assert r.strategy == strategy and r.backend == "sim"
+        streams = [dev.stream() for _ in range(4)]
+
+        async def main():
+            futs, marks = [], []
+            for i in range(200):
+                s = streams[i % 4]
+                dev.launch_kernel(s, 0.0005 * (i % 3))
+                e = dev.event()
+                e.record(s)
+                marks.append(e)
+                futs.append(evr.wait(s, reactor=r))
+            await asyncio.gather(*futs)
+            assert all(e.query() for e in marks)
+
+        run(main())
+        assert r.metrics()["completed"] == 200
+
+
+def test_many_concurrent_waits_exactly_once(dev, reactor):
+    streams = [dev.stream() for _ in range(8)]
+    n = 5000
+    resumed = [0] * n
+
+    async def one(i):
+        s = streams[i % len(streams)]
+        dev.launch_kernel(s, 0.00001 if i % 7 == 0 else 0.0)
+        await evr.wait(s, reactor=reactor)
+        resumed[i] += 1
+
+    async def main():
+        await asyncio.gather(*(one(i) for i in range(n)))
+
+    run(main())
+    assert resumed == [1] * n
+    m = reactor.metrics()
+    assert m["submitted"] == n and m["completed"] == n and m["in_flight"] == 0
+
+
+def test_uvloop(dev, reactor):
+    uvloop = pytest.importorskip("uvloop")
+    s = dev.stream()
+
+    async def main():
+        futs = []
+        for _ in range(500):
+            dev.launch_kernel(s, 0.0)
+            futs.append(evr.wait(s, reactor=reactor))
+        await asyncio.gather(*futs)
+        await _timed_wait(dev, s, s, reactor=reactor)
+
+    loop = uvloop.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.wait_for(main(), 30))
+    finally:
+        loop.close()
+
+
+def test_two_loops_in_two_threads(dev, reactor):
+    results = {}
+
+    def worker(name):
+        s = dev.stream()
+
+        async def main():
+            for _ in range(200):
+                dev.launch_kernel(s, 0.0001)
+                await evr.wait(s, reactor=reactor)
+            futs = []
+            for _ in range(300):
+                dev.launch_kernel(s, 0.0)
+                futs.append(evr.wait(s, reactor=reactor))
+            await asyncio.gather(*futs)
+            return threading.get_ident()
+
+        try:
+            results[name] = run(main())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            results[name] = e
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 2
+    for v in results.values():
+        assert isinstance(v, int), v
+    assert results[0] != results[1]
+
+
+def test_loop_reused_after_another_loop(dev, reactor):
+    """A loop that is stopped and run again still gets its completions; a closed loop's
+    pending completions are dropped without harm."""
+    s = dev.stream()
+    loop = asyncio.new_event_loop()
+    try:
+        dev.launch_kernel(s, 0.01)
+        loop.run_until_complete(loop.create_task(_wait_in(s, reactor)))
+        dev.launch_kernel(s, 0.01)
+        loop.run_until_complete(loop.create_task(_wait_in(s, reactor)))
+    finally:
+        loop.close()
+    run(_timed_wait(dev, s, s, reactor=reactor))
+
+
+async def _wait_in(s, reactor):
+    await evr.wait(s, reactor=reactor)
