@@ -94,16 +94,17 @@ struct scene {
   evr::gpu_waiter waiter{io.get_executor(), r};
 };
 
-/// A reactor-level operation the test owns (so that reactor::cancel may be called on it at any
-/// time while it lives).
-struct owned_op final : evr::wait_op {
-  owned_op() noexcept : evr::wait_op(&owned_op::done) {}
+/// A cancellable plain-callback wait the test owns (on_complete with a wait_handle), so that it
+/// may be cancelled at any time while it lives.
+struct owned_op {
   std::atomic<int> calls{0};
   std::error_code ec;
-  static void done(evr::wait_op* base, std::error_code e) noexcept {
-    auto* self = static_cast<owned_op*>(base);
-    self->ec = e;
-    self->calls.fetch_add(1, std::memory_order_release);
+  evr::wait_handle handle;
+  auto callback() {
+    return [this](std::error_code e) {
+      ec = e;
+      calls.fetch_add(1, std::memory_order_release);
+    };
   }
 };
 
@@ -355,8 +356,9 @@ TEST_CASE("misuse: submitting after shutdown") {
   CHECK(posted.ec == evr::errc::reactor_stopped);
   CHECK(posted.ec.message().find("stopped") != std::string::npos);
   owned_op op;
-  CHECK(r->submit(&op, st) == evr::errc::reactor_stopped);
-  CHECK(op.calls.load() == 0);  // refused: stays with the caller, not completed
+  CHECK(evr::on_complete(*r, st, op.callback(), op.handle) == evr::errc::reactor_stopped);
+  CHECK(op.calls.load() == 0);  // refused: not completed, the handle stays empty
+  CHECK_FALSE(op.handle);
   // release_after: refused, so it waits for the GPU on the calling thread before destroying.
   struct probe {
     evr::sim::device* sim;
@@ -404,7 +406,7 @@ TEST_CASE("misuse: calling evr from inside a host function") {
         auto* k = static_cast<call*>(p);
         context& x = *k->cx;
         x.plain = evr::on_complete(*x.r, *x.st, [](std::error_code) {});
-        x.raw = x.r->submit(&x.op, *x.st);
+        x.raw = evr::on_complete(*x.r, *x.st, x.op.callback(), x.op.handle);
         x.waiter->async_wait(*x.st, x.posted.handler());
         x.sync =
             x.sim->synchronize_stream(x.st->native());  // the device refuses blocking calls too
@@ -454,18 +456,18 @@ TEST_CASE("misuse: cancelling twice, and after completion") {
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     scene sc(s);
-    // Reactor level: a pending wait cancelled twice completes once, with operation_aborted.
+    // wait_handle: a pending wait cancelled twice completes once, with operation_aborted.
     owned_op pending, finished;
-    REQUIRE_FALSE(sc.r.submit(&pending, sc.s0));  // behind the gate
-    sc.r.cancel(&pending);
-    sc.r.cancel(&pending);
+    REQUIRE_FALSE(evr::on_complete(sc.r, sc.s0, pending.callback(), pending.handle));  // gated
+    CHECK(pending.handle.cancel());
+    CHECK_FALSE(pending.handle.cancel());
     REQUIRE(wait_until([&] { return pending.calls.load() == 1; }));
     CHECK(pending.ec == evr::errc::operation_aborted);
     // A wait that already completed: cancel does nothing.
-    REQUIRE_FALSE(sc.r.submit(&finished, sc.s1));
+    REQUIRE_FALSE(evr::on_complete(sc.r, sc.s1, finished.callback(), finished.handle));
     REQUIRE(wait_until([&] { return finished.calls.load() == 1; }));
-    sc.r.cancel(&finished);
-    sc.r.cancel(&finished);
+    CHECK_FALSE(finished.handle.cancel());
+    CHECK_FALSE(finished.handle.cancel());
     // Asio: a slot emitted twice while pending, and a slot emitted after completion.
     asio::cancellation_signal sig_pending, sig_done;
     result slot_pending, slot_done;

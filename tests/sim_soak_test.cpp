@@ -104,25 +104,13 @@ struct round_record {
   }
 };
 
-/// The reactor-level front end: a wait_op the test owns (never freed during the round), so that
-/// reactor::cancel may be called on it at any time, before or after its completion.
-struct raw_op final : evr::wait_op {
-  raw_op() noexcept : evr::wait_op(&raw_op::done) {}
-  round_record* record = nullptr;
-  std::size_t id = 0;
-  static void done(evr::wait_op* base, std::error_code ec) noexcept {
-    auto* self = static_cast<raw_op*>(base);
-    self->record->finish(self->id, ec);
-  }
-};
-
 using strand_type = asio::strand<asio::io_context::executor_type>;
 
 /// What one submitting thread keeps until the round is over (after every completion).
 struct submitter_state {
   std::deque<asio::cancellation_signal> signals;  // stable addresses, emitted on `strand`
   std::deque<evr::event> events;                  // user events waited on (never re-recorded)
-  std::unique_ptr<raw_op[]> raw;
+  std::unique_ptr<evr::wait_handle[]> handles;    // on_complete waits with a handle
   std::optional<strand_type> strand;
   std::optional<evr::basic_gpu_waiter<strand_type>> waiter;
 };
@@ -188,13 +176,13 @@ TEST_CASE(
       std::vector<std::thread> submitters;
       for (int t = 0; t < threads; ++t) {
         submitter_state& me = state[t];
-        me.raw.reset(new raw_op[per_thread]);
+        me.handles.reset(new evr::wait_handle[per_thread]);
         me.strand.emplace(asio::make_strand(io));
         me.waiter.emplace(*me.strand, r);
         submitters.emplace_back([&, t] {
           std::mt19937_64 trng(thread_seeds[t]);
           submitter_state& my = state[t];
-          std::vector<raw_op*> to_cancel;  // raw ops to cancel a little later
+          std::vector<evr::wait_handle*> to_cancel;  // handles to cancel a little later
           for (std::uint64_t i = 0; i < per_thread; ++i) {
             const std::size_t id = static_cast<std::size_t>(t * per_thread + i);
             evr::stream& st = ss[trng() % streams];
@@ -235,31 +223,32 @@ TEST_CASE(
                 }
                 break;
               }
-              default: {  // reactor level: reactor::submit / reactor::cancel
-                raw_op* op = &my.raw[i];
-                op->record = &rec;
-                op->id = id;
-                if (std::error_code ec = r.submit(op, target)) {
+              default: {  // on_complete with a wait_handle, cancelled through it
+                evr::wait_handle& h = my.handles[i];
+                if (std::error_code ec = evr::on_complete(
+                        r, target, [&rec, id](std::error_code e) { rec.finish(id, e); }, h)) {
                   rec.refuse(id, ec);
                 } else if (cancel) {
                   rec.cancel_requests.fetch_add(1, std::memory_order_relaxed);
                   if (trng() % 2 == 0) {
-                    r.cancel(op);
-                    if (trng() % 4 == 0) r.cancel(op);  // twice: harmless
+                    h.cancel();
+                    if (trng() % 4 == 0) h.cancel();  // twice: harmless
                   } else {
-                    to_cancel.push_back(op);
+                    to_cancel.push_back(&h);
                   }
+                } else if (trng() % 2 == 0) {
+                  h.reset();  // forgotten: never cancels
                 }
                 break;
               }
             }
             if (to_cancel.size() >= 4) {  // deferred: some of these have completed by now
-              for (raw_op* op : to_cancel) r.cancel(op);
+              for (evr::wait_handle* h : to_cancel) h->cancel();
               to_cancel.clear();
             }
             started.fetch_add(1, std::memory_order_relaxed);
           }
-          for (raw_op* op : to_cancel) r.cancel(op);
+          for (evr::wait_handle* h : to_cancel) h->cancel();
         });
       }
 

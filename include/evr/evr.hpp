@@ -1,10 +1,22 @@
-// evr/evr.hpp — the whole public API.
+// evr/evr.hpp — the whole public API, and the one place that says what is public.
 //
-//   device/   evr::stream, evr::event, the device backend interface and the CUDA backend
-//   pool/     evr::event_pool, evr::pool_set, evr::event_registry
-//   reactor/  evr::reactor (the background thread), options, metrics
-//   callbacks/ evr::gpu_waiter (Asio), evr::reactor_service, evr::on_complete, evr::wait_handle,
-//              evr::release_after
+// Public (stable names, documented contracts), all in namespace evr:
+//   device/    evr::stream, evr::event (RAII handles), the backend interface
+//              (evr::device::backend, evr::device::cuda_backend()), errors: evr::error,
+//              evr::errc, evr::cuda_category(), evr::evr_category(), evr::throw_if
+//   pool/      evr::event_pool, evr::pool_set, evr::event_registry
+//   reactor/   evr::reactor (construction, stop, metrics, accessors), evr::reactor_options,
+//              evr::reactor_metrics, evr::strategy, evr::idle_mode, evr::delivery,
+//              evr::wait_target (what a wait waits for: built from a stream or an event)
+//   callbacks/ evr::gpu_waiter / basic_gpu_waiter (Asio), evr::reactor_service and
+//              evr::use_reactor, evr::on_complete, evr::wait_handle, evr::release_after
+//
+// Everything in namespace evr::detail (and every header under a detail/ folder) is internal and
+// may change at any time: the operation type the reactor completes (detail::wait_op), the
+// operation-level calls reactor::submit / cancel / cancel_owner (private, reached by the in-repo
+// front ends through detail::reactor_access), the Asio operation and forwarding headers.
+// Start waits through the front ends; cancel them through Asio cancellation slots,
+// gpu_waiter::cancel() or evr::wait_handle.
 //
 // The Asio parts use the flavour of the CMake target linked: evr::evr (standalone Asio) or
 // evr::evr_boost (Boost.Asio); see evr/callbacks/detail/asio_forward.hpp. Names that moved between
@@ -25,5 +37,8 @@
 #include <evr/pool/event_pool.hpp>
 #include <evr/pool/event_registry.hpp>
 #include <evr/pool/pool_set.hpp>
+#include <evr/reactor/delivery.hpp>
+#include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
 #include <evr/reactor/reactor.hpp>
+#include <evr/reactor/wait_target.hpp>

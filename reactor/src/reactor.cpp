@@ -165,10 +165,10 @@ reactor::reactor(device::backend& backend, reactor_options options)
 
 reactor::~reactor() { core_->stop(/*destroying=*/true); }
 
-std::error_code reactor::submit(wait_op* op, const wait_target& target) noexcept {
+std::error_code reactor::submit(detail::wait_op* op, const wait_target& target) noexcept {
   return core_->submit(op, target);
 }
-void reactor::cancel(wait_op* op) noexcept { core_->cancel(op); }
+void reactor::cancel(detail::wait_op* op) noexcept { core_->cancel(op); }
 void reactor::cancel_owner(std::uintptr_t owner) noexcept { core_->cancel_owner(owner); }
 void reactor::stop() noexcept { core_->stop(/*destroying=*/false); }
 reactor_metrics reactor::metrics() const noexcept { return core_->metrics(); }

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include <evr/pool/pool_set.hpp>
+#include <evr/reactor/detail/wait_op.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
-#include <evr/reactor/wait_op.hpp>
 #include <evr/reactor/wait_target.hpp>
 
 #include "idle_policy.hpp"

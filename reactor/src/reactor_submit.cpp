@@ -23,22 +23,22 @@ bool is_legacy_default(device::native_stream s) {
 
 std::error_code reactor_core::find_stream(const wait_target& target, stream_state*& out) noexcept {
   const int key_device = [&] {
-    if (!is_legacy_default(target.native)) return -1;
+    if (!is_legacy_default(target.native_)) return -1;
     int d = 0;
     return backend_.current_device(d) ? 0 : d;
   }();
-  if (stream_state* s = streams_.find(target.native, key_device)) {
+  if (stream_state* s = streams_.find(target.native_, key_device)) {
     out = s;
     return {};
   }
   // First wait on this stream: build its state here, on the submitting thread.
   auto fresh = std::make_unique<stream_state>();
-  fresh->native = target.native;
+  fresh->native = target.native_;
   fresh->key_device = key_device;
   fresh->wake = wake_;
   if (key_device >= 0) {
     fresh->device = key_device;
-  } else if (auto ec = backend_.stream_device(target.native, fresh->device)) {
+  } else if (auto ec = backend_.stream_device(target.native_, fresh->device)) {
     return ec;
   }
   if (fresh->device < 0 || fresh->device >= max_devices) return make_error_code(errc::no_device);
@@ -120,8 +120,8 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
   if (op == nullptr) return refuse(make_error_code(errc::invalid_argument));
   if (stopping_.load(std::memory_order_acquire))
     return refuse(make_error_code(errc::reactor_stopped));
-  if (target.backend == nullptr) return refuse(make_error_code(errc::empty_handle));
-  if (target.backend != &backend_) return refuse(make_error_code(errc::backend_mismatch));
+  if (target.backend_ == nullptr) return refuse(make_error_code(errc::empty_handle));
+  if (target.backend_ != &backend_) return refuse(make_error_code(errc::backend_mismatch));
   if (backend_.in_host_func()) return refuse(make_error_code(errc::called_from_host_func));
   op->state_.store(wait_op::pending, std::memory_order_relaxed);
   op->phase_ = wait_op::phase::queued;
@@ -129,15 +129,15 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
   op->stream_ = nullptr;
   op->event_pool_ = nullptr;
 
-  if (target.what == wait_target::kind::event) {
-    if (target.never_recorded) return refuse(make_error_code(errc::event_never_recorded));
-    if (target.native == nullptr) return refuse(make_error_code(errc::empty_handle));
-    op->event_ = target.native;
-    op->device_ = target.device;
+  if (target.what_ == wait_target::kind::event) {
+    if (target.never_recorded_) return refuse(make_error_code(errc::event_never_recorded));
+    if (target.native_ == nullptr) return refuse(make_error_code(errc::empty_handle));
+    op->event_ = target.native_;
+    op->device_ = target.device_;
     if (op->device_ < 0 && backend_.current_device(op->device_)) op->device_ = 0;
     if (op->device_ >= max_devices) return refuse(make_error_code(errc::no_device));
   } else {
-    if (reinterpret_cast<std::uintptr_t>(target.native) == per_thread_stream) {
+    if (reinterpret_cast<std::uintptr_t>(target.native_) == per_thread_stream) {
       return refuse(make_error_code(errc::per_thread_default_stream));
     }
     stream_state* st = nullptr;

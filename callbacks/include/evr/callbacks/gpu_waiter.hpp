@@ -117,7 +117,7 @@ class basic_gpu_waiter {
   /// Cancels every pending wait of this waiter (each completes with operation_aborted). Safe from
   /// any thread, at any time.
   void cancel() noexcept {
-    if (owner_ != 0) reactor_->cancel_owner(owner_);
+    if (owner_ != 0) detail::reactor_access::cancel_owner(*reactor_, owner_);
   }
 
  private:
@@ -138,7 +138,8 @@ class basic_gpu_waiter {
       // Connected before submit: once submitted, the operation may complete (and be freed) on
       // another thread at any moment. A signal is only emitted after initiation returns.
       op->connect_cancellation();
-      if (std::error_code ec = self->reactor_->submit(op, target)) op_type::reject(op, ec);
+      if (std::error_code ec = detail::reactor_access::submit(*self->reactor_, op, target))
+        op_type::reject(op, ec);
     }
   };
 

@@ -94,7 +94,8 @@ std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn) {
   static_assert(std::is_invocable_v<std::decay_t<Fn>&, std::error_code>,
                 "on_complete needs a callable taking std::error_code");
   auto op = std::make_unique<detail::callback_op<std::decay_t<Fn>>>(std::forward<Fn>(fn));
-  if (std::error_code ec = r.submit(op.get(), target)) return ec;  // op (and fn) destroyed here
+  if (std::error_code ec = detail::reactor_access::submit(r, op.get(), target))
+    return ec;   // op (and fn) destroyed here
   op.release();  // the reactor completes and frees it
   return {};
 }
@@ -111,7 +112,7 @@ std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn, wait
   // Into the handle before the wait starts: the callback may run at once (on the reactor thread)
   // and may use the handle; submit's push (release) publishes this write to it.
   detail::wait_handle_access::adopt(handle, op);
-  if (std::error_code ec = r.submit(op, target)) {
+  if (std::error_code ec = detail::reactor_access::submit(r, op, target)) {
     detail::wait_handle_access::forget(handle);
     delete op;  // refused: never shared, fn destroyed here
     return ec;

@@ -32,15 +32,6 @@
 namespace evr {
 namespace detail {
 
-inline void synchronize_target(const wait_target& t) noexcept {
-  if (t.backend == nullptr) return;
-  if (t.what == wait_target::kind::stream) {
-    (void)t.backend->synchronize_stream(t.native);
-  } else if (t.native != nullptr) {
-    (void)t.backend->synchronize_event(t.native);
-  }
-}
-
 template <typename Resource>
 struct resource_holder {
   Resource resource;
@@ -56,7 +47,7 @@ std::error_code release_after(reactor& r, const wait_target& target, Resource&& 
   holder* raw = keep.get();
   std::error_code ec = on_complete(r, target, [raw](std::error_code) { delete raw; });
   if (ec) {
-    detail::synchronize_target(target);
+    detail::reactor_access::synchronize(target);
     return ec;  // `keep` destroys the resource now that the device is done
   }
   keep.release();
@@ -81,7 +72,7 @@ std::error_code release_after(reactor& r, const wait_target& target, Resource&& 
     }
   });
   if (ec) {
-    detail::synchronize_target(target);
+    detail::reactor_access::synchronize(target);
     return ec;
   }
   keep.release();

@@ -20,7 +20,12 @@
 // when submitted after stop(). The Asio front end hands its handlers Asio's operation_aborted
 // instead of errc::operation_aborted.
 //
-// Thread safety: submit, cancel, cancel_owner, metrics and stop may be called from any thread.
+// Public surface: construction, stop(), metrics and accessors. Waits are started through the
+// front ends (gpu_waiter, on_complete, release_after); the operation-level calls (submit, cancel,
+// cancel_owner) are private and reached by the in-repo front ends through detail::reactor_access.
+//
+// Thread safety: every member may be called from any thread (submit, cancel and cancel_owner
+// too).
 // Lifetime: destroying the reactor stops it (see stop()). Destroying it from one of its own inline
 // handlers is allowed: the thread then finishes the shutdown by itself and frees what it holds.
 #pragma once
@@ -32,9 +37,10 @@
 
 #include <evr/device/backend.hpp>
 #include <evr/pool/pool_set.hpp>
+#include <evr/reactor/delivery.hpp>
+#include <evr/reactor/detail/wait_op.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
-#include <evr/reactor/wait_op.hpp>
 #include <evr/reactor/wait_target.hpp>
 
 namespace evr {
@@ -50,6 +56,7 @@ struct reactor_access;
 /// pending wait keeps its core alive, so a core already freed (every wait completed) is never
 /// touched. `op` must not be freed (callers keep it alive with a reference count).
 bool cancel_wait(reactor_core* core, wait_op* op) noexcept;
+
 }  // namespace detail
 
 class reactor {
@@ -60,23 +67,6 @@ class reactor {
   ~reactor();  ///< stop() and join
   reactor(const reactor&) = delete;
   reactor& operator=(const reactor&) = delete;
-
-  /// Hands `op` to the reactor. Thread-safe, lock-free (see the file comment for the per-stream
-  /// marker lock). On success the reactor owns `op` and will complete it exactly once. On failure
-  /// (stopped reactor, another backend, a never-recorded evr::event, a device error putting the
-  /// marker on the stream, ...) returns the error and `op` stays with the caller, not completed.
-  /// Must not be called from a host function (errc::called_from_host_func).
-  std::error_code submit(wait_op* op, const wait_target& target) noexcept;
-
-  /// Per-operation cancellation: if `op` is still pending it completes with operation_aborted
-  /// (on the reactor thread, soon); if it already completed, nothing happens. Exactly-once is kept
-  /// by wait_op::state_. The GPU work is not affected; the wait's event returns to the pool only
-  /// once the GPU is past it. `op` must have been submitted successfully and — the caller's
-  /// contract, as with Asio's cancellation slots — must not yet have been freed by its completion.
-  void cancel(wait_op* op) noexcept;
-
-  /// Cancels every pending wait whose owner_ is `owner` (an I/O object's cancel()). Always safe.
-  void cancel_owner(std::uintptr_t owner) noexcept;
 
   /// Stops accepting waits (later submits fail with errc::reactor_stopped), lets pending waits
   /// complete for up to options.shutdown_drain, aborts the rest with operation_aborted, and joins
@@ -99,13 +89,46 @@ class reactor {
 
  private:
   friend struct detail::reactor_access;
+
+  /// Hands `op` to the reactor. Thread-safe, lock-free (see the file comment for the per-stream
+  /// marker lock). On success the reactor owns `op` and will complete it exactly once. On failure
+  /// (stopped reactor, another backend, a never-recorded evr::event, a device error putting the
+  /// marker on the stream, ...) returns the error and `op` stays with the caller, not completed.
+  /// Must not be called from a host function (errc::called_from_host_func).
+  std::error_code submit(detail::wait_op* op, const wait_target& target) noexcept;
+
+  /// Per-operation cancellation: if `op` is still pending it completes with operation_aborted
+  /// (on the reactor thread, soon); if it already completed, nothing happens. Exactly-once is kept
+  /// by detail::wait_op::state_. The GPU work is not affected; the wait's event returns to the pool
+  /// only once the GPU is past it. `op` must have been submitted successfully and — the caller's
+  /// contract, as with Asio's cancellation slots — must not yet have been freed by its completion.
+  void cancel(detail::wait_op* op) noexcept;
+
+  /// Cancels every pending wait whose owner_ is `owner` (an I/O object's cancel()). Always safe.
+  void cancel_owner(std::uintptr_t owner) noexcept;
+
   std::shared_ptr<detail::reactor_core> core_;
 };
 
 namespace detail {
-/// What the in-repo front ends (callbacks/) reach inside a reactor; not for users.
+/// What the in-repo front ends (callbacks/) reach inside a reactor and a wait_target; not for
+/// users (the contracts are those of the private members they forward to).
 struct reactor_access {
   static reactor_core* core(reactor& r) noexcept { return r.core_.get(); }
+  static std::error_code submit(reactor& r, wait_op* op, const wait_target& target) noexcept {
+    return r.submit(op, target);
+  }
+  static void cancel(reactor& r, wait_op* op) noexcept { r.cancel(op); }
+  static void cancel_owner(reactor& r, std::uintptr_t owner) noexcept { r.cancel_owner(owner); }
+  /// Blocks until the GPU is past `t` (errors ignored); nothing for an empty target.
+  static void synchronize(const wait_target& t) noexcept {
+    if (t.backend_ == nullptr) return;
+    if (t.what_ == wait_target::kind::stream) {
+      (void)t.backend_->synchronize_stream(t.native_);
+    } else if (t.native_ != nullptr) {
+      (void)t.backend_->synchronize_event(t.native_);
+    }
+  }
 };
 }  // namespace detail
 

@@ -1,5 +1,7 @@
 // evr/reactor/wait_target.hpp — what a wait waits for: "the work queued so far on this stream",
-// or "this event" (recorded by the user).
+// or "this event" (recorded by the user). A value type: construct it from an evr::stream,
+// evr::event, a raw cudaStream_t / cudaEvent_t (CUDA backend), or of_stream / of_event; what it
+// holds is read only by the reactor (private, friend access).
 #pragma once
 
 #include <evr/device/backend.hpp>
@@ -7,54 +9,66 @@
 #include <evr/device/stream.hpp>
 
 namespace evr {
+namespace detail {
+class reactor_core;
+struct reactor_access;
+}  // namespace detail
 
-struct wait_target {
-  enum class kind : unsigned char { stream, event };
-
-  device::backend* backend = nullptr;
-  kind what = kind::stream;
-  void* native = nullptr;       ///< native stream or native event
-  int device = -1;              ///< event's device; -1: the submitting thread's current device
-  bool never_recorded = false;  ///< an evr::event that was never recorded (refused: see below)
-
+class wait_target {
+ public:
+  /// An empty target: waits on it are refused with errc::empty_handle.
   wait_target() = default;
   /// The work queued on `s` so far.
   wait_target(const stream& s) noexcept  // NOLINT(google-explicit-constructor): a wait target
-      : backend(s.backend()), what(kind::stream), native(s.native()) {}
+      : backend_(s.backend()), what_(kind::stream), native_(s.native()) {}
   /// The work `e` captured when it was last recorded. Waiting on an evr::event that was never
   /// recorded is refused with errc::event_never_recorded (CUDA would report such an event as
   /// complete, which hides bugs); it must not be re-recorded while the wait is pending.
   wait_target(const event& e) noexcept  // NOLINT(google-explicit-constructor)
-      : backend(e.backend()),
-        what(kind::event),
-        native(e.native()),
-        device(e.device().value_or(-1)),
-        never_recorded(!e.recorded()) {}
+      : backend_(e.backend()),
+        what_(kind::event),
+        native_(e.native()),
+        device_(e.device().value_or(-1)),
+        never_recorded_(!e.recorded()) {}
 #if defined(EVR_WITH_CUDA)
   /// A user's cudaStream_t (CUDA backend).
   wait_target(CUstream_st* s)  // NOLINT(google-explicit-constructor)
-      : backend(&device::cuda_backend()), what(kind::stream), native(s) {}
+      : backend_(&device::cuda_backend()), what_(kind::stream), native_(s) {}
   /// A user's cudaEvent_t (CUDA backend) of the submitting thread's current device. As in CUDA,
   /// an event that was never recorded counts as complete.
   wait_target(CUevent_st* e)  // NOLINT(google-explicit-constructor)
-      : backend(&device::cuda_backend()), what(kind::event), native(e) {}
+      : backend_(&device::cuda_backend()), what_(kind::event), native_(e) {}
 #endif
 
+  /// The work queued so far on the native stream `s` of backend `b`.
   static wait_target of_stream(device::backend& b, device::native_stream s) noexcept {
     wait_target t;
-    t.backend = &b;
-    t.what = kind::stream;
-    t.native = s;
+    t.backend_ = &b;
+    t.what_ = kind::stream;
+    t.native_ = s;
     return t;
   }
+  /// The native event `e` of backend `b`, filed under device `dev` (-1: the submitting thread's
+  /// current device). As in CUDA, an event that was never recorded counts as complete.
   static wait_target of_event(device::backend& b, device::native_event e, int dev) noexcept {
     wait_target t;
-    t.backend = &b;
-    t.what = kind::event;
-    t.native = e;
-    t.device = dev;
+    t.backend_ = &b;
+    t.what_ = kind::event;
+    t.native_ = e;
+    t.device_ = dev;
     return t;
   }
+
+ private:
+  friend class detail::reactor_core;
+  friend struct detail::reactor_access;
+  enum class kind : unsigned char { stream, event };
+
+  device::backend* backend_ = nullptr;
+  kind what_ = kind::stream;
+  void* native_ = nullptr;       ///< native stream or native event
+  int device_ = -1;              ///< event's device; -1: the submitting thread's current device
+  bool never_recorded_ = false;  ///< an evr::event that was never recorded (refused)
 };
 
 }  // namespace evr

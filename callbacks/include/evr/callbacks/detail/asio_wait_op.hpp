@@ -4,7 +4,7 @@
 //   1. initiation (user's thread): allocated with the handler's associated allocator (default:
 //      Asio's recycling allocator, a per-thread cache: no heap allocation in steady state); work
 //      is tracked on the I/O executor and on the handler's executor; a cancellation handler is
-//      installed in the handler's slot; then the reactor gets it (reactor::submit).
+//      installed in the handler's slot; then the reactor gets it (reactor_access::submit).
 //   2. completion (reactor thread): do_complete either runs finish() right there (inline
 //      delivery) or posts a small function to the handler's executor. The posted function carries
 //      its own allocator, which hands out a buffer inside the operation, so posting to an
@@ -178,7 +178,7 @@ class asio_wait_op final : public wait_op {
       // cancellation are all honoured.
       if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
                    asio::cancellation_type::total)) != asio::cancellation_type::none) {
-        op->reactor_.cancel(op);
+        reactor_access::cancel(op->reactor_, op);
       }
     }
   };

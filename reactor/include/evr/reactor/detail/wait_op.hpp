@@ -1,8 +1,10 @@
-// evr/reactor/wait_op.hpp — the type-erased operation the reactor completes.
+// evr/reactor/detail/wait_op.hpp — the type-erased operation the reactor completes. Not public:
+// only the in-repo front ends (callbacks/) derive from it, and they reach reactor::submit /
+// cancel / cancel_owner through detail::reactor_access (evr/reactor/reactor.hpp).
 //
 // A front end (the Asio I/O object in callbacks/, the plain-callback API) derives from wait_op,
-// allocates it with the handler's allocator and hands it to reactor::submit. The reactor owns the
-// pointer until it calls complete_ exactly once; complete_ frees the operation.
+// allocates it with the handler's allocator and hands it to reactor_access::submit. The reactor
+// owns the pointer until it calls complete_ exactly once; complete_ frees the operation.
 //
 // Threads and memory order:
 //   * state_ is the exactly-once handshake between completion (reactor thread) and per-operation
@@ -19,19 +21,12 @@
 #include <system_error>
 
 #include <evr/device/backend.hpp>
+#include <evr/reactor/delivery.hpp>
 
 namespace evr {
 class event_pool;
 namespace detail {
 struct stream_state;
-}
-
-/// How a completed wait reaches its handler.
-enum class delivery : unsigned char {
-  post,               ///< to the handler's associated executor (asio::post): the default
-  inline_on_reactor,  ///< run on the reactor thread: lowest latency; the handler must be short
-                      ///< and must never block (it delays every other completion)
-};
 
 class wait_op {
  public:
@@ -53,12 +48,12 @@ class wait_op {
   std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
 
   // --- set by reactor::submit on the submitting thread, then (reactor) -----------------------
-  wait_op* next_ = nullptr;                 ///< submission stack link
-  wait_op* cancel_next_ = nullptr;          ///< control stack link (per-operation cancellation)
-  detail::stream_state* stream_ = nullptr;  ///< null for a wait on a user event
-  device::native_event event_ = nullptr;    ///< pooled marker (poll) or the user's event
-  event_pool* event_pool_ = nullptr;        ///< set when event_ is pooled: return it there
-  std::uint64_t seq_ = 0;                   ///< position in its stream (marker order)
+  wait_op* next_ = nullptr;               ///< submission stack link
+  wait_op* cancel_next_ = nullptr;        ///< control stack link (per-operation cancellation)
+  stream_state* stream_ = nullptr;        ///< null for a wait on a user event
+  device::native_event event_ = nullptr;  ///< pooled marker (poll) or the user's event
+  event_pool* event_pool_ = nullptr;      ///< set when event_ is pooled: return it there
+  std::uint64_t seq_ = 0;                 ///< position in its stream (marker order)
   int device_ = -1;
   std::chrono::steady_clock::time_point submitted_at_{};
   // (reactor) where the operation is
@@ -72,4 +67,5 @@ class wait_op {
   complete_fn complete_;
 };
 
+}  // namespace detail
 }  // namespace evr
