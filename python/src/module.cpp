@@ -229,10 +229,11 @@ class py_reactor {
     {
       py::gil_scoped_release nogil;
       evr::device::backend& b = r_->backend();
-      if (t.what == evr::wait_target::kind::stream) {
-        (void)b.synchronize_stream(t.native);
-      } else if (t.native != nullptr) {
-        (void)b.synchronize_event(t.native);
+      void* native = reinterpret_cast<void*>(handle);
+      if (kind == 0) {
+        (void)b.synchronize_stream(native);
+      } else if (native != nullptr) {
+        (void)b.synchronize_event(native);
       }
     }
     Py_DECREF(c->obj);
