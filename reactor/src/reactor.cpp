@@ -151,6 +151,10 @@ bool cancel_wait(reactor_core* core, wait_op* op) noexcept {
   return true;
 }
 
+std::vector<wait_op*> detach_group(reactor_core& core, std::uintptr_t group) {
+  return core.detach_group(group);
+}
+
 }  // namespace detail
 
 // ------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -64,6 +65,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void push_cancel(wait_op* op) noexcept;
   void cancel_owner(std::uintptr_t owner) noexcept;
   void stop(bool destroying) noexcept;
+  /// See detail::detach_group (reactor.hpp). Any thread; blocks for the reactor's answer.
+  std::vector<wait_op*> detach_group(std::uintptr_t group);
   reactor_metrics metrics() const noexcept;
   std::chrono::nanoseconds cpu_time() const noexcept;
   bool on_reactor_thread() const noexcept {
@@ -93,7 +96,20 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void accept(wait_op* op, clock::time_point now);             // (reactor)
   void handle_cancel(wait_op* op);                             // (reactor)
   void handle_owner_cancel(std::uintptr_t owner);              // (reactor)
-  bool sweep(clock::time_point now);  // (reactor) all active streams + loose
+  /// One detach_group call: what the reactor hands back. Answered once no cancel request is in
+  /// flight (a wait retired with one pending is in no list until it arrives).
+  struct detach_request {
+    std::uintptr_t group = 0;
+    std::vector<wait_op*> detached;  // (reactor) until done
+    bool done = false;               // guarded by detach_mutex_
+  };
+  void take_detach_requests();               // (reactor)
+  void detach_collect(detach_request& req);  // (reactor) timelines, loose_, ready_
+  bool detach_claims(wait_op* op);  // (reactor) a retired wait's cancel came: group detaching?
+  void finish_detach(detach_request& req) noexcept;     // (reactor) answers the requester
+  void close_detach_requests() noexcept;                // (reactor) at the end of the thread
+  std::vector<wait_op*> detach_here(std::uintptr_t g);  // (reactor) from an inline handler
+  bool sweep(clock::time_point now);                    // (reactor) all active streams + loose
   bool sweep_poll(stream_state& st);
   bool sweep_word(stream_state& st, std::uint64_t word);
   bool sweep_event_front(stream_state& st);  // fence strategies: event markers at the front
@@ -126,6 +142,14 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::mutex owner_cancel_mutex_;
   std::vector<std::uintptr_t> owner_cancels_;  // guarded by owner_cancel_mutex_
   std::atomic<bool> owner_cancel_pending_{false};
+  // detach_group requests (reactor_service::shutdown): queued under the mutex, flagged for the
+  // reactor's input check (seq_cst: part of the wake handshake), answered through the condition.
+  std::mutex detach_mutex_;
+  std::condition_variable detach_cv_;
+  std::vector<detach_request*> detach_queue_;  // guarded by detach_mutex_
+  bool detach_closed_ = false;                 // guarded by detach_mutex_: the thread has ended
+  std::atomic<bool> detach_pending_{false};
+  std::vector<detach_request*> detaching_;  // (reactor) waiting for cancels in flight
   // Sticky errors met by submitters (a marker that could not be enqueued): the driver reports a
   // fault lazily, sometimes only to calls on the faulted stream, so a submitter may learn of it
   // before any of the reactor's own queries do. The reactor then fails the whole device.

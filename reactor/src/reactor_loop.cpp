@@ -65,6 +65,8 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
     }
     idle(now, progress, took_new);
   }
+  // Every wait has completed: later detach_group calls find nothing to detach.
+  close_detach_requests();
   thread_id_.store(std::thread::id{}, std::memory_order_release);
   (void)self;  // dropping the last reference (self-stop case) frees the core on this thread
 }
@@ -72,6 +74,7 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
 bool reactor_core::has_inputs() const noexcept {
   if (!submissions_.empty_or_closed() || !cancels_.empty_or_closed()) return true;
   if (owner_cancel_pending_.load(std::memory_order_seq_cst)) return true;
+  if (detach_pending_.load(std::memory_order_seq_cst)) return true;
   if (fault_reported_.load(std::memory_order_seq_cst)) return true;
   if (stopping_.load(std::memory_order_seq_cst) && !closed_) return true;
   for (stream_state* st : active_)
@@ -106,6 +109,9 @@ bool reactor_core::take_inputs(clock::time_point now) {
     op = next;
   }
   for (std::uintptr_t owner : owners) handle_owner_cancel(owner);
+  // After cancellations: a group's waits whose cancel arrived above are in ready_ now, and
+  // detach_collect takes them from there.
+  take_detach_requests();
   return any;
 }
 
@@ -162,6 +168,7 @@ void reactor_core::handle_cancel(wait_op* op) {
     }
     case wait_op::phase::retired_awaiting_cancel:
       --awaiting_cancel_;
+      if (detach_claims(op)) break;  // its context is shutting down: handed back, not delivered
       ready_.emplace_back(op, aborted_error());
       break;
     case wait_op::phase::queued:
@@ -203,6 +210,141 @@ void reactor_core::handle_owner_cancel(std::uintptr_t owner) {
   }
 }
 
+// --- detaching an execution context's waits ---------------------------------------------------
+
+void reactor_core::take_detach_requests() {
+  if (detach_pending_.load(std::memory_order_relaxed) &&
+      detach_pending_.exchange(false, std::memory_order_acq_rel)) {
+    std::vector<detach_request*> requests;
+    {
+      std::lock_guard<std::mutex> lock(detach_mutex_);
+      requests.swap(detach_queue_);
+    }
+    for (detach_request* req : requests) {
+      detach_collect(*req);
+      detaching_.push_back(req);
+    }
+  }
+  // A wait retired while its cancel request is in flight sits in no list (only counted in
+  // awaiting_cancel_) until the request arrives; it may belong to a detaching group. So answer
+  // once no cancel is in flight: meanwhile handle_cancel hands such waits back (detach_claims).
+  // Cancellers push right after their CAS, so this is prompt.
+  if (!detaching_.empty() && awaiting_cancel_ == 0) {
+    for (detach_request* req : detaching_) finish_detach(*req);
+    detaching_.clear();
+  }
+}
+
+void reactor_core::detach_collect(detach_request& req) {
+  auto take = [&](wait_op* op) {
+    if (op == nullptr || op->group_ != req.group) return false;
+    // acq_rel, as in retire_op: exactly one of {this, a canceller's CAS} wins.
+    const std::uint32_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
+    --pending_ops_;
+    op->detached_ = true;
+    if (prev == wait_op::cancel_requested) {
+      // Its canceller still holds it and will push it: handed back when it arrives.
+      op->phase_ = wait_op::phase::retired_awaiting_cancel;
+      ++awaiting_cancel_;
+    } else {
+      req.detached.push_back(op);
+    }
+    return true;
+  };
+  for (stream_state* st : active_) {
+    for (std::size_t i = 0; i < st->entries.size(); ++i) {
+      timeline_entry& e = st->entries.at(i);
+      if (take(e.op)) e.op = nullptr;  // a detached entry: the marker stays until the GPU passes
+    }
+  }
+  for (std::size_t i = 0; i < loose_.size();) {
+    if (take(loose_[i])) {
+      loose_[i] = loose_.back();
+      loose_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  // Retired but not delivered yet (a batch is under way only when this runs from an inline
+  // handler: entries are nulled, never erased, so deliver_batch's loop stays valid).
+  for (auto& [op, ec] : ready_) {
+    if (op != nullptr && op->group_ == req.group) {
+      op->detached_ = true;
+      req.detached.push_back(op);
+      op = nullptr;
+    }
+  }
+}
+
+bool reactor_core::detach_claims(wait_op* op) {
+  if (op->group_ == 0) return false;
+  for (detach_request* req : detaching_) {
+    if (req->group != op->group_) continue;
+    op->detached_ = true;
+    req->detached.push_back(op);
+    return true;
+  }
+  return false;
+}
+
+void reactor_core::finish_detach(detach_request& req) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(detach_mutex_);
+    req.done = true;  // the requester may return (and free `req`) from here on
+  }
+  detach_cv_.notify_all();
+}
+
+void reactor_core::close_detach_requests() noexcept {
+  // No wait is left: every queued or unanswered request has nothing (more) to detach.
+  for (detach_request* req : detaching_) finish_detach(*req);
+  detaching_.clear();
+  {
+    std::lock_guard<std::mutex> lock(detach_mutex_);
+    detach_closed_ = true;
+    for (detach_request* req : detach_queue_) req->done = true;
+    detach_queue_.clear();
+  }
+  detach_cv_.notify_all();
+}
+
+std::vector<wait_op*> reactor_core::detach_here(std::uintptr_t group) {
+  // On the reactor thread, inside an inline handler (the loop is below us): collect in place,
+  // then take the cancel stack here until no cancel request is in flight; handle_cancel hands
+  // this group's waits back (detach_claims) and treats the others as the loop would (appending
+  // to ready_ is safe: deliver_batch indexes it).
+  detach_request req;
+  req.group = group;
+  detach_collect(req);
+  detaching_.push_back(&req);
+  while (awaiting_cancel_ > 0) {
+    for (wait_op* op = cancels_.take_all(); op != nullptr;) {
+      wait_op* next = op->cancel_next_;
+      handle_cancel(op);
+      op = next;
+    }
+    if (awaiting_cancel_ > 0) std::this_thread::yield();
+  }
+  detaching_.erase(std::find(detaching_.begin(), detaching_.end(), &req));
+  return std::move(req.detached);
+}
+
+std::vector<wait_op*> reactor_core::detach_group(std::uintptr_t group) {
+  if (on_reactor_thread()) return detach_here(group);
+  detach_request req;
+  req.group = group;
+  {
+    std::lock_guard<std::mutex> lock(detach_mutex_);
+    if (detach_closed_) return {};  // the thread has ended: every wait has completed
+    detach_queue_.push_back(&req);
+  }
+  detach_pending_.store(true, std::memory_order_seq_cst);  // seq_cst: the wake handshake
+  wake_->wake_urgent();
+  std::unique_lock<std::mutex> lock(detach_mutex_);
+  detach_cv_.wait(lock, [&] { return req.done; });
+  return std::move(req.detached);
+}
+
 std::error_code reactor_core::select_device(int device) noexcept {
   if (device == current_device_ || device < 0) return {};
   if (auto ec = backend_.set_current_device(device)) return ec;
@@ -215,11 +357,17 @@ void reactor_core::deliver_batch(clock::time_point detected) {
     release_events();
     return;
   }
-  // Inline handlers may call submit/cancel/stop: those only push onto the stacks, never onto
-  // ready_, so the batch cannot change under this loop. clear() keeps the capacity (no
+  // Inline handlers may call submit/cancel/stop: those only push onto the stacks. Destroying an
+  // execution context there (detach_here) nulls entries and may append to ready_: the loop
+  // indexes ready_ and re-reads its size, so it stays valid. clear() keeps the capacity (no
   // allocation in steady state).
   const clock::time_point now = clock::now();
-  for (auto [op, ec] : ready_) {
+  for (std::size_t i = 0; i < ready_.size(); ++i) {
+    auto [op, ec] = ready_[i];
+    if (op == nullptr) continue;  // detached from an inline handler (detach_here)
+    // Delivered entries are nulled: an inline handler's detach_here scans ready_ and must not
+    // touch operations already freed by their completion (this one included).
+    ready_[i].first = nullptr;
     if (!ec) {
       m_.completed.fetch_add(1, std::memory_order_relaxed);
     } else if (ec == aborted_error()) {

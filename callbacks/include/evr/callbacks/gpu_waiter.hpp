@@ -39,8 +39,10 @@
 //
 // Thread safety: distinct objects: safe. Shared object: async_wait and cancel may be called from
 // any thread (the reactor is thread-safe); moving or destroying needs exclusive access.
-// Lifetime: the reactor and the execution context must outlive every pending wait; destroying the
-// waiter cancels its waits (their handlers still run, with operation_aborted).
+// Lifetime: the reactor must outlive the waiter. The execution context need not: when it shuts
+// down (is destroyed) with waits pending, their handlers are destroyed without running
+// (reactor_service.hpp), and the waiter may be destroyed after it. Destroying the waiter cancels
+// its waits (their handlers still run, with operation_aborted, if the context is alive).
 #pragma once
 
 #include <atomic>
@@ -67,13 +69,15 @@ class basic_gpu_waiter {
     using other = basic_gpu_waiter<OtherExecutor>;
   };
 
-  basic_gpu_waiter(const executor_type& ex, reactor& r) : executor_(ex), reactor_(&r) {}
+  basic_gpu_waiter(const executor_type& ex, reactor& r)
+      : executor_(ex), reactor_(&r), group_(register_with_context(ex, r)) {}
   /// Finds the reactor through the executor's context (evr::reactor_service; attach one with
   /// evr::use_reactor). Throws evr::error when none is attached and CUDA is not compiled in.
   explicit basic_gpu_waiter(const executor_type& ex)
       : executor_(ex),
         reactor_(
-            &asio::use_service<reactor_service>(asio::query(ex, asio::execution::context)).get()) {}
+            &asio::use_service<reactor_service>(asio::query(ex, asio::execution::context)).get()),
+        group_(register_with_context(ex, *reactor_)) {}
   template <typename ExecutionContext, typename = std::enable_if_t<std::is_convertible_v<
                                            ExecutionContext&, asio::execution_context&>>>
   explicit basic_gpu_waiter(ExecutionContext& context) : basic_gpu_waiter(context.get_executor()) {}
@@ -81,6 +85,7 @@ class basic_gpu_waiter {
   basic_gpu_waiter(basic_gpu_waiter&& other) noexcept
       : executor_(other.executor_),
         reactor_(other.reactor_),
+        group_(other.group_),
         owner_(std::exchange(other.owner_, 0)),
         delivery_(other.delivery_) {}
   basic_gpu_waiter& operator=(basic_gpu_waiter&& other) noexcept {
@@ -88,6 +93,7 @@ class basic_gpu_waiter {
       cancel();
       executor_ = other.executor_;
       reactor_ = other.reactor_;
+      group_ = other.group_;
       owner_ = std::exchange(other.owner_, 0);
       delivery_ = other.delivery_;
     }
@@ -134,6 +140,7 @@ class basic_gpu_waiter {
       op_type* op = op_type::create(std::decay_t<Handler>(std::forward<Handler>(handler)),
                                     self->executor_, *self->reactor_);
       op->owner_ = self->owner_;
+      op->group_ = self->group_;
       op->how_ = self->delivery_;
       // Connected before submit: once submitted, the operation may complete (and be freed) on
       // another thread at any moment. A signal is only emitted after initiation returns.
@@ -143,6 +150,14 @@ class basic_gpu_waiter {
     }
   };
 
+  /// Registers `r` with the reactor_service of `ex`'s context (see reactor_service.hpp: its
+  /// shutdown detaches this waiter's pending waits); returns the context's group.
+  static std::uintptr_t register_with_context(const executor_type& ex, reactor& r) {
+    auto& service = asio::use_service<reactor_service>(asio::query(ex, asio::execution::context));
+    service.track(r);
+    return service.group();
+  }
+
   static std::uintptr_t next_owner() noexcept {
     static std::atomic<std::uintptr_t> counter{0};
     return counter.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -150,6 +165,7 @@ class basic_gpu_waiter {
 
   executor_type executor_;
   reactor* reactor_;
+  std::uintptr_t group_;  ///< its context (reactor_service::group)
   std::uintptr_t owner_ = next_owner();
   delivery delivery_ = delivery::post;
 };

@@ -9,13 +9,30 @@
 // With no reactor attached, the first waiter made from the context creates a reactor on the CUDA
 // backend (default options), owned by the context (evr::error in a build without CUDA).
 //
-// Thread safety: use() and get() are thread-safe.
-// Lifetime: an attached reactor must outlive the context's waits. An owned reactor is stopped when
-// the context shuts down (Asio calls shutdown() before destroying the handlers still queued).
+// Context shutdown (what makes destroying an io_context with waits pending safe): every
+// gpu_waiter registers its reactor here (track()). When the context shuts down (its destructor,
+// or asio::execution_context::shutdown()), shutdown() detaches every pending wait whose I/O
+// executor belongs to this context from each registered reactor still alive, in a handshake with
+// the reactor thread (detail::detach_group: the reactor forgets them and acknowledges; done
+// directly when called on the reactor thread itself, and nothing to do once the reactor stopped),
+// then destroys those operations on this thread without running their handlers, as Asio's own
+// services do. Afterwards nothing is posted to the context for those waits; completions posted
+// before are destroyed with the context's queue. The GPU markers of detached waits stay in the
+// reactor's timelines and return to the pool only once the GPU is past them. A coroutine
+// suspended in co_await waiter.async_wait(...) is destroyed with its handler (frames freed).
+// Limit: a handler bound to an executor of *another* context (bind_executor) is detached with its
+// waiter's context only; that other context must outlive the wait.
+//
+// Thread safety: use(), get() and track() are thread-safe.
+// Lifetime: an attached reactor must outlive the waiters that use it (not the context: a reactor
+// destroyed first has completed all its waits). An owned reactor is stopped when the context shuts
+// down, after its waits were detached.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include <evr/callbacks/detail/asio_forward.hpp>
 #include <evr/reactor/reactor.hpp>
@@ -47,20 +64,50 @@ class reactor_service : public asio::execution_context::service {
     current_ = &r;
   }
 
+  /// Registers `r` as serving waits of this context, so that shutdown() detaches them there.
+  /// Called by every gpu_waiter's constructor. Holds no reference: a reactor destroyed meanwhile
+  /// is skipped (it completed all its waits).
+  void track(reactor& r) {
+    detail::reactor_core* core = detail::reactor_access::core(r);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = tracked_.begin(); it != tracked_.end();) {
+      if (it->first == core && !it->second.expired()) return;
+      if (it->second.expired()) {
+        it = tracked_.erase(it);  // a reactor gone since: its slot (and maybe its address) is free
+      } else {
+        ++it;
+      }
+    }
+    tracked_.emplace_back(core, detail::reactor_access::weak_core(r));
+  }
+
+  /// The group of this context's waits (detail::wait_op::group_).
+  std::uintptr_t group() noexcept { return reinterpret_cast<std::uintptr_t>(&context()); }
+
  private:
   void shutdown() override {
+    std::vector<std::pair<detail::reactor_core*, std::weak_ptr<detail::reactor_core>>> tracked;
     std::unique_ptr<reactor> owned;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      tracked.swap(tracked_);
       owned = std::move(owned_);
       current_ = nullptr;
     }
-    owned.reset();  // stop + join: every wait completes (its handler is queued, then destroyed)
+    for (auto& entry : tracked) {
+      std::shared_ptr<detail::reactor_core> core = entry.second.lock();
+      if (!core) continue;  // destroyed: every wait of it has completed
+      // Handed back, not completed: complete() sees detached_ and destroys the operation (and its
+      // handler, a coroutine's frames included) here, without running it.
+      for (detail::wait_op* op : detail::detach_group(*core, group())) op->complete({});
+    }
+    owned.reset();  // stop + join; its waits of this context were detached above
   }
 
   std::mutex mutex_;
   reactor* current_ = nullptr;
   std::unique_ptr<reactor> owned_;
+  std::vector<std::pair<detail::reactor_core*, std::weak_ptr<detail::reactor_core>>> tracked_;
 };
 
 /// Attaches `r` to `context`: waiters constructed from the context's executors use it.

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <system_error>
+#include <vector>
 
 #include <evr/device/backend.hpp>
 #include <evr/pool/pool_set.hpp>
@@ -57,6 +58,15 @@ struct reactor_access;
 /// touched. `op` must not be freed (callers keep it alive with a reference count).
 bool cancel_wait(reactor_core* core, wait_op* op) noexcept;
 
+/// Detaches every wait whose group_ is `group` (an execution context that is shutting down): the
+/// reactor forgets them (their markers stay in the timelines as detached entries and go back to
+/// the pool only once the GPU is past them), marks them detached_ and hands them back, not
+/// completed; the caller then calls complete() on each, which destroys it without running its
+/// handler. Afterwards the reactor never touches them, so nothing of that group is delivered any
+/// more. A handshake with the reactor thread (blocks until the thread has done it); done directly
+/// when called on the reactor thread itself; returns nothing once the thread has finished (every
+/// wait completed). Thread-safe.
+std::vector<wait_op*> detach_group(reactor_core& core, std::uintptr_t group);
 }  // namespace detail
 
 class reactor {
@@ -115,6 +125,9 @@ namespace detail {
 /// users (the contracts are those of the private members they forward to).
 struct reactor_access {
   static reactor_core* core(reactor& r) noexcept { return r.core_.get(); }
+  /// For front ends that must reach the core after the reactor object may be gone (it stays
+  /// alive while its thread runs).
+  static std::weak_ptr<reactor_core> weak_core(reactor& r) noexcept { return r.core_; }
   static std::error_code submit(reactor& r, wait_op* op, const wait_target& target) noexcept {
     return r.submit(op, target);
   }

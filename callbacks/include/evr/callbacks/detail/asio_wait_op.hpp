@@ -14,6 +14,10 @@
 //      operation's memory is back in the allocator's cache before the upcall, as Asio requires.
 //   A refused submission (stopped reactor, bad input) is posted the same way: a handler never
 //   runs inside the initiating call.
+//   4. context shutdown: when the I/O executor's execution context shuts down with the wait
+//      pending, reactor_service::shutdown detaches it from the reactor (group_ = the context) and
+//      calls complete() with detached_ set: the operation is destroyed, its handler never runs
+//      (as Asio's own services do with their pending operations).
 // The core's outcome (std::error_code) reaches the handler through to_asio_error: the flavour's
 // asio::error::operation_aborted for errc::operation_aborted, the code itself otherwise.
 // A handler that throws: posted, the exception leaves the executor's run() as with any Asio
@@ -193,6 +197,10 @@ class asio_wait_op final : public wait_op {
 
   static void do_complete(wait_op* base, std::error_code ec) noexcept {
     auto* self = static_cast<asio_wait_op*>(base);
+    if (self->detached_) {
+      destroy(self);  // its context is shutting down: destroy the handler, never run it
+      return;
+    }
     if (self->how_ == delivery::inline_on_reactor) {
       try {
         finish(self, ec);

@@ -45,7 +45,11 @@ class wait_op {
   std::atomic<std::uint32_t> state_{pending};
 
   delivery how_ = delivery::post;
+  /// (reactor) set before complete() when the wait's execution context shut down: the front end
+  /// must destroy the operation without running (or posting) its handler.
+  bool detached_ = false;
   std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
+  std::uintptr_t group_ = 0;  ///< its execution context (for detach_group); 0: none
 
   // --- set by reactor::submit on the submitting thread, then (reactor) -----------------------
   wait_op* next_ = nullptr;               ///< submission stack link
