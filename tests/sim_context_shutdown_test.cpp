@@ -69,6 +69,12 @@ TEST_CASE(
     io.reset();                        // shutdown(): detached, handlers destroyed unrun
     CHECK(f.alive_handlers() == 0);
     CHECK(f.ran.load() == 0);
+    // Every wait is accounted for: aborted by the waiter's cancel (posted, then destroyed with
+    // the context) or detached; none still counts as in flight.
+    const evr::reactor_metrics m = r.metrics();
+    CHECK(m.in_flight == 0);
+    CHECK(m.detached + m.cancelled == static_cast<std::uint64_t>(n));
+    if (!waiter_first) CHECK(m.detached == static_cast<std::uint64_t>(n));
     waiter.reset();  // after its context: harmless
     // The GPU finishes later: nothing is posted anywhere, the markers come back once it is past.
     CHECK(markers_out(r) == n);  // the GPU is not past them yet: none went back early

@@ -288,6 +288,8 @@ bool reactor_core::detach_claims(wait_op* op) {
 }
 
 void reactor_core::finish_detach(detach_request& req) noexcept {
+  // Counted before the requester is answered: its thread sees in_flight without them.
+  m_.detached.fetch_add(req.detached.size(), std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(detach_mutex_);
     req.done = true;  // the requester may return (and free `req`) from here on
@@ -326,6 +328,7 @@ std::vector<wait_op*> reactor_core::detach_here(std::uintptr_t group) {
     if (awaiting_cancel_ > 0) std::this_thread::yield();
   }
   detaching_.erase(std::find(detaching_.begin(), detaching_.end(), &req));
+  m_.detached.fetch_add(req.detached.size(), std::memory_order_relaxed);
   return std::move(req.detached);
 }
 

@@ -46,7 +46,8 @@ reactor_metrics reactor_core::metrics() const noexcept {
   r.cancelled = get(m_.cancelled);
   r.failed = get(m_.failed);
   r.rejected = get(m_.rejected);
-  const std::uint64_t finished = r.completed + r.cancelled + r.failed;
+  r.detached = get(m_.detached);
+  const std::uint64_t finished = r.completed + r.cancelled + r.failed + r.detached;
   r.in_flight = r.submitted > finished ? r.submitted - finished : 0;
   r.sweeps = get(m_.sweeps);
   r.event_queries = get(m_.event_queries);

@@ -24,7 +24,9 @@ struct reactor_metrics {
   std::uint64_t cancelled = 0;  ///< waits completed with operation_aborted (cancel or shutdown)
   std::uint64_t failed = 0;     ///< waits completed with a device error
   std::uint64_t rejected = 0;   ///< waits refused at submission (stopped reactor, bad input)
-  std::uint64_t in_flight = 0;  ///< submitted - (completed + cancelled + failed)
+  /// waits handed back unrun because their execution context shut down (reactor_service)
+  std::uint64_t detached = 0;
+  std::uint64_t in_flight = 0;  ///< submitted - (completed + cancelled + failed + detached)
   std::uint64_t sweeps = 0;     ///< passes over the pending streams
   std::uint64_t event_queries = 0;
   std::uint64_t stream_queries = 0;  ///< fault probes
