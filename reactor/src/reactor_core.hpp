@@ -93,9 +93,10 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   bool take_inputs(clock::time_point now);                     // (reactor) controls + submissions
   void report_fault(int device, std::error_code ec) noexcept;  // any thread
   bool take_reported_faults();                                 // (reactor)
-  void accept(wait_op* op, clock::time_point now);             // (reactor)
-  void handle_cancel(wait_op* op);                             // (reactor)
-  void handle_owner_cancel(std::uintptr_t owner);              // (reactor)
+  bool accept_submissions(clock::time_point now);   // (reactor) takes the submission stack
+  void accept(wait_op* op, clock::time_point now);  // (reactor)
+  void handle_cancel(wait_op* op);                  // (reactor)
+  void handle_owner_cancel(std::uintptr_t owner);   // (reactor)
   /// One detach_group call: what the reactor hands back. Answered once no cancel request is in
   /// flight (a wait retired with one pending is in no list until it arrives).
   struct detach_request {

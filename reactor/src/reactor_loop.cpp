@@ -96,13 +96,8 @@ bool reactor_core::take_inputs(clock::time_point now) {
     std::lock_guard<std::mutex> lock(owner_cancel_mutex_);
     owners.swap(owner_cancels_);
   }
-  wait_op* subs = closed_ ? nullptr : submissions_.take_all();
-  bool any = cancels != nullptr || !owners.empty() || subs != nullptr;
-  for (wait_op* op = subs; op != nullptr;) {
-    wait_op* next = op->next_;
-    accept(op, now);
-    op = next;
-  }
+  bool any = accept_submissions(now);
+  any = any || cancels != nullptr || !owners.empty();
   for (wait_op* op = cancels; op != nullptr;) {
     wait_op* next = op->cancel_next_;
     handle_cancel(op);
@@ -113,6 +108,16 @@ bool reactor_core::take_inputs(clock::time_point now) {
   // detach_collect takes them from there.
   take_detach_requests();
   return any;
+}
+
+bool reactor_core::accept_submissions(clock::time_point now) {
+  wait_op* subs = closed_ ? nullptr : submissions_.take_all();
+  for (wait_op* op = subs; op != nullptr;) {
+    wait_op* next = op->next_;
+    accept(op, now);
+    op = next;
+  }
+  return subs != nullptr;
 }
 
 void reactor_core::accept(wait_op* op, clock::time_point now) {
@@ -220,6 +225,11 @@ void reactor_core::take_detach_requests() {
       std::lock_guard<std::mutex> lock(detach_mutex_);
       requests.swap(detach_queue_);
     }
+    // Waits submitted before a request was made may still be on the submission stack (pushed
+    // after this pass took it): take them now, or they would escape the detach and later be
+    // posted into the dead context. The request's mutex (release by the requester, acquire
+    // above) orders its earlier submissions' pushes before this take.
+    accept_submissions(clock::now());
     for (detach_request* req : requests) {
       detach_collect(*req);
       detaching_.push_back(req);
@@ -317,6 +327,7 @@ std::vector<wait_op*> reactor_core::detach_here(std::uintptr_t group) {
   // to ready_ is safe: deliver_batch indexes it).
   detach_request req;
   req.group = group;
+  accept_submissions(clock::now());  // waits submitted from this handler, not yet taken
   detach_collect(req);
   detaching_.push_back(&req);
   while (awaiting_cancel_ > 0) {
