@@ -26,6 +26,9 @@
 #if defined(__linux__)
 #include <time.h>
 #endif
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace evr::bench {
 namespace {
@@ -56,6 +59,17 @@ long rss_kib() {
   while (std::getline(f, line))
     if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6);
   return 0;
+}
+
+/// Bytes of heap in use (malloc's view, headers included); -1 where mallinfo2 is missing. Unlike
+/// RSS it counts freed-and-reused memory right and is not rounded to pages.
+long long heap_in_use() {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+  const struct mallinfo2 mi = mallinfo2();
+  return static_cast<long long>(mi.uordblks + mi.hblkhd);  // small chunks + mapped large ones
+#else
+  return -1;
+#endif
 }
 
 struct tp_row {
@@ -390,6 +404,7 @@ int throughput_main(int argc, char** argv) {
 
   // Memory per in-flight wait: many waits pending behind closed gates.
   double bytes_per_wait = 0;
+  double heap_bytes_per_wait = -1;  // -1: not measured (no mallinfo2)
   {
     std::vector<evr::stream> gated;
     for (int i = 0; i < cfg.inflight_streams; ++i) gated.emplace_back(be, 0);
@@ -403,13 +418,17 @@ int throughput_main(int argc, char** argv) {
     auto cb = [&](std::error_code) { done.fetch_add(1); };
     for (auto& s : gated) evr::throw_if(on_complete(r, s, cb), "on_complete");
     const long before = rss_kib();
+    const long long heap_before = heap_in_use();
     const int n = cfg.inflight_waits;
     for (int i = 0; i < n; ++i)
       evr::throw_if(on_complete(r, gated[i % gated.size()], cb), "on_complete");
     while (r.metrics().submitted < static_cast<std::uint64_t>(n + cfg.inflight_streams))
       std::this_thread::yield();
     const long after = rss_kib();
+    const long long heap_after = heap_in_use();
     bytes_per_wait = static_cast<double>(after - before) * 1024.0 / n;
+    if (heap_before >= 0 && heap_after >= 0)
+      heap_bytes_per_wait = static_cast<double>(heap_after - heap_before) / n;
     dev->open_gate();
     while (done.load() < static_cast<std::uint64_t>(n + cfg.inflight_streams))
       std::this_thread::yield();
@@ -433,8 +452,18 @@ int throughput_main(int argc, char** argv) {
   for (auto& r : drain_rows)
     std::printf("%-42s %14.0f %22.1f\n", r.name.c_str(), r.per_second,
                 r.poller_cpu_ns_per_completion);
-  std::printf("memory per in-flight wait (poll, %d waits on %d streams, RSS delta): %.0f bytes\n",
-              cfg.inflight_waits, cfg.inflight_streams, bytes_per_wait);
+  // The hot-path goal's figure (docs/architecture.md, "Where a wait's bytes and time go"): the
+  // reactor's CPU from the gates' opening to the last completion, per completion.
+  std::printf("reactor CPU ns per completion (burst drain):");
+  for (std::size_t i = 0; i < 4 && i < drain_rows.size(); ++i)
+    std::printf("%s %s %.1f", i ? "," : "", drain_rows[i].name.c_str(),
+                drain_rows[i].poller_cpu_ns_per_completion);
+  std::printf("\n");
+  std::printf(
+      "memory per in-flight wait (poll, %d waits on %d streams): RSS delta %.0f bytes, "
+      "bytes per in-flight wait (heap in use) %.0f bytes%s\n",
+      cfg.inflight_waits, cfg.inflight_streams, bytes_per_wait, heap_bytes_per_wait,
+      heap_bytes_per_wait < 0 ? " (not measured: no mallinfo2)" : "");
 
   if (!cfg.json.empty()) {
     std::FILE* f = std::fopen(cfg.json.c_str(), "w");
@@ -461,7 +490,13 @@ int throughput_main(int argc, char** argv) {
     }
     j.raw("],\"fence_queue_depth\":" + std::to_string(fence_depth) +
           ",\"record_queue_depth\":" + std::to_string(record_depth) +
-          ",\"bytes_per_inflight_wait\":" + json_writer::number(bytes_per_wait) + "}\n");
+          ",\"bytes_per_inflight_wait\":" + json_writer::number(bytes_per_wait) +
+          ",\"heap_bytes_per_inflight_wait\":" + json_writer::number(heap_bytes_per_wait) +
+          ",\"reactor_cpu_ns_per_completion_burst\":{");
+    for (std::size_t i = 0; i < 4 && i < drain_rows.size(); ++i)
+      j.raw(std::string(i ? "," : "") + json_writer::quote(drain_rows[i].name) + ":" +
+            json_writer::number(drain_rows[i].poller_cpu_ns_per_completion));
+    j.raw("}}\n");
     std::fclose(f);
   }
   return 0;

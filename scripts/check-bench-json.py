@@ -56,6 +56,13 @@ def main():
             number(r["completions_per_second"], r["name"])
             number(r["poller_cpu_ns_per_completion"], r["name"])
         number(doc["bytes_per_inflight_wait"], "bytes_per_inflight_wait")
+        # -1 where the C library has no mallinfo2
+        number(doc["heap_bytes_per_inflight_wait"], "heap_bytes_per_inflight_wait")
+        burst = doc.get("reactor_cpu_ns_per_completion_burst")
+        if not isinstance(burst, dict) or not burst:
+            fail("no reactor_cpu_ns_per_completion_burst")
+        for name, v in burst.items():
+            number(v, f"reactor_cpu_ns_per_completion_burst.{name}")
     elif sub == "cpu":
         for r in doc["rows"]:
             for k in ("busy_percent", "idle_percent", "idle_wakeups_per_second"):
