@@ -60,6 +60,11 @@ TEST_CASE("hot path: sizes of a wait's pieces") {
                             << ", asio_wait_op (any_io_executor) " << sizeof(asio_any)
                             << ", asio_wait_op (io_context executor) " << sizeof(asio_io)
                             << ", timeline_entry " << sizeof(evr::detail::timeline_entry));
+  if constexpr (sizeof(void*) == 8) {  // the layout docs/architecture.md describes
+    CHECK(sizeof(evr::detail::wait_op) <= 80);
+    CHECK(sizeof(callback) <= 88);
+    CHECK(sizeof(evr::detail::timeline_entry) <= 24);
+  }
 }
 
 TEST_CASE("hot path: heap in use per in-flight wait (poll, simulated device)") {

@@ -6,8 +6,10 @@
 // one of its own inline handlers.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -32,7 +34,8 @@
 
 namespace evr::detail {
 
-/// Cumulative counters written by the reactor (relaxed: they are statistics, read racily).
+/// Cumulative counters (relaxed: they are statistics, read racily). Every one but `rejected` is
+/// written by the reactor thread alone, with bump(): no locked read-modify-write on the hot path.
 struct atomic_metrics {
   std::atomic<std::uint64_t> submitted{0}, completed{0}, cancelled{0}, failed{0}, rejected{0},
       sweeps{0}, event_queries{0}, stream_queries{0}, doorbells{0}, parks{0}, device_faults{0},
@@ -47,9 +50,19 @@ struct atomic_metrics {
 /// its flavour's asio::error::operation_aborted; the core is Asio-free).
 inline std::error_code aborted_error() noexcept { return make_error_code(errc::operation_aborted); }
 
-/// Adds one sample to a latency histogram (relaxed: statistics).
-void add_sample(std::array<std::atomic<std::uint64_t>, latency_histogram::buckets>& h,
-                std::chrono::nanoseconds d) noexcept;
+/// Adds `n` to a counter that only the calling thread (the reactor) writes: a plain add published
+/// with a relaxed store, readable from any thread with a relaxed load. Not for shared counters.
+inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
+  c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+/// Adds one sample to a latency histogram written only by the reactor thread (bump).
+inline void add_sample(std::array<std::atomic<std::uint64_t>, latency_histogram::buckets>& h,
+                       std::chrono::nanoseconds d) noexcept {
+  const auto ns = static_cast<std::uint64_t>(std::max<std::int64_t>(d.count(), 1));
+  const int bucket = std::min<int>(latency_histogram::buckets - 1, std::bit_width(ns) - 1);
+  bump(h[static_cast<std::size_t>(bucket)]);
+}
 
 class reactor_core : public std::enable_shared_from_this<reactor_core> {
  public:

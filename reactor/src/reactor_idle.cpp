@@ -27,7 +27,7 @@ void reactor_core::idle(clock::time_point now, bool progress, bool took_new) {
   if (progress || took_new) replan_at_ = {};
   const bool nothing_pending = active_.empty() && loose_.empty() && pending_ops_ == 0;
   if (nothing_pending && !closed_) {
-    m_.parks.fetch_add(1, std::memory_order_relaxed);
+    bump(m_.parks);
     wake_->park([this] { return has_inputs(); });  // zero wake-ups until a submission
     ladder_.progress(clock::now());
     return;
@@ -75,7 +75,7 @@ void reactor_core::idle_predictive(clock::time_point now) {
     const stream_outlook o = predict(idle_settings_, st->model, start, now, overshoot_);
     if (o.where == phase::missed && !st->missed) {
       st->missed = true;
-      m_.prediction_misses.fetch_add(1, std::memory_order_relaxed);
+      bump(m_.prediction_misses);
     }
     if (traits_.fault_probes) wake = std::min(wake, st->last_probe + options_.fault_probe_interval);
     if (o.unpredicted()) {
@@ -112,7 +112,7 @@ void reactor_core::idle_predictive(clock::time_point now) {
 }
 
 void reactor_core::nap_until(clock::time_point until, bool learn_overshoot) {
-  m_.parks.fetch_add(1, std::memory_order_relaxed);
+  bump(m_.parks);
   const clock::time_point asked_at = clock::now();
   const bool timed_out = wake_->nap_until(until, [this] { return has_inputs(); });
   // Only a nap that ran its course says how late this machine's timers fire.

@@ -121,15 +121,14 @@ bool reactor_core::accept_submissions(clock::time_point now) {
 }
 
 void reactor_core::accept(wait_op* op, clock::time_point now) {
-  m_.submitted.fetch_add(1, std::memory_order_relaxed);
+  bump(m_.submitted);
   ++pending_ops_;
   op->phase_ = wait_op::phase::pending;
   if (op->device_ >= 0 && device_fault_[op->device_]) {
     // The device is dead: nothing will ever complete there. Its event is kept out of the pool
     // and destroyed with the reactor, off this thread (cudaEventDestroy may block).
-    if (op->stream_ != nullptr && op->event_pool_ != nullptr)
-      abandoned_.emplace_back(op->event_pool_, op->event_);
-    op->event_pool_ = nullptr;
+    if (op->stream_ != nullptr && op->event_ != nullptr)
+      abandoned_.emplace_back(op->stream_->marker_pool.load(std::memory_order_relaxed), op->event_);
     retire_op(op, device_fault_[op->device_]);
     return;
   }
@@ -139,7 +138,7 @@ void reactor_core::accept(wait_op* op, clock::time_point now) {
     loose_.push_back(op);
     return;
   }
-  st->entries.insert(timeline_entry{op->seq_, op->event_, op->event_pool_, op});
+  st->entries.insert(timeline_entry{op->seq_, op->event_, op});
   if (!st->active) {
     st->active = true;
     st->waiting_since = now;
@@ -188,7 +187,7 @@ void reactor_core::handle_cancel(wait_op* op) {
 void reactor_core::handle_owner_cancel(std::uintptr_t owner) {
   auto abort_if_owned = [&](wait_op* op) {
     if (op == nullptr || op->owner_ != owner) return false;
-    std::uint32_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
+    std::uint8_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
     if (prev == wait_op::cancel_requested) {
       // A per-operation cancel is in flight and will deliver; wait for it.
       op->phase_ = wait_op::phase::retired_awaiting_cancel;
@@ -249,7 +248,7 @@ void reactor_core::detach_collect(detach_request& req) {
   auto take = [&](wait_op* op) {
     if (op == nullptr || op->group_ != req.group) return false;
     // acq_rel, as in retire_op: exactly one of {this, a canceller's CAS} wins.
-    const std::uint32_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
+    const std::uint8_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
     --pending_ops_;
     op->detached_ = true;
     if (prev == wait_op::cancel_requested) {
@@ -299,7 +298,7 @@ bool reactor_core::detach_claims(wait_op* op) {
 
 void reactor_core::finish_detach(detach_request& req) noexcept {
   // Counted before the requester is answered: its thread sees in_flight without them.
-  m_.detached.fetch_add(req.detached.size(), std::memory_order_relaxed);
+  bump(m_.detached, req.detached.size());
   {
     std::lock_guard<std::mutex> lock(detach_mutex_);
     req.done = true;  // the requester may return (and free `req`) from here on
@@ -339,7 +338,7 @@ std::vector<wait_op*> reactor_core::detach_here(std::uintptr_t group) {
     if (awaiting_cancel_ > 0) std::this_thread::yield();
   }
   detaching_.erase(std::find(detaching_.begin(), detaching_.end(), &req));
-  m_.detached.fetch_add(req.detached.size(), std::memory_order_relaxed);
+  bump(m_.detached, req.detached.size());
   return std::move(req.detached);
 }
 
@@ -383,11 +382,11 @@ void reactor_core::deliver_batch(clock::time_point detected) {
     // touch operations already freed by their completion (this one included).
     ready_[i].first = nullptr;
     if (!ec) {
-      m_.completed.fetch_add(1, std::memory_order_relaxed);
+      bump(m_.completed);
     } else if (ec == aborted_error()) {
-      m_.cancelled.fetch_add(1, std::memory_order_relaxed);
+      bump(m_.cancelled);
     } else {
-      m_.failed.fetch_add(1, std::memory_order_relaxed);
+      bump(m_.failed);
     }
     add_sample(m_.detect_to_deliver, now - detected);
     add_sample(m_.submit_to_deliver, now - op->submitted_at_);

@@ -31,13 +31,6 @@ std::uint64_t latency_histogram::quantile_upper_ns(double q) const noexcept {
 
 namespace detail {
 
-void add_sample(std::array<std::atomic<std::uint64_t>, latency_histogram::buckets>& h,
-                std::chrono::nanoseconds d) noexcept {
-  const auto ns = static_cast<std::uint64_t>(std::max<std::int64_t>(d.count(), 1));
-  const int bucket = std::min<int>(latency_histogram::buckets - 1, std::bit_width(ns) - 1);
-  h[static_cast<std::size_t>(bucket)].fetch_add(1, std::memory_order_relaxed);
-}
-
 reactor_metrics reactor_core::metrics() const noexcept {
   reactor_metrics r;
   auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };

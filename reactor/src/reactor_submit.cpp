@@ -81,6 +81,8 @@ std::error_code reactor_core::put_marker(stream_state& st, wait_op& op) noexcept
     std::error_code ec;
     pool = pools_.get(st.device, event_class::plain, ec);
     if (ec) return ec;
+    if (st.marker_pool.load(std::memory_order_relaxed) == nullptr)
+      st.marker_pool.store(pool, std::memory_order_relaxed);
     ev = pool->acquire_native(ec);
     if (ec) return ec;
   }
@@ -106,8 +108,7 @@ std::error_code reactor_core::put_marker(stream_state& st, wait_op& op) noexcept
   }
   op.seq_ = seq;
   op.event_ = ev;
-  op.event_pool_ = pool;
-  op.device_ = st.device;
+  op.device_ = static_cast<std::int16_t>(st.device);  // < max_devices (find_stream checked)
   op.stream_ = &st;
   return {};
 }
@@ -127,15 +128,16 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
   op->phase_ = wait_op::phase::queued;
   op->submitted_at_ = clock::now();
   op->stream_ = nullptr;
-  op->event_pool_ = nullptr;
+  op->event_ = nullptr;
 
   if (target.what_ == wait_target::kind::event) {
     if (target.never_recorded_) return refuse(make_error_code(errc::event_never_recorded));
     if (target.native_ == nullptr) return refuse(make_error_code(errc::empty_handle));
+    int device = target.device_;
+    if (device < 0 && backend_.current_device(device)) device = 0;
+    if (device >= max_devices) return refuse(make_error_code(errc::no_device));
     op->event_ = target.native_;
-    op->device_ = target.device_;
-    if (op->device_ < 0 && backend_.current_device(op->device_)) op->device_ = 0;
-    if (op->device_ >= max_devices) return refuse(make_error_code(errc::no_device));
+    op->device_ = static_cast<std::int16_t>(device);
   } else {
     if (reinterpret_cast<std::uintptr_t>(target.native_) == per_thread_stream) {
       return refuse(make_error_code(errc::per_thread_default_stream));
@@ -181,7 +183,8 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
   }
   // The reactor closed between our check and the push. The marker is on the stream: its event
   // must not be reused before the GPU passes it, so destroy it (CUDA defers the free).
-  if (op->event_pool_ != nullptr) op->event_pool_->discard_native(op->event_);
+  if (st != nullptr && op->event_ != nullptr)
+    st->marker_pool.load(std::memory_order_relaxed)->discard_native(op->event_);
   return refuse(make_error_code(errc::reactor_stopped));
 }
 
@@ -227,7 +230,7 @@ void reactor_core::doorbell_rang(void* state) noexcept {
 }
 
 bool reactor_core::request_cancel(wait_op* op) noexcept {
-  std::uint32_t expected = wait_op::pending;
+  std::uint8_t expected = wait_op::pending;
   // acq_rel: exactly one of {this CAS, the reactor's exchange to done} wins.
   return op->state_.compare_exchange_strong(expected, wait_op::cancel_requested,
                                             std::memory_order_acq_rel, std::memory_order_acquire);

@@ -20,7 +20,7 @@ std::uint64_t load_fence(const std::uint64_t* word) {
 
 void reactor_core::retire_op(wait_op* op, std::error_code ec) {
   // acq_rel: the winner of pending→{done, cancel_requested} decides the outcome exactly once.
-  std::uint32_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
+  std::uint8_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
   --pending_ops_;
   if (prev == wait_op::cancel_requested) {
     op->phase_ = wait_op::phase::retired_awaiting_cancel;  // its cancel request delivers it
@@ -42,14 +42,15 @@ void reactor_core::retire_front(stream_state& st, std::size_t count, std::error_
       st.retired_submit = e.op->submitted_at_;  // the newest retired wait: learn() samples it
       st.retired_in_sweep = true;
     }
-    if (e.pool != nullptr) {
+    if (e.event != nullptr) {
+      event_pool* pool = st.marker_pool.load(std::memory_order_relaxed);
       if (!ec) {
         // The GPU is past it: back to the pool, after this sweep's completions are delivered
         // (returning it is not on the latency path).
-        to_release_.emplace_back(e.pool, e.event);
+        to_release_.emplace_back(pool, e.event);
       } else {
         // Failed: never reuse it; destroyed with the reactor, off this thread.
-        abandoned_.emplace_back(e.pool, e.event);
+        abandoned_.emplace_back(pool, e.event);
       }
     }
     if (e.op != nullptr) retire_op(e.op, ec);
@@ -63,7 +64,7 @@ void reactor_core::retire_front(stream_state& st, std::size_t count, std::error_
 bool reactor_core::sweep_poll(stream_state& st) {
   // Oldest first: a pending stream costs one cheap query (~0.17 us on the H100).
   auto query = [&](std::size_t i) {
-    m_.event_queries.fetch_add(1, std::memory_order_relaxed);
+    bump(m_.event_queries);
     return backend_.query_event(st.entries.at(i).event);
   };
   std::error_code ec = query(0);
@@ -120,7 +121,7 @@ bool reactor_core::sweep_event_front(stream_state& st) {
   // the front until a later fence lands, so query it (one at a time: this is the rare path).
   bool progress = false;
   while (!st.entries.empty() && st.entries.front().event != nullptr) {
-    m_.event_queries.fetch_add(1, std::memory_order_relaxed);
+    bump(m_.event_queries);
     std::error_code ec = backend_.query_event(st.entries.front().event);
     if (is_not_ready(ec)) break;
     if (ec && is_sticky(ec)) {
@@ -136,7 +137,7 @@ bool reactor_core::sweep_event_front(stream_state& st) {
 bool reactor_core::probe(stream_state& st, clock::time_point now) {
   if (now - st.last_probe < options_.fault_probe_interval) return false;
   st.last_probe = now;
-  m_.stream_queries.fetch_add(1, std::memory_order_relaxed);
+  bump(m_.stream_queries);
   const clock::time_point asked = clock::now();
   std::error_code ec = backend_.query_stream(st.native);
   add_sample(m_.fault_probe_time, clock::now() - asked);
@@ -168,7 +169,7 @@ void reactor_core::arm_doorbell(stream_state& st) {
     return;
   }
   st.doorbell_armed = true;
-  m_.doorbells.fetch_add(1, std::memory_order_relaxed);
+  bump(m_.doorbells);
 }
 
 bool reactor_core::sweep_loose() {
@@ -184,7 +185,7 @@ bool reactor_core::sweep_loose() {
       progress = true;
       continue;
     }
-    m_.event_queries.fetch_add(1, std::memory_order_relaxed);
+    bump(m_.event_queries);
     std::error_code ec = backend_.query_event(op->event_);
     if (is_not_ready(ec)) {
       ++loose_cursor_;
@@ -202,7 +203,7 @@ bool reactor_core::sweep_loose() {
 }
 
 bool reactor_core::sweep(clock::time_point now) {
-  m_.sweeps.fetch_add(1, std::memory_order_relaxed);
+  bump(m_.sweeps);
   bool progress = false;
   for (std::size_t i = 0; i < active_.size(); ++i) {
     stream_state& st = *active_[i];
@@ -283,7 +284,7 @@ void reactor_core::fail_stream(stream_state& st, std::error_code ec) {
 
 void reactor_core::fail_device(int device, std::error_code ec) {
   if (device < 0 || device >= max_devices) return;
-  if (!device_fault_[device]) m_.device_faults.fetch_add(1, std::memory_order_relaxed);
+  if (!device_fault_[device]) bump(m_.device_faults);
   device_fault_[device] = ec;
   for (stream_state* st : active_)
     if (st->device == device) fail_stream(*st, ec);
@@ -307,8 +308,10 @@ void reactor_core::abort_everything() {
       timeline_entry e = st->entries.front();
       st->entries.pop_front();
       // The GPU may not be past the marker: keep pooled events out of the pool for good.
-      if (e.pool != nullptr) abandoned_.emplace_back(e.pool, e.event);
-      if (e.event == nullptr) ++fences;
+      if (e.event != nullptr)
+        abandoned_.emplace_back(st->marker_pool.load(std::memory_order_relaxed), e.event);
+      else
+        ++fences;
       if (e.op != nullptr) retire_op(e.op, aborted_error());
     }
     if (traits_.fence_markers && count > 0) {

@@ -28,6 +28,10 @@
 #include "timeline.hpp"
 #include "wakeup.hpp"
 
+namespace evr {
+class event_pool;
+}  // namespace evr
+
 namespace evr::detail {
 
 struct stream_state {
@@ -39,6 +43,11 @@ struct stream_state {
   // --- submit side ---------------------------------------------------------------------------
   std::atomic_flag marker_lock_ = ATOMIC_FLAG_INIT;
   std::uint64_t next_seq_ = 0;  // guarded by marker_lock_
+  /// The pool of this stream's event markers (the plain pool of its device), set by the first
+  /// submission that takes one (every writer stores the same pointer) and read by the reactor
+  /// when it retires an entry with an event: the op's push / take publishes it. Kept here rather
+  /// than in every wait and every timeline entry.
+  std::atomic<event_pool*> marker_pool{nullptr};
 
   void lock_markers() noexcept {
     // acquire: the previous holder's next_seq_ update and marker enqueue happen-before ours.

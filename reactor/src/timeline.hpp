@@ -12,17 +12,14 @@
 
 #include <evr/device/backend.hpp>
 
-namespace evr {
-class event_pool;
-class wait_op;
-}  // namespace evr
-
 namespace evr::detail {
 
+class wait_op;
+
+/// 24 bytes: the pool an event goes back to is its stream's (stream_state::marker_pool).
 struct timeline_entry {
   std::uint64_t seq = 0;
-  device::native_event event = nullptr;  // pooled marker (poll), else nullptr
-  event_pool* pool = nullptr;            // where `event` goes back
+  device::native_event event = nullptr;  // pooled marker (poll, fence overflow), else nullptr
   wait_op* op = nullptr;                 // nullptr: cancelled, kept only for its marker
 };
 

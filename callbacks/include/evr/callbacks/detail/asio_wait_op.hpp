@@ -39,9 +39,11 @@
 namespace evr::detail {
 inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 
-/// Storage inside an operation for the executor's wrapper of the posted delivery function.
+/// Storage inside an operation for the executor's wrapper of the posted delivery function. An
+/// io_context's wraps it in about 64 bytes (its operation header, delivery_fn, the allocator);
+/// 128 leaves room for other executors' wrappers. A larger one falls back to the heap.
 struct delivery_slab {
-  static constexpr std::size_t size = 256;
+  static constexpr std::size_t size = 128;
   alignas(std::max_align_t) unsigned char bytes[size];
   bool used = false;
 };

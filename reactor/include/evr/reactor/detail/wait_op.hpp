@@ -24,7 +24,6 @@
 #include <evr/reactor/delivery.hpp>
 
 namespace evr {
-class event_pool;
 namespace detail {
 struct stream_state;
 
@@ -41,31 +40,36 @@ class wait_op {
 
   void complete(std::error_code ec) noexcept { complete_(this, ec); }
 
-  enum : std::uint32_t { pending = 0, cancel_requested = 1, done = 2 };
-  std::atomic<std::uint32_t> state_{pending};
+  // Layout (docs/architecture.md, "Where a wait's bytes and time go"): the small fields share
+  // the first 8 bytes; 80 bytes in all on a 64-bit target.
+  enum : std::uint8_t { pending = 0, cancel_requested = 1, done = 2 };
+  std::atomic<std::uint8_t> state_{pending};
 
   delivery how_ = delivery::post;
   /// (reactor) set before complete() when the wait's execution context shut down: the front end
   /// must destroy the operation without running (or posting) its handler.
   bool detached_ = false;
-  std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
-  std::uintptr_t group_ = 0;  ///< its execution context (for detach_group); 0: none
-
-  // --- set by reactor::submit on the submitting thread, then (reactor) -----------------------
-  wait_op* next_ = nullptr;               ///< submission stack link
-  wait_op* cancel_next_ = nullptr;        ///< control stack link (per-operation cancellation)
-  stream_state* stream_ = nullptr;        ///< null for a wait on a user event
-  device::native_event event_ = nullptr;  ///< pooled marker (poll) or the user's event
-  event_pool* event_pool_ = nullptr;      ///< set when event_ is pooled: return it there
-  std::uint64_t seq_ = 0;                 ///< position in its stream (marker order)
-  int device_ = -1;
-  std::chrono::steady_clock::time_point submitted_at_{};
   // (reactor) where the operation is
   enum class phase : unsigned char {
     queued,
     pending,
     retired_awaiting_cancel
   } phase_ = phase::queued;
+  std::int16_t device_ = -1;  ///< set by reactor::submit (devices are < pool_set::max_devices)
+
+  std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
+  std::uintptr_t group_ = 0;  ///< its execution context (for detach_group); 0: none
+
+  // --- set by reactor::submit on the submitting thread, then (reactor) -----------------------
+  wait_op* next_ = nullptr;         ///< submission stack link
+  wait_op* cancel_next_ = nullptr;  ///< control stack link (per-operation cancellation)
+  stream_state* stream_ = nullptr;  ///< null for a wait on a user event
+  /// The marker: for a wait on a stream, a pooled event (poll, or a fence overflow; it goes back
+  /// to its stream's pool, stream_state::marker_pool) or nullptr (a fence word or host function);
+  /// for a wait on a user event, that event.
+  device::native_event event_ = nullptr;
+  std::uint64_t seq_ = 0;  ///< position in its stream (marker order)
+  std::chrono::steady_clock::time_point submitted_at_{};
 
  private:
   complete_fn complete_;
