@@ -127,8 +127,8 @@ void completion_sink::push(completion* c) noexcept {
       return;
     }
     c->next = prev;
-  } while (!head_.compare_exchange_weak(prev, c, std::memory_order_release,
-                                        std::memory_order_relaxed));
+  } while (
+      !head_.compare_exchange_weak(prev, c, std::memory_order_release, std::memory_order_relaxed));
   if (prev == nullptr) notify();  // only the push that makes the stack non-empty pays
 }
 
@@ -199,7 +199,7 @@ void stop_resolver() {
   resolver_stop.store(true, std::memory_order_release);
   resolver_sink().notify();
   Py_BEGIN_ALLOW_THREADS  // the resolver needs the GIL for its last batch
-  resolver_thread.join();
+      resolver_thread.join();
   Py_END_ALLOW_THREADS
 }
 
@@ -220,8 +220,7 @@ void resolve_all(completion* list) noexcept {
       case completion::kind::concurrent_future:
         if (call_truthy(c->obj, s_set_running)) settle(c->obj, c->ec);
         break;
-      case completion::kind::release:
-        break;
+      case completion::kind::release: break;
     }
     Py_DECREF(c->obj);
     delete c;

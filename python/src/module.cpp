@@ -345,10 +345,8 @@ PYBIND11_MODULE(_evr, m) {
   py::class_<py_reactor>(m, "Reactor")
       .def(py::init<std::optional<std::string>, py::object, py::dict>(), py::arg("strategy"),
            py::arg("sim"), py::arg("options"))
-      .def("wait_async",
-           [](py_reactor& r, loop_sink& s, py::handle fut, int kind, std::uintptr_t h, int dev) {
-             r.wait_async(s.sink, fut, kind, h, dev);
-           })
+      .def("wait_async", [](py_reactor& r, loop_sink& s, py::handle fut, int kind, std::uintptr_t h,
+                            int dev) { r.wait_async(s.sink, fut, kind, h, dev); })
       .def("wait_future", &py_reactor::wait_future)
       .def("release_after", &py_reactor::release_after)
       .def("stop", &py_reactor::stop)
@@ -375,8 +373,8 @@ PYBIND11_MODULE(_evr, m) {
            py::arg("devices"), py::arg("mode"))
       .def("launch_kernel",
            [](sim_device& d, sim_stream& s, double seconds) {
-             std::error_code ec = d.dev->launch_kernel(s.s.native(),
-                                                       seconds_to_ns(seconds, "launch_kernel"));
+             std::error_code ec =
+                 d.dev->launch_kernel(s.s.native(), seconds_to_ns(seconds, "launch_kernel"));
              if (ec) raise(ec);
            })
       .def("launch_faulting_kernel",
@@ -384,8 +382,8 @@ PYBIND11_MODULE(_evr, m) {
              std::error_code ec = d.dev->launch_faulting_kernel(s.s.native(), cuda_code(code));
              if (ec) raise(ec);
            })
-      .def("inject_fault",
-           [](sim_device& d, int device, int code) { d.dev->inject_fault(device, cuda_code(code)); })
+      .def("inject_fault", [](sim_device& d, int device,
+                              int code) { d.dev->inject_fault(device, cuda_code(code)); })
       .def("inject_fault_after",
            [](sim_device& d, int device, std::uint64_t ops, int code) {
              d.dev->inject_fault_after(device, ops, cuda_code(code));
@@ -397,11 +395,14 @@ PYBIND11_MODULE(_evr, m) {
            })
       .def("stall", [](sim_device& d, sim_stream& s) { d.dev->stall(s.s.native()); })
       .def("resume", [](sim_device& d, sim_stream& s) { d.dev->resume(s.s.native()); })
-      .def("step", [](sim_device& d, sim_stream& s, std::size_t n) { return d.dev->step(s.s.native(), n); })
-      .def("run_until_blocked", [](sim_device& d) { return d.dev->run_until_blocked(); },
-           py::call_guard<py::gil_scoped_release>())
-      .def("wait_idle", [](sim_device& d) { d.dev->wait_idle(); },
-           py::call_guard<py::gil_scoped_release>())
+      .def("step",
+           [](sim_device& d, sim_stream& s, std::size_t n) { return d.dev->step(s.s.native(), n); })
+      .def(
+          "run_until_blocked", [](sim_device& d) { return d.dev->run_until_blocked(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "wait_idle", [](sim_device& d) { d.dev->wait_idle(); },
+          py::call_guard<py::gil_scoped_release>())
       .def("describe", [](sim_device& d) { return d.dev->describe(); })
       .def("counters", [](sim_device& d) {
         evr::sim::call_counters c = d.dev->counters();
@@ -456,8 +457,8 @@ PYBIND11_MODULE(_evr, m) {
              return e;
            }),
            py::arg("device"))
-      .def_property_readonly("handle",
-                             [](sim_event& e) { return reinterpret_cast<std::uintptr_t>(e.e.native()); })
+      .def_property_readonly(
+          "handle", [](sim_event& e) { return reinterpret_cast<std::uintptr_t>(e.e.native()); })
       .def_property_readonly("recorded", [](sim_event& e) { return e.e.recorded(); })
       .def_property_readonly("device_index", [](sim_event& e) { return e.e.device().value_or(-1); })
       .def("record",
@@ -484,6 +485,7 @@ PYBIND11_MODULE(_evr, m) {
       });
 
   m.def("_same_device", [](const sim_device& a, const sim_device& b) { return a.dev == b.dev; });
-  m.def("_stream_device_is", [](const sim_stream& s, const sim_device& d) { return s.dev == d.dev; });
+  m.def("_stream_device_is",
+        [](const sim_stream& s, const sim_device& d) { return s.dev == d.dev; });
   m.def("_event_device_is", [](const sim_event& e, const sim_device& d) { return e.dev == d.dev; });
 }
