@@ -595,14 +595,6 @@ std::uint64_t at_least(const latency_histogram& h, std::uint64_t ns) {
   return n;
 }
 
-/// Upper bound of the highest non-empty bucket, us (0 when empty).
-double max_upper_us(const latency_histogram& h) {
-  for (int i = latency_histogram::buckets - 1; i >= 0; --i)
-    if (h.counts[static_cast<std::size_t>(i)] != 0)
-      return static_cast<double>(std::uint64_t{2} << i) / 1000.0;
-  return 0;
-}
-
 std::string row_json(const row_result& r, const series& floor) {
   const series s{r.name, r.group, r.samples};
   return "{\"key\":" + json_writer::quote(r.key) + ",\"name\":" + json_writer::quote(r.name) +
@@ -827,9 +819,9 @@ int idle_main(int argc, char** argv) {
                      "(latest < %.0f us); fault probes >=64 us: %llu (longest < %.0f us)\n",
                      static_cast<std::size_t>(late),
                      static_cast<unsigned long long>(at_least(r.nap_overshoot, 65'536)),
-                     max_upper_us(r.nap_overshoot),
+                     r.nap_overshoot.quantile_upper_ns(1.0) / 1000.0,
                      static_cast<unsigned long long>(at_least(r.probe_time, 65'536)),
-                     max_upper_us(r.probe_time));
+                     r.probe_time.quantile_upper_ns(1.0) / 1000.0);
       }
       sr.rows.push_back(r);
     };

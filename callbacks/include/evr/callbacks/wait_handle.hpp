@@ -12,11 +12,13 @@
 // own outcome. Cancelling has no effect on the GPU work, and the wait's marker goes back to the
 // pool only once the GPU is past it.
 //
-// Thread safety: cancel() may be called from any thread at any time: before or after completion,
+// Thread safety: cancel() may be called from any thread: before or after completion,
 // concurrently with completion, from inside the callback itself (on_complete fills the handle
 // before the wait starts), from several threads on the same
 // handle at once (exactly one of them can return true), and after the reactor stopped or was
-// destroyed (it returns false then: every wait completed by the time stop() returned). Moving,
+// destroyed (it returns false then: every wait completed by the time stop() returned), but not
+// while the reactor's destructor runs (a winning cancel still wakes the reactor: order the two,
+// as with any call on the reactor). Moving,
 // assigning or destroying a handle must not race with other calls on that same handle object, as
 // with any object.
 //
