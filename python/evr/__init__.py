@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import threading
 import weakref
@@ -34,8 +35,8 @@ from ._errors import CudaError, EvrError, EvrValueError, ReactorStopped, cuda_er
 
 __all__ = [
     "wait", "wait_future", "release_after", "Reactor", "shutdown", "default_reactor",
-    "set_default_reactor", "event_handle", "cuda_available", "CudaError", "EvrError",
-    "EvrValueError", "ReactorStopped", "cuda_error_name",
+    "set_default_reactor", "event_handle", "cuda_available", "set_loop_spin", "loop_stats",
+    "CudaError", "EvrError", "EvrValueError", "ReactorStopped", "cuda_error_name",
 ]
 
 __version__ = "0.1.0"
@@ -242,6 +243,46 @@ def _resolve(x: Any, reactor: Optional[Reactor], what: str):
 _sinks: dict = {}  # loop -> _evr.LoopSink
 _sinks_lock = threading.Lock()
 _tls = threading.local()
+_loop_spin = 200e-6  # seconds; see set_loop_spin
+
+
+def set_loop_spin(max_seconds: float) -> None:
+    """How long an idle event loop may poll for a predicted completion (default 200 us; 0: never).
+
+    A completion normally reaches a sleeping loop through an eventfd, and the loop thread's
+    wake-up costs what the host's scheduler takes (tens of microseconds). For streams whose work
+    takes a predictable time, evr wakes the loop on a precise timer just before the predicted end
+    and, when no other callback is ready, lets it poll (GIL released) until the completion
+    arrives or its window passes, at most ``max_seconds`` per wake-up. Costs CPU on the loop
+    thread only while it would otherwise sleep; waits on unpredictable streams are not affected.
+    Applies to every loop, now and later. See docs/python.md, "Latency and CPU".
+    """
+    global _loop_spin
+    if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)):
+        raise TypeError(f"evr.set_loop_spin: expected seconds (a float), got "
+                        f"{type(max_seconds).__name__}")
+    if not 0 <= max_seconds <= 0.1:
+        raise ValueError(f"evr.set_loop_spin: expected 0 <= seconds <= 0.1, got {max_seconds}")
+    with _sinks_lock:
+        _loop_spin = float(max_seconds)
+        for sink in _sinks.values():
+            if not sink.closed:
+                sink.max_spin = _loop_spin
+
+
+def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = None) -> Optional[dict]:
+    """How completions reached ``loop`` (default: the running loop), or None if it never waited.
+
+    ``completions``; ``hop_log2_ns`` (bucket i counts completions that took < 2**i ns from the
+    reactor's push to the loop's drain); the polling of :func:`set_loop_spin`: ``predicted``
+    (waits given a wake-up time), ``timer_fires``, ``spins``, ``spin_hits`` (the completion came
+    while polling), ``spin_misses`` (it did not: back to the eventfd), ``skipped_busy`` (the loop
+    had other work), ``spin_seconds``, ``lead_seconds`` (how early the loop is woken)."""
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    with _sinks_lock:
+        sink = _sinks.get(loop)
+    return None if sink is None else sink.stats()
 
 
 def _sink_for(loop: asyncio.AbstractEventLoop) -> "_evr.LoopSink":
@@ -253,8 +294,13 @@ def _sink_for(loop: asyncio.AbstractEventLoop) -> "_evr.LoopSink":
         if sink is None:
             for old in [lp for lp in _sinks if lp.is_closed()]:
                 _sinks.pop(old).close()  # its completions are dropped from now on
-            sink = _evr.LoopSink()
+            # asyncio's queue of ready callbacks tells the waker whether the loop is idle
+            # (uvloop has none that we can read: there the loop counts as idle).
+            ready = getattr(loop, "_ready", None)
+            sink = _evr.LoopSink(ready if isinstance(ready, collections.deque) else None,
+                                 _loop_spin)
             loop.add_reader(sink.fd, sink.drain)
+            loop.add_reader(sink.timer_fd, sink.on_timer)
             _sinks[loop] = sink
     tls["loop"], tls["sink"] = loop, sink
     return sink

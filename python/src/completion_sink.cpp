@@ -173,6 +173,11 @@ completion* completion_sink::close() noexcept {
   return reverse(list);
 }
 
+bool completion_sink::has_pending() const noexcept {
+  completion* h = head_.load(std::memory_order_acquire);
+  return h != nullptr && h != closed;
+}
+
 void completion_sink::wait_readable(int timeout_ms) const noexcept {
   pollfd p{fd_, POLLIN, 0};
   while (::poll(&p, 1, timeout_ms) < 0 && errno == EINTR) {

@@ -40,6 +40,13 @@ struct completion {
   PyObject* obj = nullptr;     ///< one owned reference; GIL only
   std::error_code ec;          ///< the outcome, written by the reactor thread before push()
   kind what = kind::asyncio_future;
+  // loop_waker's bookkeeping (asyncio futures only): all but pushed_ns on the loop's thread.
+  std::int64_t pushed_ns = 0;     ///< the reactor thread's clock reading just before push()
+  std::int64_t submitted_ns = 0;  ///< when the wait was submitted
+  std::uintptr_t key = 0;         ///< the predictor's key: the target's handle
+  std::int64_t wake_at = 0;       ///< the schedule entry (wake_ticket 0: none)
+  std::uint64_t wake_ticket = 0;
+  std::int64_t spin_until = 0;
 };
 
 class completion_sink {
@@ -63,6 +70,9 @@ class completion_sink {
 
   /// Consumer: marks the sink closed and returns what it still held, oldest first.
   completion* close() noexcept;
+
+  /// A node is waiting to be taken (acquire: a true result makes the push visible to take()).
+  bool has_pending() const noexcept;
 
   /// Blocks (no GIL held!) until the eventfd is readable or `timeout_ms` passed (-1: forever).
   void wait_readable(int timeout_ms) const noexcept;

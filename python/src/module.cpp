@@ -25,6 +25,7 @@
 #include <evr/sim/device.hpp>
 
 #include "completion_sink.hpp"
+#include "loop_waker.hpp"
 
 namespace py = pybind11;
 
@@ -180,20 +181,23 @@ class py_reactor {
   /// cancel the C++ wait (evr::wait_handle; it then completes once with operation_aborted, which
   /// the drain skips for a cancelled future). Raises on refusal.
   void submit(const std::shared_ptr<completion_sink>& sink, py::handle fut, completion::kind what,
-              const evr::wait_target& t) {
+              const evr::wait_target& t, loop_waker* waker = nullptr, std::uintptr_t key = 0) {
     auto* c = new completion;
     c->what = what;
     c->obj = fut.inc_ref().ptr();
+    if (waker != nullptr) waker->on_submit(c, key);  // before the reactor can see the node
     auto canceller = std::make_unique<wait_canceller>();
     std::shared_ptr<completion_sink> keep = sink;  // the sink outlives the pending wait
     std::error_code ec = evr::on_complete(
         *r_, t,
         [c, keep = std::move(keep)](std::error_code e) {
           c->ec = e;
+          c->pushed_ns = monotonic_ns();
           keep->push(c);
         },
         canceller->handle);
     if (ec) {
+      if (waker != nullptr) waker->forget(c);
       Py_DECREF(c->obj);
       delete c;
       raise(ec);
@@ -203,9 +207,10 @@ class py_reactor {
     fut.attr("add_done_callback")(py::cast(std::move(canceller)));
   }
 
-  void wait_async(const std::shared_ptr<completion_sink>& sink, py::handle fut, int kind,
-                  std::uintptr_t handle, int device) {
-    submit(sink, fut, completion::kind::asyncio_future, target(kind, handle, device));
+  void wait_async(const std::shared_ptr<completion_sink>& sink, loop_waker& waker, py::handle fut,
+                  int kind, std::uintptr_t handle, int device) {
+    submit(sink, fut, completion::kind::asyncio_future, target(kind, handle, device), &waker,
+           handle);
   }
 
   void wait_future(py::handle fut, int kind, std::uintptr_t handle, int device) {
@@ -275,22 +280,69 @@ class py_reactor {
 };
 
 // --- the per-loop sink ---------------------------------------------------------------------------
+/// One per asyncio event loop: the completion queue and its eventfd, and the loop_waker with its
+/// timerfd (both watched with loop.add_reader). Loop thread only, GIL held.
 struct loop_sink {
+  /// `ready`: the loop's queue of ready callbacks when it has one we can read (asyncio's
+  /// `loop._ready`), else None: then the loop counts as idle when the waker's timer fires.
+  loop_sink(py::object ready, double max_spin_s) : ready_(std::move(ready)) {
+    waker.set_max_spin_ns(seconds_to_ns(max_spin_s, "evr: max_spin").count());
+  }
+
   std::shared_ptr<completion_sink> sink = std::make_shared<completion_sink>();
+  loop_waker waker;
   bool closed = false;
 
   int fd() const { return sink->fd(); }
-  /// The loop's reader: resolves every completion that arrived (loop thread, GIL held).
+  int timer_fd() const { return waker.fd(); }
+  /// The eventfd's reader: resolves every completion that arrived.
   void drain() {
-    if (completion* list = sink->take()) resolve_all(list);
+    completion* list = sink->take();
+    const std::int64_t now = monotonic_ns();
+    for (completion* c = list; c != nullptr; c = c->next) waker.on_drained(c, now);
+    if (list != nullptr) resolve_all(list);
+    waker.rearm(monotonic_ns());
+  }
+  /// The timerfd's reader: a predicted completion is near; poll for it if the loop is idle.
+  void on_timer() {
+    bool idle = true;
+    if (!ready_.is_none()) {
+      const Py_ssize_t n = PyObject_Length(ready_.ptr());
+      if (n < 0) PyErr_Clear();
+      idle = n <= 0;
+    }
+    waker.on_timer(*sink, idle);
+    drain();
   }
   /// The loop is closed: drop what is left without resolving; later completions go to the
   /// resolver, which drops them.
   void close() {
     if (closed) return;
     closed = true;
+    waker.clear();
     discard_all(sink->close());
   }
+
+  py::dict stats() const {
+    const loop_stats& s = waker.stats();
+    py::dict d;
+    d["completions"] = s.completions;
+    d["predicted"] = s.predicted;
+    d["timer_fires"] = s.timer_fires;
+    d["spins"] = s.spins;
+    d["spin_hits"] = s.spin_hits;
+    d["spin_misses"] = s.spin_misses;
+    d["skipped_busy"] = s.skipped_busy;
+    d["spin_seconds"] = static_cast<double>(s.spin_ns) * 1e-9;
+    d["lead_seconds"] = static_cast<double>(s.lead_ns) * 1e-9;
+    py::list hop;
+    for (auto n : s.hop_log2_ns) hop.append(n);
+    d["hop_log2_ns"] = hop;
+    return d;
+  }
+
+ private:
+  py::object ready_;
 };
 
 }  // namespace
@@ -336,17 +388,25 @@ PYBIND11_MODULE(_evr, m) {
       .def_readonly("cancelled", &wait_canceller::cancelled);
 
   py::class_<loop_sink>(m, "LoopSink")
-      .def(py::init<>())
+      .def(py::init<py::object, double>(), py::arg("ready"), py::arg("max_spin"))
       .def_property_readonly("fd", &loop_sink::fd)
+      .def_property_readonly("timer_fd", &loop_sink::timer_fd)
       .def("drain", &loop_sink::drain)
+      .def("on_timer", &loop_sink::on_timer)
       .def("close", &loop_sink::close)
+      .def("stats", &loop_sink::stats)
+      .def_property(
+          "max_spin", [](const loop_sink& s) { return s.waker.max_spin_ns() * 1e-9; },
+          [](loop_sink& s, double v) {
+            s.waker.set_max_spin_ns(seconds_to_ns(v, "evr: max_spin").count());
+          })
       .def_readonly("closed", &loop_sink::closed);
 
   py::class_<py_reactor>(m, "Reactor")
       .def(py::init<std::optional<std::string>, py::object, py::dict>(), py::arg("strategy"),
            py::arg("sim"), py::arg("options"))
       .def("wait_async", [](py_reactor& r, loop_sink& s, py::handle fut, int kind, std::uintptr_t h,
-                            int dev) { r.wait_async(s.sink, fut, kind, h, dev); })
+                            int dev) { r.wait_async(s.sink, s.waker, fut, kind, h, dev); })
       .def("wait_future", &py_reactor::wait_future)
       .def("release_after", &py_reactor::release_after)
       .def("stop", &py_reactor::stop)

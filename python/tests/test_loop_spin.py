@@ -1,0 +1,135 @@
+"""The loop's hybrid polling (evr.set_loop_spin): predictable streams get a wake-up just before
+their predicted end, missed predictions fall back to the eventfd, and nothing is lost either way.
+"""
+
+import asyncio
+import time
+
+import pytest
+
+import evr
+import evr.sim
+from conftest import run
+
+REGULAR = 0.005  # seconds: the sim's kernels of one length, back to back
+
+
+@pytest.fixture
+def spin_default():
+    evr.set_loop_spin(200e-6)
+    yield
+    evr.set_loop_spin(200e-6)
+
+
+async def _kernel_then_wait(dev, s, reactor, seconds):
+    dev.launch_kernel(s, seconds)
+    done = dev.event()
+    done.record(s)
+    t0 = time.perf_counter()
+    await evr.wait(s, reactor=reactor)
+    assert done.query(), "the wait finished before the stream's work"
+    return time.perf_counter() - t0
+
+
+def _hop_total(st):
+    return sum(st["hop_log2_ns"])
+
+
+def test_regular_work_is_predicted_and_polled(dev, reactor, spin_default):
+    s = dev.stream()
+
+    async def main():
+        assert evr.loop_stats() is None  # this loop has not waited yet
+        for _ in range(15):
+            assert await _kernel_then_wait(dev, s, reactor, REGULAR) >= REGULAR * 0.8
+        return evr.loop_stats()
+
+    st = run(main())
+    assert st["completions"] == 15 and _hop_total(st) == 15
+    # The first three samples train the model; the later waits get a wake-up time.
+    assert st["predicted"] >= 1, st
+    assert st["timer_fires"] >= 1, st
+    assert st["spins"] + st["skipped_busy"] <= st["timer_fires"]
+    assert st["spin_seconds"] >= 0 and st["lead_seconds"] > 0
+    m = reactor.metrics()
+    assert m["completed"] == 15 and m["in_flight"] == 0
+
+
+def test_disabled_never_arms_the_timer(dev, reactor, spin_default):
+    s = dev.stream()
+    evr.set_loop_spin(0)
+
+    async def main():
+        for _ in range(10):
+            await _kernel_then_wait(dev, s, reactor, REGULAR)
+        return evr.loop_stats()
+
+    st = run(main())
+    assert st["completions"] == 10
+    assert st["predicted"] == 0 and st["timer_fires"] == 0 and st["spins"] == 0
+
+
+def test_missed_prediction_falls_back(dev, reactor, spin_default):
+    s = dev.stream()
+
+    async def main():
+        for _ in range(8):
+            await _kernel_then_wait(dev, s, reactor, REGULAR)
+        # Ten times longer than the model learned: the loop is woken near 5 ms, polls its
+        # window in vain, and the completion comes later through the eventfd.
+        long = 10 * REGULAR
+        assert await _kernel_then_wait(dev, s, reactor, long) >= long * 0.8
+        return evr.loop_stats()
+
+    st = run(main())
+    assert st["completions"] == 9
+    assert st["spin_misses"] + st["skipped_busy"] >= 1, st
+
+
+def test_cancelling_a_predicted_wait(dev, reactor, spin_default):
+    s = dev.stream()
+
+    async def main():
+        for _ in range(8):
+            await _kernel_then_wait(dev, s, reactor, REGULAR)
+        dev.launch_kernel(s, 10 * REGULAR)
+        task = asyncio.ensure_future(evr.wait(s, reactor=reactor))
+        await asyncio.sleep(REGULAR / 2)  # the wait is scheduled for a wake-up at ~5 ms
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _kernel_then_wait(dev, s, reactor, REGULAR)  # the loop still works
+        return evr.loop_stats()
+
+    st = run(main())
+    assert st["completions"] == 10  # the cancelled wait completed once (aborted), and drained
+    m = reactor.metrics()
+    assert m["cancelled"] == 1 and m["in_flight"] == 0
+
+
+def test_uvloop_polls_too(dev, reactor, spin_default):
+    uvloop = pytest.importorskip("uvloop")
+    s = dev.stream()
+
+    async def main():
+        for _ in range(12):
+            await _kernel_then_wait(dev, s, reactor, REGULAR)
+        return evr.loop_stats()
+
+    loop = uvloop.new_event_loop()
+    try:
+        st = loop.run_until_complete(asyncio.wait_for(main(), 30))
+    finally:
+        loop.close()
+    assert st["completions"] == 12 and st["predicted"] >= 1, st
+
+
+def test_set_loop_spin_rejects_bad_input():
+    with pytest.raises(TypeError, match="set_loop_spin"):
+        evr.set_loop_spin("200us")
+    with pytest.raises(TypeError, match="set_loop_spin"):
+        evr.set_loop_spin(True)
+    with pytest.raises(ValueError, match="0 <= seconds <= 0.1"):
+        evr.set_loop_spin(-1e-6)
+    with pytest.raises(ValueError, match="0 <= seconds <= 0.1"):
+        evr.set_loop_spin(1.0)
