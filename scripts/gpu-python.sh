@@ -10,7 +10,8 @@
 #   build      evr_python
 #   pytest     python/tests incl. test_gpu.py (torch, CuPy); a skipped GPU test is a failure
 #              unless EVR_ALLOW_SKIP=1
-#   bench      bench/python/bench_await.py on torch --json OUTDIR/bench_await.json
+#   bench      bench/python/bench_await.py on torch --json OUTDIR/bench_await.json (more arguments:
+#              EVR_BENCH_PY_ARGS, e.g. "--kernels-us 1000,5000 --loop uvloop")
 #   example    examples/python/aiohttp_server.py --self-test --load 10
 # At most 7 files: configure.log build.log pytest.log bench.log bench_await.json example.log
 # summary.txt. Exit status 0 only if every step passed.
@@ -72,7 +73,9 @@ if ((ok)); then
       failed=1
     fi
   fi
-  step bench 90 "$python" bench/python/bench_await.py --device cuda --json "$outdir/bench_await.json"
+  # shellcheck disable=SC2086 # EVR_BENCH_PY_ARGS is a list of arguments
+  step bench 150 "$python" bench/python/bench_await.py --device cuda --json "$outdir/bench_await.json" \
+    ${EVR_BENCH_PY_ARGS:-}
   step example 60 "$python" examples/python/aiohttp_server.py --self-test --load 10
 fi
 {
