@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
 import sys
+import threading
 import time
 
 import evr  # noqa: E402
@@ -54,14 +56,17 @@ class TorchDevice:
         self.name = f"CUDA: {torch.cuda.get_device_name()} (torch {torch.__version__})"
         self.stream = torch.cuda.Stream()
         self.reactor = None
-        # calibrate torch.cuda._sleep: cycles per second
+        # Calibrate torch.cuda._sleep (cycles per second) after a warm-up: the first launch also
+        # loads the kernel, and timing it would make every later kernel about half as long.
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(self.stream):
+            torch.cuda._sleep(100_000)
+            self.stream.synchronize()
             start.record()
-            torch.cuda._sleep(1_000_000)
+            torch.cuda._sleep(20_000_000)
             end.record()
         end.synchronize()
-        self.cycles_per_s = 1_000_000 / (start.elapsed_time(end) / 1e3)
+        self.cycles_per_s = 20_000_000 / (start.elapsed_time(end) / 1e3)
 
     def launch(self, seconds):
         with self.torch.cuda.stream(self.stream):
@@ -106,6 +111,22 @@ async def one(method, d, kernel, loop):
     return time.perf_counter() - t0
 
 
+def thread_cpu_s():
+    """CPU seconds per thread name of this process (/proc/self/task/*/schedstat: nanoseconds)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+        key = "loop" if int(tid) == threading.get_native_id() else name
+        out[key] = out.get(key, 0.0) + ns * 1e-9
+    return out
+
+
 def reactor_cpu_s(d):
     r = d.reactor or evr.default_reactor()
     return r.metrics()["reactor_cpu_seconds"]
@@ -142,15 +163,19 @@ async def latency(method, d, kernel, samples, spin):
     lat = []
     s0 = evr.loop_stats() if method.startswith("evr") else None
     r0 = reactor_cpu_s(d) if method.startswith("evr") else 0.0
+    t0 = thread_cpu_s()
     c0, w0 = time.process_time(), time.perf_counter()
     for _ in range(samples):
         lat.append(await one(method, d, kernel, loop))
         await asyncio.sleep(0)
     wall = time.perf_counter() - w0
     cpu = (time.process_time() - c0) / wall
+    t1 = thread_cpu_s()
     lat.sort()
     row = {"p50_us": lat[len(lat) // 2] * 1e6, "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6,
-           "cpu_cores": cpu}
+           "cpu_cores": cpu,
+           "threads_cores": {k: (v - t0.get(k, 0.0)) / wall for k, v in t1.items()
+                             if (v - t0.get(k, 0.0)) / wall >= 0.002}}
     if method.startswith("evr"):
         row["reactor_cores"] = (reactor_cpu_s(d) - r0) / wall
         st = delta_stats(s0, evr.loop_stats())
@@ -204,6 +229,9 @@ def report(kernel_us, rows, samples, loop_name):
                      f"polled {st['spins']}x, came while polling {st['spin_hits']}, missed "
                      f"{st['spin_misses']}, loop busy {st['skipped_busy']}; lead {st['lead_seconds'] * 1e6:.0f} us")
         print(f"{m:10} {r['p50_us']:9.1f} {r['p99_us']:9.1f} {r['over_floor_us']:10.1f} {r['cpu_cores']:9.3f} {extra}")
+    print("  CPU by thread (cores): " + "; ".join(
+        f"{m}: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["threads_cores"].items(), key=lambda kv: -kv[1]))
+        for m, r in rows.items() if m in ("evr", "evr-nospin", "executor")))
     e, x, q = rows["evr"], rows["executor"], rows["query0"]
     goals = {
         "p50_le_third_of_executor": e["over_floor_us"] <= x["over_floor_us"] / 3,
@@ -256,25 +284,35 @@ def main():
     async def run_all():
         for k in kernels:
             out["kernels"][str(k)] = {m: await latency(m, d, k / 1e6, args.samples, spin) for m in METHODS}
+        out["many_gc_default"] = await many(d, args.many, 0.05 if not args.smoke else 0.01)
+        # A server that imports torch should gc.freeze() after its imports: otherwise creating
+        # 10 000 tasks triggers a full collection that walks torch's whole heap, in the middle
+        # of the resumes. Both figures are printed; the goal is judged on the frozen one.
+        gc.collect()
+        gc.freeze()
         out["many"] = await many(d, args.many, 0.05 if not args.smoke else 0.01)
+        gc.unfreeze()
 
     asyncio.run(run_all())
     out["goals"] = {}
     for k in kernels:
         out["goals"][str(k)] = report(k, out["kernels"][str(k)], args.samples, args.loop)
-    mm = out["many"]
-    print(f"\nmany: {mm['n']} concurrent awaits, exactly once: {mm['exactly_once']}, "
+    mg, mm = out["many_gc_default"], out["many"]
+    print(f"\nmany: {mg['n']} concurrent awaits, exactly once: {mg['exactly_once']}, "
+          f"{mg['resumes_per_s']:.0f} resumes/s on one loop (span {mg['resume_span_ms']:.1f} ms), "
+          f"RSS +{mg['rss_growth_mb']:.1f} MB while pending (gc as imported)")
+    print(f"many: {mm['n']} concurrent awaits, exactly once: {mm['exactly_once']}, "
           f"{mm['resumes_per_s']:.0f} resumes/s on one loop (span {mm['resume_span_ms']:.1f} ms), "
-          f"RSS +{mm['rss_growth_mb']:.1f} MB while pending")
+          f"RSS +{mm['rss_growth_mb']:.1f} MB while pending (after gc.freeze())")
     out["goals"]["many_ge_200k_resumes_per_s"] = mm["resumes_per_s"] >= 200_000
-    out["goals"]["many_exactly_once"] = mm["exactly_once"]
+    out["goals"]["many_exactly_once"] = mm["exactly_once"] and mg["exactly_once"]
     print(f"goal: 10k awaits >= 200000 resumes/s: {mm['resumes_per_s']:.0f}: "
           f"{'MET' if out['goals']['many_ge_200k_resumes_per_s'] else 'NOT MET'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
     evr.shutdown()
-    if not mm["exactly_once"]:
+    if not out["goals"]["many_exactly_once"]:
         print("FAIL: a waiter was not resumed exactly once")
         return 1
     return 0
