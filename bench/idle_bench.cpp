@@ -450,9 +450,9 @@ series measure_floor(bench_device& dev, int samples) {
 
 /// "NAME:key=value,key=value": the default's options with some changed, as an extra method named
 /// "evr default, NAME" (tuning runs compare them with the default in one run). Keys: strategy,
-/// idle, prespin_us, final_sleep_us, poll_period_us, spin_fraction, spin_window_us, max_sleep_us,
-/// doorbell_after_us, fence_streams (a number, or "unlimited"). Throws std::invalid_argument
-/// naming what is wrong.
+/// idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, spin_fraction, spin_window_us,
+/// max_sleep_us, doorbell_after_us, fence_streams (a number, or "unlimited"). Throws
+/// std::invalid_argument naming what is wrong.
 evr_method parse_variant(const std::string& spec) {
   const std::size_t colon = spec.find(':');
   if (colon == 0 || colon == std::string::npos || colon + 1 == spec.size())
@@ -495,6 +495,8 @@ evr_method parse_variant(const std::string& spec) {
       o.prespin = us();
     } else if (key == "final_sleep_us") {
       o.final_sleep = us();
+    } else if (key == "coalesce_us") {
+      o.coalesce = us();
     } else if (key == "poll_period_us") {
       o.poll_period = us();
     } else if (key == "spin_window_us") {
@@ -748,11 +750,11 @@ int idle_main(int argc, char** argv) {
       ->check(CLI::Range(10, 100000))
       ->capture_default_str();
   std::vector<std::string> variants;
-  app.add_option(
-      "--variant", variants,
-      "NAME:key=value[,key=value]: also the default with these options changed (keys: "
-      "strategy, idle, prespin_us, final_sleep_us, poll_period_us, spin_fraction, spin_window_us, "
-      "max_sleep_us, doorbell_after_us, fence_streams); repeatable");
+  app.add_option("--variant", variants,
+                 "NAME:key=value[,key=value]: also the default with these options changed (keys: "
+                 "strategy, idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, "
+                 "spin_fraction, spin_window_us, "
+                 "max_sleep_us, doorbell_after_us, fence_streams); repeatable");
   app.add_option("--json", cfg.json, "write the results here");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   std::vector<evr_method> extra;

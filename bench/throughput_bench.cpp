@@ -40,6 +40,7 @@ struct tp_settings {
   int threads = 4;
   int inflight_streams = 1024;
   int inflight_waits = 100000;
+  double coalesce_us = 100;  ///< the burst drain's extra rows with reactor_options::coalesce
   std::string json;
 };
 
@@ -77,6 +78,9 @@ struct tp_row {
   double seconds = 0;
   double per_second = 0;
   double poller_cpu_ns_per_completion = 0;
+  /// evr rows of the burst drain: the reactor's busy time (metrics().busy_time) per completion:
+  /// its own work, without the polling between completions. -1: not measured (baselines).
+  double busy_ns_per_completion = -1;
 };
 
 /// A mutex-guarded pool and a poller thread: the baselines' shared machinery.
@@ -190,6 +194,11 @@ int parse(int argc, char** argv, bool cpu, tp_settings& s) {
         ->capture_default_str();
     app.add_option("--inflight-waits", s.inflight_waits, "waits of the bytes-per-wait run")
         ->check(CLI::Range(1, 100000000))
+        ->capture_default_str();
+    app.add_option("--coalesce-us", s.coalesce_us,
+                   "burst drain: also fence, poll and adaptive with reactor_options::coalesce of "
+                   "this many us (0: no such rows)")
+        ->check(CLI::Range(0.0, 100000.0))
         ->capture_default_str();
   }
   return parse_cli(app, argc, argv);
@@ -316,11 +325,11 @@ int throughput_main(int argc, char** argv) {
   auto drain = [&](const std::string& name, const std::function<void(int)>& wait,
                    const std::function<std::uint64_t()>& accepted,
                    const std::function<std::uint64_t()>& done,
-                   const std::function<double()>& cpu_ns) {
+                   const std::function<double()>& cpu_ns, const std::function<double()>& busy_ns) {
     // Rounds of at most half the measured queue depth per stream (and 128): a stream's queue
     // holds only so many markers behind a kernel that does not finish.
     const int per_round = std::min(cfg.ops, cfg.streams * per_stream_round);
-    double seconds = 0, cpu = 0;
+    double seconds = 0, cpu = 0, busy = 0;
     std::atomic<bool> blocked{false};
     std::uint64_t base_accepted = accepted(), base_done = done();
     for (int round_start = 0; round_start < cfg.ops; round_start += per_round) {
@@ -353,11 +362,13 @@ int throughput_main(int argc, char** argv) {
       while (accepted() < base_accepted) std::this_thread::yield();
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       const double c0 = cpu_ns();
+      const double b0 = busy_ns ? busy_ns() : 0;
       const auto t0 = bench_clock::now();
       dev->open_gate();
       while (done() < base_done) std::this_thread::yield();
       seconds += std::chrono::duration<double>(bench_clock::now() - t0).count();
       cpu += cpu_ns() - c0;
+      if (busy_ns) busy += busy_ns() - b0;
       for (auto& st : streams) evr::throw_if(be.synchronize_stream(st.native()), "synchronize");
       if (blocked) break;  // the row is invalid: do not wait out every round
     }
@@ -366,6 +377,7 @@ int throughput_main(int argc, char** argv) {
     row.seconds = seconds;
     row.per_second = cfg.ops / row.seconds;
     row.poller_cpu_ns_per_completion = cpu / cfg.ops;
+    if (busy_ns) row.busy_ns_per_completion = busy / cfg.ops;
     if (blocked) {
       // The submitting threads could not enqueue the waits while the gates were shut (for the
       // "every event every pass" poller: its pass holds the lock for O(in flight) queries).
@@ -373,20 +385,25 @@ int throughput_main(int argc, char** argv) {
       row.per_second = 0;
       row.poller_cpu_ns_per_completion = 0;
     }
-    std::fprintf(stderr, "  drain %-34s %10.0f completions/s  %8.1f ns CPU each\n", name.c_str(),
-                 row.per_second, row.poller_cpu_ns_per_completion);
+    std::fprintf(stderr, "  drain %-34s %10.0f completions/s  %8.1f ns CPU each, %.1f ns busy\n",
+                 name.c_str(), row.per_second, row.poller_cpu_ns_per_completion,
+                 row.busy_ns_per_completion);
     drain_rows.push_back(row);
+  };
+  auto drain_evr = [&](const std::string& name, const reactor_options& opts) {
+    reactor r(be, opts);
+    std::atomic<std::uint64_t> done{0};
+    drain(
+        name, [&](int s) { wait_counting(r, streams[s], done); },
+        [&] { return r.metrics().submitted; }, [&] { return done.load(std::memory_order_acquire); },
+        [&] { return static_cast<double>(r.cpu_time().count()); },
+        [&] { return static_cast<double>(r.metrics().busy_time.count()); });
   };
   for (strategy strat :
        {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
     reactor_options opts;
     opts.strategy = strat;
-    reactor r(be, opts);
-    std::atomic<std::uint64_t> done{0};
-    drain(
-        std::string("evr ") + to_string(strat), [&](int s) { wait_counting(r, streams[s], done); },
-        [&] { return r.metrics().submitted; }, [&] { return done.load(std::memory_order_acquire); },
-        [&] { return static_cast<double>(r.cpu_time().count()); });
+    drain_evr(std::string("evr ") + to_string(strat), opts);
   }
   for (auto k : {baseline_poller::kind::every_event, baseline_poller::kind::head_per_stream}) {
     baseline_poller poller(be, k, cfg.streams);
@@ -399,7 +416,19 @@ int throughput_main(int argc, char** argv) {
           submitted.fetch_add(1);
         },
         [&] { return submitted.load(); }, [&] { return poller.completed(); },
-        [&] { return poller.cpu_ns(); });
+        [&] { return poller.cpu_ns(); }, nullptr);
+  }
+  // Batching under load: the same drain with reactor_options::coalesce (rows after the baselines).
+  const std::size_t first_coalesced = drain_rows.size();
+  if (cfg.coalesce_us > 0) {
+    char suffix[64];
+    std::snprintf(suffix, sizeof suffix, ", coalesce %.0f us", cfg.coalesce_us);
+    for (strategy strat : {strategy::fence, strategy::poll, strategy::adaptive}) {
+      reactor_options opts;
+      opts.strategy = strat;
+      opts.coalesce = std::chrono::nanoseconds(static_cast<std::int64_t>(cfg.coalesce_us * 1e3));
+      drain_evr(std::string("evr ") + to_string(strat) + suffix, opts);
+    }
   }
 
   // Memory per in-flight wait: many waits pending behind closed gates.
@@ -448,10 +477,16 @@ int throughput_main(int argc, char** argv) {
       "burst drain: %d waits on %d streams submitted behind closed gates (rounds of %d per "
       "stream), then released at once\n",
       cfg.ops, cfg.streams, per_stream_round);
-  std::printf("%-42s %14s %22s\n", "method", "completions/s", "poller CPU ns/completion");
-  for (auto& r : drain_rows)
-    std::printf("%-42s %14.0f %22.1f\n", r.name.c_str(), r.per_second,
+  std::printf("%-42s %14s %22s %22s\n", "method", "completions/s", "poller CPU ns/completion",
+              "reactor busy ns/compl.");
+  for (auto& r : drain_rows) {
+    std::printf("%-42s %14.0f %22.1f", r.name.c_str(), r.per_second,
                 r.poller_cpu_ns_per_completion);
+    if (r.busy_ns_per_completion >= 0)
+      std::printf(" %22.1f\n", r.busy_ns_per_completion);
+    else
+      std::printf(" %22s\n", "-");
+  }
   // The hot-path goal's figure (docs/architecture.md, "Where a wait's bytes and time go"): the
   // reactor's CPU from the gates' opening to the last completion, per completion.
   std::printf("reactor CPU ns per completion (burst drain):");
@@ -459,6 +494,20 @@ int throughput_main(int argc, char** argv) {
     std::printf("%s %s %.1f", i ? "," : "", drain_rows[i].name.c_str(),
                 drain_rows[i].poller_cpu_ns_per_completion);
   std::printf("\n");
+  // The same passes' own work, without the polling between completions (metrics().busy_time).
+  std::printf("reactor busy ns per completion (burst drain):");
+  for (std::size_t i = 0; i < 4 && i < drain_rows.size(); ++i)
+    std::printf("%s %s %.1f", i ? "," : "", drain_rows[i].name.c_str(),
+                drain_rows[i].busy_ns_per_completion);
+  std::printf("\n");
+  if (first_coalesced < drain_rows.size()) {
+    std::printf("with coalesce, reactor CPU / busy ns per completion and completions/s:");
+    for (std::size_t i = first_coalesced; i < drain_rows.size(); ++i)
+      std::printf("%s %s %.1f / %.1f, %.0f/s", i > first_coalesced ? ";" : "",
+                  drain_rows[i].name.c_str(), drain_rows[i].poller_cpu_ns_per_completion,
+                  drain_rows[i].busy_ns_per_completion, drain_rows[i].per_second);
+    std::printf("\n");
+  }
   std::printf(
       "memory per in-flight wait (poll, %d waits on %d streams): RSS delta %.0f bytes, "
       "bytes per in-flight wait (heap in use) %.0f bytes%s\n",
@@ -486,7 +535,9 @@ int throughput_main(int argc, char** argv) {
             ",\"seconds\":" + json_writer::number(drain_rows[i].seconds) +
             ",\"completions_per_second\":" + json_writer::number(drain_rows[i].per_second) +
             ",\"poller_cpu_ns_per_completion\":" +
-            json_writer::number(drain_rows[i].poller_cpu_ns_per_completion) + "}");
+            json_writer::number(drain_rows[i].poller_cpu_ns_per_completion) +
+            ",\"reactor_busy_ns_per_completion\":" +
+            json_writer::number(drain_rows[i].busy_ns_per_completion) + "}");
     }
     j.raw("],\"fence_queue_depth\":" + std::to_string(fence_depth) +
           ",\"record_queue_depth\":" + std::to_string(record_depth) +
@@ -496,6 +547,10 @@ int throughput_main(int argc, char** argv) {
     for (std::size_t i = 0; i < 4 && i < drain_rows.size(); ++i)
       j.raw(std::string(i ? "," : "") + json_writer::quote(drain_rows[i].name) + ":" +
             json_writer::number(drain_rows[i].poller_cpu_ns_per_completion));
+    j.raw("},\"reactor_busy_ns_per_completion_burst\":{");
+    for (std::size_t i = 0; i < 4 && i < drain_rows.size(); ++i)
+      j.raw(std::string(i ? "," : "") + json_writer::quote(drain_rows[i].name) + ":" +
+            json_writer::number(drain_rows[i].busy_ns_per_completion));
     j.raw("}}\n");
     std::fclose(f);
   }

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <new>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,6 +107,72 @@ TEST_CASE("poll: a partly done stream is bisected, not walked") {
   CHECK(queries < 700 / 4);
   sim.run_until_blocked();
   REQUIRE(wait_until([&] { return done.load() == n; }));
+}
+
+TEST_CASE("busy_time counts the passes that deliver, not the polling between them") {
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+  auto opts = quick_options(evr::strategy::poll);
+  opts.idle = evr::idle_mode::spin;  // sweeps back to back: all polling until the GPU moves
+  const auto started = std::chrono::steady_clock::now();
+  evr::reactor r(sim, opts);
+  evr::stream st(sim, 0);
+  constexpr int n = 200;
+  std::atomic<int> done{0};
+  for (int i = 0; i < n; ++i)
+    REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; }));
+  REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
+  std::this_thread::sleep_for(30ms);  // thousands of sweeps that find nothing
+  const auto polling = r.metrics();
+  CHECK(polling.sweeps > 10);
+  CHECK(polling.busy_time.count() == 0);  // nothing delivered yet: none of that time is busy
+  sim.run_until_blocked();
+  REQUIRE(wait_until([&] { return done.load() == n; }));
+  const auto after = r.metrics();
+  MESSAGE("busy " << after.busy_time.count() << " ns for " << n << " completions in "
+                  << after.sweeps << " sweeps; reactor CPU " << r.cpu_time().count() << " ns");
+  CHECK(after.busy_time.count() > 0);
+  // Wall time of disjoint passes of one thread: never more than the thread's life. (Not
+  // bounded by the delivery phase alone: a pass preempted before the GPU moved counts whole.)
+  CHECK(after.busy_time < std::chrono::steady_clock::now() - started);
+}
+
+TEST_CASE("coalesce: under a trickle of completions the reactor delivers in batches") {
+  for (auto coalesce : {0ms, 5ms}) {
+    CAPTURE(coalesce.count());
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+    auto opts = quick_options(evr::strategy::poll);
+    opts.coalesce = coalesce;
+    evr::reactor r(sim, opts);
+    evr::stream st(sim, 0);
+    constexpr int n = 100;
+    std::vector<std::atomic<int>> seen(n);
+    for (int i = 0; i < n; ++i)
+      REQUIRE_FALSE(evr::on_complete(r, st, [&, i](std::error_code ec) {
+        if (!ec) seen[i].fetch_add(1);
+      }));
+    REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
+    std::this_thread::sleep_for(20ms);
+    const auto before = r.metrics();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {  // the GPU passes one marker every ~100 us
+      sim.step(st.native(), 1);
+      std::this_thread::sleep_for(100us);
+    }
+    REQUIRE(wait_until([&] { return r.metrics().completed == n; }));
+    const auto elapsed = std::chrono::steady_clock::now() - t0;
+    const auto sweeps = r.metrics().sweeps - before.sweeps;
+    MESSAGE(n << " completions over " << std::chrono::duration<double, std::milli>(elapsed).count()
+              << " ms in " << sweeps << " sweeps");
+    int wrong = 0;
+    for (auto& c : seen) wrong += c.load() != 1;
+    CHECK(wrong == 0);
+    if (coalesce.count() > 0) {
+      // At most one delivering pass per interval, each followed by a nap; a pass that finds
+      // nothing new falls back to the idle policy (a few more sweeps). Without coalescing the
+      // reactor sweeps about once per marker or more (the message of the row with 0 shows it).
+      CHECK(sweeps <= static_cast<std::uint64_t>(3 * (elapsed / coalesce) + 20));
+    }
+  }
 }
 
 TEST_CASE("fence: the sweep makes no event query and no driver call but the slow probe") {
@@ -424,6 +491,24 @@ TEST_CASE("shutdown with 100k pending waits: each completes exactly once") {
   int wrong = 0;
   for (auto& c : calls) wrong += c.load() != 1;
   CHECK(wrong == 0);
+}
+
+TEST_CASE("options that cannot work are refused, naming the option") {
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+  auto refused = [&](auto change) -> std::string {
+    evr::reactor_options o;
+    change(o);
+    try {
+      evr::reactor r(sim, o);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  CHECK(refused([](auto& o) { o.coalesce = -1ns; }).find("coalesce") != std::string::npos);
+  CHECK(refused([](auto& o) { o.final_sleep = -1us; }).find("final_sleep") != std::string::npos);
+  CHECK(refused([](auto& o) { o.spin_fraction = 2.0; }).find("spin_fraction") != std::string::npos);
+  CHECK(refused([](auto& o) { o.coalesce = 100us; }) == "accepted");
 }
 
 TEST_CASE("refusals name the problem and never lose other waits") {

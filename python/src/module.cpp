@@ -125,6 +125,10 @@ class py_reactor {
         dur(o.poll_period);
       } else if (key == "prespin") {
         dur(o.prespin);
+      } else if (key == "final_sleep") {
+        dur(o.final_sleep);
+      } else if (key == "coalesce") {
+        dur(o.coalesce);
       } else if (key == "doorbell_after") {
         dur(o.doorbell_after);
       } else if (key == "fault_probe_interval") {

@@ -137,7 +137,12 @@ def test_reactor_options_checked(dev):
         evr.Reactor(device="gpu0")
     with pytest.raises(ValueError, match="mode must be"):
         evr.sim.Device(mode="fast")
+    with pytest.raises(ValueError, match="coalesce"):
+        evr.Reactor(device=dev, coalesce=-1e-6)
     r = evr.Reactor("fence", device=dev, idle="spin", max_sleep=0.001, max_streams=64)
+    r.shutdown()
+    # Every duration option of evr::reactor_options is accepted, in seconds.
+    r = evr.Reactor(device=dev, final_sleep=0.0005, coalesce=0.0001, prespin=1e-5)
     r.shutdown()
 
 

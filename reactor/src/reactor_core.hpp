@@ -39,7 +39,7 @@ namespace evr::detail {
 struct atomic_metrics {
   std::atomic<std::uint64_t> submitted{0}, completed{0}, cancelled{0}, failed{0}, rejected{0},
       sweeps{0}, event_queries{0}, stream_queries{0}, doorbells{0}, parks{0}, device_faults{0},
-      prediction_misses{0}, detached{0};
+      prediction_misses{0}, detached{0}, busy_ns{0};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> detect_to_deliver{};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> submit_to_deliver{};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> nap_overshoot{};

@@ -32,7 +32,13 @@ void reactor_core::idle(clock::time_point now, bool progress, bool took_new) {
     ladder_.progress(clock::now());
     return;
   }
-  if (progress) return;  // more may be done by now: sweep again at once
+  if (progress) {
+    // More may be done by now: sweep again at once, or, batching (coalesce), once the interval
+    // since this pass began is over. Not while stopping: the drain deadline wants passes.
+    if (options_.coalesce.count() > 0 && !closed_ && clock::now() < now + options_.coalesce)
+      nap_until(now + options_.coalesce, /*learn_overshoot=*/false);
+    return;
+  }
   if (traits_.woken_by_host_funcs) {
     // host_func: a host function wakes the reactor; the timer is the fault probe.
     nap_until(now + (closed_ ? std::min(closing_nap, options_.fault_probe_interval)

@@ -51,6 +51,7 @@ reactor_metrics reactor_core::metrics() const noexcept {
   r.streams = streams_.size();
   r.device_faults = get(m_.device_faults);
   r.prediction_misses = get(m_.prediction_misses);
+  r.busy_time = std::chrono::nanoseconds(static_cast<std::int64_t>(get(m_.busy_ns)));
   for (int i = 0; i < latency_histogram::buckets; ++i) {
     r.detect_to_deliver.counts[i] = get(m_.detect_to_deliver[i]);
     r.submit_to_deliver.counts[i] = get(m_.submit_to_deliver[i]);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 
 namespace evr {
@@ -38,6 +39,11 @@ struct reactor_metrics {
   /// idle_mode::predictive: times a stream's oldest wait outlived the window its model predicted
   /// (the work got longer, or is irregular beyond what was seen); each counts once.
   std::uint64_t prediction_misses = 0;
+  /// Time the reactor spent in the passes that delivered at least one completion, from before
+  /// their sweep to after their delivery: its own work of finding, retiring and handing over
+  /// completions, without the polling and sleeping between them (cpu_time() counts those too).
+  /// busy_time / completions is the reactor's cost per completion under load.
+  std::chrono::nanoseconds busy_time{0};
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;
   /// Time from submission to the handler being posted / run inline (includes GPU time).
