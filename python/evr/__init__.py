@@ -277,7 +277,8 @@ def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = None) -> Optional[dic
     reactor's push to the loop's drain); the polling of :func:`set_loop_spin`: ``predicted``
     (waits given a wake-up time), ``timer_fires``, ``spins``, ``spin_hits`` (the completion came
     while polling), ``spin_misses`` (it did not: back to the eventfd), ``skipped_busy`` (the loop
-    had other work), ``spin_seconds``, ``lead_seconds`` (how early the loop is woken)."""
+    had other work), ``spin_seconds``, ``lead_seconds`` (how early the loop is woken), ``models`` (streams with a
+    learned duration: at most 4096 per loop, then forgotten together)."""
     if loop is None:
         loop = asyncio.get_running_loop()
     with _sinks_lock:

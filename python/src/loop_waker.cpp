@@ -32,6 +32,7 @@ constexpr std::int64_t window_margin_ns = 20'000;  // polled past the predicted 
 constexpr std::int64_t min_lead_ns = 5'000;
 constexpr std::int64_t max_lead_ns = 300'000;
 constexpr std::int64_t max_late_sample_ns = 500'000;  // a busy loop's lateness is not the timer's
+constexpr std::size_t max_models = 4096;              // streams (handles) with a model, per loop
 
 void update(double& mean, double& dev, double sample, bool first) noexcept {
   if (first) {
@@ -100,6 +101,9 @@ void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
   forget(c);
   if (c->what != completion::kind::asyncio_future || c->ec || c->submitted_ns == 0) return;
   // Learn only from waits that completed: a cancelled or failed one says nothing of the work.
+  // Bounded: a program that waits on ever new handles (events made per request) must not grow
+  // the table forever; forgetting every model costs a few unpredicted waits per stream.
+  if (models_.size() >= max_models && models_.find(c->key) == models_.end()) models_.clear();
   model& m = models_[c->key];
   update(m.mean_ns, m.dev_ns, static_cast<double>(c->pushed_ns - c->submitted_ns), m.samples == 0);
   if (m.samples < min_samples) ++m.samples;

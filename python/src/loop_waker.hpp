@@ -77,6 +77,7 @@ class loop_waker {
   void clear() noexcept;
 
   const loop_stats& stats() const noexcept { return stats_; }
+  std::size_t models() const noexcept { return models_.size(); }  ///< at most 4096
 
  private:
   struct model {

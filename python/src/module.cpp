@@ -339,6 +339,7 @@ struct loop_sink {
     d["skipped_busy"] = s.skipped_busy;
     d["spin_seconds"] = static_cast<double>(s.spin_ns) * 1e-9;
     d["lead_seconds"] = static_cast<double>(s.lead_ns) * 1e-9;
+    d["models"] = waker.models();
     py::list hop;
     for (auto n : s.hop_log2_ns) hop.append(n);
     d["hop_log2_ns"] = hop;

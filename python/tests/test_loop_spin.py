@@ -124,6 +124,26 @@ def test_uvloop_polls_too(dev, reactor, spin_default):
     assert st["completions"] == 12 and st["predicted"] >= 1, st
 
 
+def test_models_stay_bounded_with_ever_new_handles(dev, reactor, spin_default):
+    # A program that records a new event per request: one model per distinct handle, capped.
+    s = dev.stream()
+
+    async def main():
+        events = []
+        for _ in range(4200):
+            e = dev.event()
+            e.record(s)
+            events.append(e)  # alive, so every handle is distinct
+        await asyncio.gather(*(evr.wait(e, reactor=reactor) for e in events))
+        for e in events[:300]:
+            await evr.wait(e, reactor=reactor)  # learned from these: the table is full by now
+        return evr.loop_stats()
+
+    st = run(main())
+    assert st["completions"] == 4500
+    assert 0 < st["models"] <= 4096, st
+
+
 def test_set_loop_spin_rejects_bad_input():
     with pytest.raises(TypeError, match="set_loop_spin"):
         evr.set_loop_spin("200us")
