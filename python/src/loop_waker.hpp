@@ -21,10 +21,12 @@
 // and so do waits on unpredictable streams and every wait while max_spin is 0. The spin blocks the
 // loop for at most max_spin, and only when nothing else was ready to run.
 //
-// Thread safety: every member runs on the loop's thread with the GIL held (spin() releases it
-// while polling). The completion nodes' fields used here (submitted_ns, key, wake_at,
-// wake_ticket) are written and read by this thread only; pushed_ns is written by the reactor
-// thread before the push and read here after the drain's acquire.
+// Thread safety: every member runs with the GIL held, which serializes them: on the loop's thread,
+// except set_max_spin_ns() and stats(), which evr.set_loop_spin / evr.loop_stats may call from
+// any thread. on_timer() releases the GIL while it polls and touches only the sink and its locals
+// meanwhile. The completion nodes' fields used here (submitted_ns, key, wake_at, wake_ticket,
+// spin_until) are written and read on the loop's thread only; pushed_ns is written by the
+// reactor thread before the push and read here after the drain's acquire.
 #pragma once
 
 #include <array>
