@@ -138,7 +138,7 @@ def delta_stats(before, after):
     out = {}
     for k, v in after.items():
         out[k] = [a - b for a, b in zip(v, before[k])] if isinstance(v, list) else v - before[k]
-    out["lead_seconds"] = after["lead_seconds"]
+    out["lead_seconds"], out["models"] = after["lead_seconds"], after["models"]  # levels
     return out
 
 

@@ -99,8 +99,8 @@ void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
                                             64 - __builtin_clzll(static_cast<std::uint64_t>(hop)));
   ++stats_.hop_log2_ns[bucket];
   forget(c);
-  if (c->what != completion::kind::asyncio_future || c->ec || c->submitted_ns == 0) return;
   // Learn only from waits that completed: a cancelled or failed one says nothing of the work.
+  if (c->ec) return;
   // Bounded: a program that waits on ever new handles (events made per request) must not grow
   // the table forever; forgetting every model costs a few unpredicted waits per stream.
   if (models_.size() >= max_models && models_.find(c->key) == models_.end()) models_.clear();

@@ -37,6 +37,13 @@ namespace {
   throw py::error_already_set();
 }
 
+/// A query's answer: true when done, false when not ready; raises any other error.
+bool done_or_raise(const std::error_code& ec) {
+  if (!ec) return true;
+  if (evr::is_not_ready(ec)) return false;
+  raise(ec);
+}
+
 // --- the simulated device ----------------------------------------------------------------------
 struct sim_device {
   explicit sim_device(int devices, evr::sim::run_mode mode)
@@ -501,9 +508,7 @@ PYBIND11_MODULE(_evr, m) {
            [](sim_stream& s) {
              std::error_code ec;
              s.s.query(ec);
-             if (!ec) return true;
-             if (evr::is_not_ready(ec)) return false;
-             raise(ec);
+             return done_or_raise(ec);
            })
       .def("synchronize", [](sim_stream& s) {
         std::error_code ec;
@@ -536,9 +541,7 @@ PYBIND11_MODULE(_evr, m) {
            [](sim_event& e) {
              std::error_code ec;
              e.e.query(ec);
-             if (!ec) return true;
-             if (evr::is_not_ready(ec)) return false;
-             raise(ec);
+             return done_or_raise(ec);
            })
       .def("synchronize", [](sim_event& e) {
         std::error_code ec;

@@ -133,7 +133,16 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void learn(stream_state& st, clock::time_point now);  // (reactor) a service-time sample
   /// Retires the `count` oldest entries of `st` (all of them at most) with `ec`.
   void retire_front(stream_state& st, std::size_t count, std::error_code ec);
-  void retire_op(wait_op* op, std::error_code ec);
+  /// The exactly-once handshake with cancel for a pending wait the reactor is done with: true when
+  /// the reactor now owns its completion; false when a cancel request is in flight (that request
+  /// delivers it: the wait is parked as retired_awaiting_cancel).
+  bool settle(wait_op* op) noexcept;
+  void retire_op(wait_op* op, std::error_code ec);  // settle, then deliver with `ec`
+  /// Every pending wait (timelines, loose_) for which `take(op)` returns true leaves its list: a
+  /// timeline entry keeps its marker (op nulled, the GPU must still pass it), a loose_ wait is
+  /// removed. `take` must settle the wait. (reactor)
+  template <class Take>
+  void take_pending_if(Take&& take);
   void fail_stream(stream_state& st, std::error_code ec);
   void fail_device(int device, std::error_code ec);
   void abort_everything();

@@ -190,34 +190,30 @@ void reactor_core::handle_cancel(wait_op* op) {
   }
 }
 
-void reactor_core::handle_owner_cancel(std::uintptr_t owner) {
-  auto abort_if_owned = [&](wait_op* op) {
-    if (op == nullptr || op->owner_ != owner) return false;
-    std::uint8_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
-    if (prev == wait_op::cancel_requested) {
-      // A per-operation cancel is in flight and will deliver; wait for it.
-      op->phase_ = wait_op::phase::retired_awaiting_cancel;
-      ++awaiting_cancel_;
-    } else {
-      ready_.emplace_back(op, aborted_error());
-    }
-    --pending_ops_;
-    return true;
-  };
+template <class Take>
+void reactor_core::take_pending_if(Take&& take) {
   for (stream_state* st : active_) {
     for (std::size_t i = 0; i < st->entries.size(); ++i) {
       timeline_entry& e = st->entries.at(i);
-      if (abort_if_owned(e.op)) e.op = nullptr;  // ghost: the marker stays
+      if (e.op != nullptr && take(e.op)) e.op = nullptr;  // a ghost: the marker stays
     }
   }
   for (std::size_t i = 0; i < loose_.size();) {
-    if (abort_if_owned(loose_[i])) {
+    if (take(loose_[i])) {
       loose_[i] = loose_.back();
       loose_.pop_back();
     } else {
       ++i;
     }
   }
+}
+
+void reactor_core::handle_owner_cancel(std::uintptr_t owner) {
+  take_pending_if([&](wait_op* op) {
+    if (op->owner_ != owner) return false;
+    retire_op(op, aborted_error());  // a per-operation cancel in flight delivers it instead
+    return true;
+  });
 }
 
 // --- detaching an execution context's waits ---------------------------------------------------
@@ -251,35 +247,13 @@ void reactor_core::take_detach_requests() {
 }
 
 void reactor_core::detach_collect(detach_request& req) {
-  auto take = [&](wait_op* op) {
-    if (op == nullptr || op->group_ != req.group) return false;
-    // acq_rel, as in retire_op: exactly one of {this, a canceller's CAS} wins.
-    const std::uint8_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
-    --pending_ops_;
+  take_pending_if([&](wait_op* op) {
+    if (op->group_ != req.group) return false;
     op->detached_ = true;
-    if (prev == wait_op::cancel_requested) {
-      // Its canceller still holds it and will push it: handed back when it arrives.
-      op->phase_ = wait_op::phase::retired_awaiting_cancel;
-      ++awaiting_cancel_;
-    } else {
-      req.detached.push_back(op);
-    }
+    // A wait whose canceller still holds it is handed back when its request arrives.
+    if (settle(op)) req.detached.push_back(op);
     return true;
-  };
-  for (stream_state* st : active_) {
-    for (std::size_t i = 0; i < st->entries.size(); ++i) {
-      timeline_entry& e = st->entries.at(i);
-      if (take(e.op)) e.op = nullptr;  // a detached entry: the marker stays until the GPU passes
-    }
-  }
-  for (std::size_t i = 0; i < loose_.size();) {
-    if (take(loose_[i])) {
-      loose_[i] = loose_.back();
-      loose_.pop_back();
-    } else {
-      ++i;
-    }
-  }
+  });
   // Retired but not delivered yet (a batch is under way only when this runs from an inline
   // handler: entries are nulled, never erased, so deliver_batch's loop stays valid).
   for (auto& [op, ec] : ready_) {

@@ -18,16 +18,20 @@ std::uint64_t load_fence(const std::uint64_t* word) {
 
 }  // namespace
 
-void reactor_core::retire_op(wait_op* op, std::error_code ec) {
+bool reactor_core::settle(wait_op* op) noexcept {
   // acq_rel: the winner of pending→{done, cancel_requested} decides the outcome exactly once.
   std::uint8_t prev = op->state_.exchange(wait_op::done, std::memory_order_acq_rel);
   --pending_ops_;
   if (prev == wait_op::cancel_requested) {
     op->phase_ = wait_op::phase::retired_awaiting_cancel;  // its cancel request delivers it
     ++awaiting_cancel_;
-    return;
+    return false;
   }
-  ready_.emplace_back(op, ec);
+  return true;
+}
+
+void reactor_core::retire_op(wait_op* op, std::error_code ec) {
+  if (settle(op)) ready_.emplace_back(op, ec);
 }
 
 void reactor_core::retire_front(stream_state& st, std::size_t count, std::error_code ec) {
