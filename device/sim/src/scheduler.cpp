@@ -140,7 +140,10 @@ scheduler::outcome scheduler::run_one(std::unique_lock<std::mutex>& lock, stream
         count_.fence_writes_landed.bump();
       }
       break;
-    case op_kind::record: op.record->complete(); break;
+    case op_kind::record:
+      op.record->complete();
+      records_completed_.fetch_add(1, std::memory_order_release);
+      break;
     case op_kind::wait:
     case op_kind::faulting_kernel: break;
   }
@@ -394,11 +397,17 @@ bool scheduler::any_busy() const {
 
 bool scheduler::quiescent() const {
   const bool threads = threaded();
-  for (const std::shared_ptr<stream_state>& s : registry_.snapshot()) {
-    std::lock_guard lock(s->mutex);
-    if (s->busy || (threads && can_start(*s))) return false;
+  // A stream seen blocked on a record may be unblocked by a record that completes before its own
+  // stream is seen: then the counter moved, and the walk is taken again. Whoever completed the
+  // record notifies progress waiters afterwards, so returning false is never a lost wake-up.
+  for (;;) {
+    const std::uint64_t before = records_completed_.load(std::memory_order_acquire);
+    for (const std::shared_ptr<stream_state>& s : registry_.snapshot()) {
+      std::lock_guard lock(s->mutex);
+      if (s->busy || (threads && can_start(*s))) return false;
+    }
+    if (records_completed_.load(std::memory_order_acquire) == before) return true;
   }
-  return true;
 }
 
 }  // namespace evr::sim::detail

@@ -47,6 +47,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -134,6 +135,9 @@ class scheduler {
   /// True when some operation of this device is running on some thread.
   bool any_busy() const;
   /// Nothing is running and (threaded) nothing can start: only a test action changes anything.
+  /// The streams are checked one at a time, so a record that completes during the check (after
+  /// its waiter was seen blocked, before its own stream was seen drained) would fool it: the check
+  /// is taken again if `records_completed_` moved meanwhile.
   bool quiescent() const;
 
   /// The tag host functions run under (see in_host_func).
@@ -160,6 +164,9 @@ class scheduler {
   registry& registry_;
   counters& count_;
   progress_signal progress_;
+  /// Records completed so far, bumped (release) by whoever runs a record operation, under its
+  /// stream's mutex; quiescent() reads it around its walk over the streams.
+  std::atomic<std::uint64_t> records_completed_{0};
 
   // The runner (threaded mode).
   std::mutex runner_mutex_;
