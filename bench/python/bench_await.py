@@ -93,11 +93,18 @@ def pick_device(which):
     return SimDevice()
 
 
-async def one(method, d, kernel, loop):
+async def one(method, d, kernel, loop, stages=None):
     d.launch(kernel)
     t0 = time.perf_counter()
     if method.startswith("evr"):
+        m0 = time.monotonic_ns()
         await evr.wait(d.stream, reactor=d.reactor)
+        if stages is not None:
+            # Where this await's time went: launch -> the reactor's push, push -> the loop's
+            # drain, drain -> the coroutine running again (all CLOCK_MONOTONIC).
+            resumed = time.monotonic_ns()
+            _, pushed, drained = evr.loop_stats()["last_completion_ns"]
+            stages.append((pushed - m0, drained - pushed, resumed - drained))
     elif method == "executor":
         await loop.run_in_executor(None, d.synchronize)
     elif method == "query0":
@@ -127,9 +134,8 @@ def thread_cpu_s():
     return out
 
 
-def reactor_cpu_s(d):
-    r = d.reactor or evr.default_reactor()
-    return r.metrics()["reactor_cpu_seconds"]
+def reactor_of(d):
+    return d.reactor or evr.default_reactor()
 
 
 def delta_stats(before, after):
@@ -137,7 +143,10 @@ def delta_stats(before, after):
         return after
     out = {}
     for k, v in after.items():
-        out[k] = [a - b for a, b in zip(v, before[k])] if isinstance(v, list) else v - before[k]
+        if isinstance(v, list):
+            out[k] = [a - b for a, b in zip(v, before[k])]
+        elif not isinstance(v, tuple):
+            out[k] = v - before[k]
     out["lead_seconds"], out["models"] = after["lead_seconds"], after["models"]  # levels
     return out
 
@@ -160,13 +169,13 @@ async def latency(method, d, kernel, samples, spin):
         evr.set_loop_spin(0 if method == "evr-nospin" else spin)
     for _ in range(min(20, samples)):  # warm-up (thread pool, predictions)
         await one(method, d, kernel, loop)
-    lat = []
+    lat, stages = [], []
     s0 = evr.loop_stats() if method.startswith("evr") else None
-    r0 = reactor_cpu_s(d) if method.startswith("evr") else 0.0
+    m0 = reactor_of(d).metrics() if method.startswith("evr") else None
     t0 = thread_cpu_s()
     c0, w0 = time.process_time(), time.perf_counter()
     for _ in range(samples):
-        lat.append(await one(method, d, kernel, loop))
+        lat.append(await one(method, d, kernel, loop, stages))
         await asyncio.sleep(0)
     wall = time.perf_counter() - w0
     cpu = (time.process_time() - c0) / wall
@@ -177,7 +186,14 @@ async def latency(method, d, kernel, samples, spin):
            "threads_cores": {k: (v - t0.get(k, 0.0)) / wall for k, v in t1.items()
                              if (v - t0.get(k, 0.0)) / wall >= 0.002}}
     if method.startswith("evr"):
-        row["reactor_cores"] = (reactor_cpu_s(d) - r0) / wall
+        m1 = reactor_of(d).metrics()
+        row["reactor_cores"] = (m1["reactor_cpu_seconds"] - m0["reactor_cpu_seconds"]) / wall
+        row["reactor"] = {k: m1[k] - m0[k] for k in ("prediction_misses", "parks", "wakeups", "sweeps")}
+        row["reactor"]["nap_overshoot_p99_us"] = hop_quantile_us(
+            [a - b for a, b in zip(m1["nap_overshoot_log2_ns"], m0["nap_overshoot_log2_ns"])], 0.99) * 2
+        for i, name in enumerate(("launch_to_push_us", "push_to_drain_us", "drain_to_resumed_us")):
+            v = sorted(x[i] for x in stages)
+            row[name] = {"p50": v[len(v) // 2] / 1e3, "p99": v[min(len(v) - 1, int(len(v) * 0.99))] / 1e3}
         st = delta_stats(s0, evr.loop_stats())
         row["loop"] = st
         row["hop_p50_us"] = hop_quantile_us(st["hop_log2_ns"], 0.5)
@@ -229,6 +245,13 @@ def report(kernel_us, rows, samples, loop_name):
                      f"polled {st['spins']}x, came while polling {st['spin_hits']}, missed "
                      f"{st['spin_misses']}, loop busy {st['skipped_busy']}; lead {st['lead_seconds'] * 1e6:.0f} us")
         print(f"{m:10} {r['p50_us']:9.1f} {r['p99_us']:9.1f} {r['over_floor_us']:10.1f} {r['cpu_cores']:9.3f} {extra}")
+        if "launch_to_push_us" in r:
+            a, b, c, x = r["launch_to_push_us"], r["push_to_drain_us"], r["drain_to_resumed_us"], r["reactor"]
+            print(f"{'':10} stages p50/p99 us: launch->push {a['p50']:.1f}/{a['p99']:.1f} "
+                  f"(push-floor {a['p50'] - floor:+.1f}), push->drain {b['p50']:.1f}/{b['p99']:.1f}, "
+                  f"drain->resumed {c['p50']:.1f}/{c['p99']:.1f}; reactor: {x['prediction_misses']} prediction "
+                  f"misses, {x['parks']} sleeps, {x['wakeups']} woken, sleeps ended late p99 "
+                  f"<{x['nap_overshoot_p99_us']:.0f} us")
     print("  CPU by thread (cores): " + "; ".join(
         f"{m}: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["threads_cores"].items(), key=lambda kv: -kv[1]))
         for m, r in rows.items() if m in ("evr", "evr-nospin", "executor")))

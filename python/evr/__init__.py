@@ -97,7 +97,13 @@ class Reactor:
         return self._impl.describe()
 
     def metrics(self) -> dict:
-        """Counters: submitted, completed, cancelled, failed, rejected, in_flight, CPU seconds."""
+        """What the reactor did since it started: waits ``submitted``, ``completed``,
+        ``cancelled``, ``failed``, ``rejected``, ``in_flight``; its work: ``sweeps``,
+        ``event_queries``, ``stream_queries`` (fault probes), ``doorbells``, ``parks`` (sleeps),
+        ``wakeups`` (a submission or doorbell woke it), ``prediction_misses``; time:
+        ``reactor_cpu_seconds`` (its thread's CPU), ``busy_seconds`` (passes that delivered);
+        log2 histograms (bucket i: [2**i, 2**(i+1)) ns) ``nap_overshoot_log2_ns`` (how late its
+        timed sleeps ended) and ``detect_to_deliver_log2_ns``."""
         return self._impl.metrics()
 
     def shutdown(self) -> None:
@@ -278,7 +284,9 @@ def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = None) -> Optional[dic
     (waits given a wake-up time), ``timer_fires``, ``spins``, ``spin_hits`` (the completion came
     while polling), ``spin_misses`` (it did not: back to the eventfd), ``skipped_busy`` (the loop
     had other work), ``spin_seconds``, ``lead_seconds`` (how early the loop is woken), ``models`` (streams with a
-    learned duration: at most 4096 per loop, then forgotten together)."""
+    learned duration: at most 4096 per loop, then forgotten together); ``last_completion_ns``:
+    the last completion drained, as CLOCK_MONOTONIC nanoseconds (``time.monotonic_ns()``'s clock)
+    of its submission, the reactor's push and the loop's drain (zeros before the first)."""
     if loop is None:
         loop = asyncio.get_running_loop()
     with _sinks_lock:

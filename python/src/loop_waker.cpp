@@ -98,6 +98,7 @@ void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
   const auto bucket = std::min<std::size_t>(stats_.hop_log2_ns.size() - 1,
                                             64 - __builtin_clzll(static_cast<std::uint64_t>(hop)));
   ++stats_.hop_log2_ns[bucket];
+  last_ = {c->submitted_ns, c->pushed_ns, now};
   forget(c);
   // Learn only from waits that completed: a cancelled or failed one says nothing of the work.
   if (c->ec) return;

@@ -55,6 +55,14 @@ struct loop_stats {
   std::int64_t lead_ns = 0;  ///< the current lead (timer lateness estimate + margin)
 };
 
+/// The stages of the last completion drained on this loop (CLOCK_MONOTONIC ns; 0 before the
+/// first): where a single await's time went, for benches and diagnosis.
+struct last_completion {
+  std::int64_t submitted_ns = 0;  ///< evr.wait submitted it (loop thread)
+  std::int64_t pushed_ns = 0;     ///< the reactor pushed it to this loop's queue
+  std::int64_t drained_ns = 0;    ///< the loop took it from the queue
+};
+
 class loop_waker {
  public:
   /// Creates the timerfd (non-blocking, close-on-exec). Throws std::system_error on failure.
@@ -79,6 +87,7 @@ class loop_waker {
   void clear() noexcept;
 
   const loop_stats& stats() const noexcept { return stats_; }
+  const last_completion& last() const noexcept { return last_; }
   std::size_t models() const noexcept { return models_.size(); }  ///< at most 4096
 
  private:
@@ -117,6 +126,7 @@ class loop_waker {
   double late_mean_ns_ = 10'000;  ///< this loop's timer wake-ups: mean lateness
   double late_dev_ns_ = 5'000;    ///< ... and its mean absolute deviation
   loop_stats stats_;
+  last_completion last_;
 };
 
 }  // namespace evr_py

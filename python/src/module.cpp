@@ -271,7 +271,23 @@ class py_reactor {
     d["failed"] = m.failed;
     d["rejected"] = m.rejected;
     d["in_flight"] = m.in_flight;
+    d["sweeps"] = m.sweeps;
+    d["event_queries"] = m.event_queries;
+    d["stream_queries"] = m.stream_queries;
+    d["doorbells"] = m.doorbells;
+    d["parks"] = m.parks;
+    d["wakeups"] = m.wakeups;
+    d["prediction_misses"] = m.prediction_misses;
+    d["busy_seconds"] = std::chrono::duration<double>(m.busy_time).count();
     d["reactor_cpu_seconds"] = std::chrono::duration<double>(r_->cpu_time()).count();
+    // log2 histograms (bucket i: [2^i, 2^(i+1)) ns), as lists
+    auto hist = [](const evr::latency_histogram& h) {
+      py::list l;
+      for (auto n : h.counts) l.append(n);
+      return l;
+    };
+    d["nap_overshoot_log2_ns"] = hist(m.nap_overshoot);
+    d["detect_to_deliver_log2_ns"] = hist(m.detect_to_deliver);
     return d;
   }
 
@@ -350,6 +366,8 @@ struct loop_sink {
     py::list hop;
     for (auto n : s.hop_log2_ns) hop.append(n);
     d["hop_log2_ns"] = hop;
+    const last_completion& l = waker.last();
+    d["last_completion_ns"] = py::make_tuple(l.submitted_ns, l.pushed_ns, l.drained_ns);
     return d;
   }
 

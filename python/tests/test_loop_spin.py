@@ -55,6 +55,30 @@ def test_regular_work_is_predicted_and_polled(dev, reactor, spin_default):
     assert m["completed"] == 15 and m["in_flight"] == 0
 
 
+def test_stages_of_the_last_completion(dev, reactor, spin_default):
+    """loop_stats()["last_completion_ns"]: submission <= the reactor's push <= the loop's drain,
+    all on time.monotonic_ns()'s clock, and after the kernel's own length."""
+    s = dev.stream()
+
+    async def main():
+        dev.launch_kernel(s, 0.002)
+        t0 = time.monotonic_ns()
+        await evr.wait(s, reactor=reactor)
+        t1 = time.monotonic_ns()
+        return t0, t1, evr.loop_stats()
+
+    t0, t1, st = run(main())
+    submitted, pushed, drained = st["last_completion_ns"]
+    assert t0 <= submitted <= pushed <= drained <= t1, (t0, submitted, pushed, drained, t1)
+    assert pushed - t0 >= 0.002 * 0.8e9  # the reactor pushed it after the work ran
+    m = reactor.metrics()
+    for key in ("sweeps", "event_queries", "parks", "wakeups", "prediction_misses"):
+        assert m[key] >= 0, key
+    assert m["sweeps"] >= 1 and m["busy_seconds"] > 0
+    assert sum(m["detect_to_deliver_log2_ns"]) == m["completed"] == 1
+    assert len(m["nap_overshoot_log2_ns"]) == 40
+
+
 def test_disabled_never_arms_the_timer(dev, reactor, spin_default):
     s = dev.stream()
     evr.set_loop_spin(0)
