@@ -40,7 +40,8 @@ struct tp_settings {
   int threads = 4;
   int inflight_streams = 1024;
   int inflight_waits = 100000;
-  double coalesce_us = 100;  ///< the burst drain's extra rows with reactor_options::coalesce
+  double coalesce_us = 100;   ///< the burst drain's extra rows with reactor_options::coalesce
+  int max_fence_streams = 0;  ///< reactor_options::max_fence_streams of the evr rows (0: backend's)
   std::string json;
 };
 
@@ -81,6 +82,8 @@ struct tp_row {
   /// evr rows of the burst drain: the reactor's busy time (metrics().busy_time) per completion:
   /// its own work, without the polling between completions. -1: not measured (baselines).
   double busy_ns_per_completion = -1;
+  /// evr rows of the burst drain: event queries (driver calls) per completion. -1: not measured.
+  double queries_per_completion = -1;
 };
 
 /// A mutex-guarded pool and a poller thread: the baselines' shared machinery.
@@ -200,6 +203,12 @@ int parse(int argc, char** argv, bool cpu, tp_settings& s) {
                    "this many us (0: no such rows)")
         ->check(CLI::Range(0.0, 100000.0))
         ->capture_default_str();
+    app.add_option("--max-fence-streams", s.max_fence_streams,
+                   "reactor_options::max_fence_streams of the evr rows: busy streams per device "
+                   "up to which waits get fence markers, events beyond (0: the backend's number "
+                   "of hardware queues; the simulated device has no limit)")
+        ->check(CLI::Range(0, 4096))
+        ->capture_default_str();
   }
   return parse_cli(app, argc, argv);
 }
@@ -240,6 +249,7 @@ int throughput_main(int argc, char** argv) {
        {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
     reactor_options opts;
     opts.strategy = strat;
+    opts.max_fence_streams = static_cast<std::size_t>(cfg.max_fence_streams);
     reactor r(be, opts);
     std::atomic<std::uint64_t> done{0};
     const auto cpu0 = r.cpu_time();
@@ -325,11 +335,12 @@ int throughput_main(int argc, char** argv) {
   auto drain = [&](const std::string& name, const std::function<void(int)>& wait,
                    const std::function<std::uint64_t()>& accepted,
                    const std::function<std::uint64_t()>& done,
-                   const std::function<double()>& cpu_ns, const std::function<double()>& busy_ns) {
+                   const std::function<double()>& cpu_ns, const std::function<double()>& busy_ns,
+                   const std::function<double()>& queries) {
     // Rounds of at most half the measured queue depth per stream (and 128): a stream's queue
     // holds only so many markers behind a kernel that does not finish.
     const int per_round = std::min(cfg.ops, cfg.streams * per_stream_round);
-    double seconds = 0, cpu = 0, busy = 0;
+    double seconds = 0, cpu = 0, busy = 0, asked = 0;
     std::atomic<bool> blocked{false};
     std::uint64_t base_accepted = accepted(), base_done = done();
     for (int round_start = 0; round_start < cfg.ops; round_start += per_round) {
@@ -363,12 +374,14 @@ int throughput_main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       const double c0 = cpu_ns();
       const double b0 = busy_ns ? busy_ns() : 0;
+      const double q0 = queries ? queries() : 0;
       const auto t0 = bench_clock::now();
       dev->open_gate();
       while (done() < base_done) std::this_thread::yield();
       seconds += std::chrono::duration<double>(bench_clock::now() - t0).count();
       cpu += cpu_ns() - c0;
       if (busy_ns) busy += busy_ns() - b0;
+      if (queries) asked += queries() - q0;
       for (auto& st : streams) evr::throw_if(be.synchronize_stream(st.native()), "synchronize");
       if (blocked) break;  // the row is invalid: do not wait out every round
     }
@@ -378,6 +391,7 @@ int throughput_main(int argc, char** argv) {
     row.per_second = cfg.ops / row.seconds;
     row.poller_cpu_ns_per_completion = cpu / cfg.ops;
     if (busy_ns) row.busy_ns_per_completion = busy / cfg.ops;
+    if (queries) row.queries_per_completion = asked / cfg.ops;
     if (blocked) {
       // The submitting threads could not enqueue the waits while the gates were shut (for the
       // "every event every pass" poller: its pass holds the lock for O(in flight) queries).
@@ -397,12 +411,14 @@ int throughput_main(int argc, char** argv) {
         name, [&](int s) { wait_counting(r, streams[s], done); },
         [&] { return r.metrics().submitted; }, [&] { return done.load(std::memory_order_acquire); },
         [&] { return static_cast<double>(r.cpu_time().count()); },
-        [&] { return static_cast<double>(r.metrics().busy_time.count()); });
+        [&] { return static_cast<double>(r.metrics().busy_time.count()); },
+        [&] { return static_cast<double>(r.metrics().event_queries); });
   };
   for (strategy strat :
        {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
     reactor_options opts;
     opts.strategy = strat;
+    opts.max_fence_streams = static_cast<std::size_t>(cfg.max_fence_streams);
     drain_evr(std::string("evr ") + to_string(strat), opts);
   }
   for (auto k : {baseline_poller::kind::every_event, baseline_poller::kind::head_per_stream}) {
@@ -416,7 +432,7 @@ int throughput_main(int argc, char** argv) {
           submitted.fetch_add(1);
         },
         [&] { return submitted.load(); }, [&] { return poller.completed(); },
-        [&] { return poller.cpu_ns(); }, nullptr);
+        [&] { return poller.cpu_ns(); }, nullptr, nullptr);
   }
   // Batching under load: the same drain with reactor_options::coalesce (rows after the baselines).
   const std::size_t first_coalesced = drain_rows.size();
@@ -426,6 +442,7 @@ int throughput_main(int argc, char** argv) {
     for (strategy strat : {strategy::fence, strategy::poll, strategy::adaptive}) {
       reactor_options opts;
       opts.strategy = strat;
+      opts.max_fence_streams = static_cast<std::size_t>(cfg.max_fence_streams);
       opts.coalesce = std::chrono::nanoseconds(static_cast<std::int64_t>(cfg.coalesce_us * 1e3));
       drain_evr(std::string("evr ") + to_string(strat) + suffix, opts);
     }
@@ -477,15 +494,15 @@ int throughput_main(int argc, char** argv) {
       "burst drain: %d waits on %d streams submitted behind closed gates (rounds of %d per "
       "stream), then released at once\n",
       cfg.ops, cfg.streams, per_stream_round);
-  std::printf("%-42s %14s %22s %22s\n", "method", "completions/s", "poller CPU ns/completion",
-              "reactor busy ns/compl.");
+  std::printf("%-42s %14s %22s %22s %14s\n", "method", "completions/s", "poller CPU ns/completion",
+              "reactor busy ns/compl.", "queries/compl.");
   for (auto& r : drain_rows) {
     std::printf("%-42s %14.0f %22.1f", r.name.c_str(), r.per_second,
                 r.poller_cpu_ns_per_completion);
     if (r.busy_ns_per_completion >= 0)
-      std::printf(" %22.1f\n", r.busy_ns_per_completion);
+      std::printf(" %22.1f %14.3f\n", r.busy_ns_per_completion, r.queries_per_completion);
     else
-      std::printf(" %22s\n", "-");
+      std::printf(" %22s %14s\n", "-", "-");
   }
   // The hot-path goal's figure (docs/architecture.md, "Where a wait's bytes and time go"): the
   // reactor's CPU from the gates' opening to the last completion, per completion.
@@ -521,7 +538,8 @@ int throughput_main(int argc, char** argv) {
     j.raw("{\"subcommand\":\"throughput\",\"device\":" + json_writer::quote(dev->describe()) +
           ",\"backend\":" + json_writer::quote(dev->name()) +
           ",\"streams\":" + std::to_string(cfg.streams) + ",\"ops\":" + std::to_string(cfg.ops) +
-          ",\"threads\":" + std::to_string(cfg.threads) + ",\"rows\":[");
+          ",\"threads\":" + std::to_string(cfg.threads) +
+          ",\"max_fence_streams\":" + std::to_string(cfg.max_fence_streams) + ",\"rows\":[");
     for (std::size_t i = 0; i < rows.size(); ++i) {
       j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(rows[i].name) +
             ",\"seconds\":" + json_writer::number(rows[i].seconds) +
@@ -537,7 +555,9 @@ int throughput_main(int argc, char** argv) {
             ",\"poller_cpu_ns_per_completion\":" +
             json_writer::number(drain_rows[i].poller_cpu_ns_per_completion) +
             ",\"reactor_busy_ns_per_completion\":" +
-            json_writer::number(drain_rows[i].busy_ns_per_completion) + "}");
+            json_writer::number(drain_rows[i].busy_ns_per_completion) +
+            ",\"event_queries_per_completion\":" +
+            json_writer::number(drain_rows[i].queries_per_completion) + "}");
     }
     j.raw("],\"fence_queue_depth\":" + std::to_string(fence_depth) +
           ",\"record_queue_depth\":" + std::to_string(record_depth) +

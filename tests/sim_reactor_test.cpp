@@ -109,6 +109,48 @@ TEST_CASE("poll: a partly done stream is bisected, not walked") {
   REQUIRE(wait_until([&] { return done.load() == n; }));
 }
 
+TEST_CASE("fence: a run of event markers is queried as poll queries a stream, not walked") {
+  // More busy streams than max_fence_streams: every new wait records an event, and the sweep
+  // meets a long run of events in front of the fence word.
+  for (evr::strategy s : {evr::strategy::fence, evr::strategy::adaptive}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+    auto opts = quick_options(s);
+    opts.max_fence_streams = 1;
+    opts.spin_window = 0ns;
+    opts.yield_window = 0ns;
+    opts.max_sleep = 20ms;
+    opts.idle = evr::idle_mode::ladder;  // sweeps paced by the sleeps, not by predictions
+    opts.fault_probe_interval = 10s;     // no stream query retires anything here
+    evr::reactor r(sim, opts);
+    evr::stream other(sim, 0);
+    evr::stream st(sim, 0);
+    std::atomic<int> done{0};
+    REQUIRE_FALSE(evr::on_complete(r, other, [&](std::error_code ec) { done += !ec; }));
+    constexpr int n = 1000;
+    for (int i = 0; i < n; ++i)
+      REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; }));
+    REQUIRE(sim.counters().fence_writes_enqueued == 1);  // the other stream's
+    REQUIRE(sim.counters().event_records == static_cast<std::uint64_t>(n));
+    REQUIRE(wait_until([&] { return r.metrics().submitted == n + 1; }));
+    std::this_thread::sleep_for(50ms);
+    const auto before = r.metrics();
+    sim.step(st.native(), 700);
+    REQUIRE(wait_until([&] { return done.load() == 700; }));
+    sim.run_until_blocked();
+    REQUIRE(wait_until([&] { return done.load() == n + 1; }));
+    const auto after = r.metrics();
+    const auto queries = after.event_queries - before.event_queries;
+    const auto sweeps = after.sweeps - before.sweeps;
+    MESSAGE("retired " << n << " event markers with " << queries << " queries in " << sweeps
+                       << " sweeps");
+    // Per sweep at most the oldest, the newest of the run and a bisection (log2(1000) < 11);
+    // one query per wait (a walk) would be 1000.
+    CHECK(queries <= sweeps * (2 + 11));
+    CHECK(queries < n / 4);
+  }
+}
+
 TEST_CASE("busy_time counts the passes that deliver, not the polling between them") {
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
   auto opts = quick_options(evr::strategy::poll);

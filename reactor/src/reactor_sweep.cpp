@@ -65,51 +65,53 @@ void reactor_core::retire_front(stream_state& st, std::size_t count, std::error_
   st.published_completed_seq.store(st.completed_seq, std::memory_order_relaxed);
 }
 
-bool reactor_core::sweep_poll(stream_state& st) {
+reactor_core::event_run_result reactor_core::sweep_event_run(stream_state& st, std::size_t run) {
   // Oldest first: a pending stream costs one cheap query (~0.17 us on the H100).
   auto query = [&](std::size_t i) {
     bump(m_.event_queries);
     return backend_.query_event(st.entries.at(i).event);
   };
   std::error_code ec = query(0);
-  if (is_not_ready(ec)) return false;
+  if (is_not_ready(ec)) return {};
   if (ec) {
     if (is_sticky(ec)) {
       fail_device(st.device, ec);
     } else {
       retire_front(st, 1, ec);  // this event alone is broken (e.g. destroyed handle)
     }
-    return true;
+    return {0, true, false};
   }
-  // The oldest is done. If the newest is done too, everything is (events of one stream complete
-  // in record order, and seq order is record order): one more query retires the whole timeline.
-  std::size_t n = st.entries.size();
-  std::size_t done_through = 0;  // index of the newest entry known done
-  if (n > 1) {
-    std::error_code last = query(n - 1);
-    if (!last) {
-      done_through = n - 1;
-    } else if (!is_not_ready(last)) {
-      done_through = 0;  // handled on the next sweep, from the front, one at a time
+  // The oldest is done. If the newest of the run is done too, all of it is (events of one stream
+  // complete in record order, and seq order is record order): one more query covers the run.
+  if (run == 0) {  // the events at the front: measured only now, not on every pending sweep
+    run = 1;
+    while (run < st.entries.size() && st.entries.at(run).event != nullptr) ++run;
+  }
+  if (run == 1) return {1, false, true};
+  std::error_code last = query(run - 1);
+  if (!last) return {run, false, true};
+  if (!is_not_ready(last)) return {1, false, false};  // met from the front on the next sweeps
+  // Bisect between a done entry (lo) and a pending one (hi).
+  std::size_t lo = 0, hi = run - 1;
+  while (hi - lo > 1) {
+    std::size_t mid = lo + (hi - lo) / 2;
+    std::error_code m = query(mid);
+    if (!m) {
+      lo = mid;
+    } else if (is_not_ready(m)) {
+      hi = mid;
     } else {
-      // Bisect between a done entry (lo) and a pending one (hi).
-      std::size_t lo = 0, hi = n - 1;
-      while (hi - lo > 1) {
-        std::size_t mid = lo + (hi - lo) / 2;
-        std::error_code m = query(mid);
-        if (!m) {
-          lo = mid;
-        } else if (is_not_ready(m)) {
-          hi = mid;
-        } else {
-          break;  // an error: retire what is known done; the next sweep meets the error first
-        }
-      }
-      done_through = lo;
+      break;  // an error: retire what is known done; a later sweep meets the error first
     }
   }
-  retire_front(st, done_through + 1, {});
-  return true;
+  return {lo + 1, false, false};
+}
+
+bool reactor_core::sweep_poll(stream_state& st) {
+  const event_run_result r = sweep_event_run(st, st.entries.size());
+  if (r.failed) return true;
+  retire_front(st, r.done, {});
+  return r.done > 0;
 }
 
 bool reactor_core::sweep_word(stream_state& st, std::uint64_t word) {
@@ -121,19 +123,18 @@ bool reactor_core::sweep_word(stream_state& st, std::uint64_t word) {
 }
 
 bool reactor_core::sweep_event_front(stream_state& st) {
-  // Overflow markers are events among fence entries: the word cannot vouch for an event entry at
-  // the front until a later fence lands, so query it (one at a time: this is the rare path).
+  // Event markers among fence entries (a busy device's overflow, or more busy streams than
+  // hardware queues: then every new wait records one): the word cannot vouch for an event entry
+  // at the front until a later fence lands, so the run of events at the front is queried as
+  // sweep_poll queries a whole stream, the newest of the run first, then a bisection.
   bool progress = false;
   while (!st.entries.empty() && st.entries.front().event != nullptr) {
-    bump(m_.event_queries);
-    std::error_code ec = backend_.query_event(st.entries.front().event);
-    if (is_not_ready(ec)) break;
-    if (ec && is_sticky(ec)) {
-      fail_device(st.device, ec);
-      return true;
-    }
-    retire_front(st, 1, ec);
+    const event_run_result r = sweep_event_run(st, 0);
+    if (r.failed) return true;
+    if (r.done == 0) break;
+    retire_front(st, r.done, {});
     progress = true;
+    if (!r.whole_run) break;  // the rest of the run is pending
   }
   return progress;
 }
@@ -227,7 +228,11 @@ bool reactor_core::sweep(clock::time_point now) {
       moved = sweep_poll(st);
     } else if (traits_.fence_markers) {
       moved = sweep_word(st, load_fence(st.fence_host));
-      moved |= sweep_event_front(st);
+      // Events retired at the front may uncover fence entries the word already vouches for.
+      if (sweep_event_front(st)) {
+        moved = true;
+        sweep_word(st, load_fence(st.fence_host));
+      }
     } else {  // host_func markers
       moved = sweep_word(st, st.host_done.load(std::memory_order_acquire));
     }
