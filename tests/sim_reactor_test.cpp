@@ -617,31 +617,58 @@ TEST_CASE("the reactor may be destroyed from one of its own inline handlers") {
   std::this_thread::sleep_for(20ms);
 }
 
+namespace {
+
+// Waits one after another through `waiter`; returns the heap allocations made by the last
+// `measured` of them.
+template <typename Waiter>
+std::uint64_t allocations_per_waits(asio::io_context& io, Waiter& waiter, evr::stream& st,
+                                    int measured) {
+  constexpr int warmup = 3000;
+  int done = 0;
+  std::uint64_t at_start = 0;
+  std::function<void(std::error_code)> next;  // allocated once, before measuring
+  next = [&](std::error_code ec) {
+    REQUIRE_FALSE(ec);
+    ++done;
+    if (done == warmup) at_start = g_allocations.load();
+    if (done < warmup + measured) waiter.async_wait(st, std::ref(next));
+  };
+  asio::post(io, [&] { waiter.async_wait(st, std::ref(next)); });
+  REQUIRE(run_until(
+      io, [&] { return done == warmup + measured; }, 60s));
+  return g_allocations.load() - at_start;
+}
+
+}  // namespace
+
 TEST_CASE("zero heap allocations per wait in steady state (Asio front end, posted delivery)") {
   evr::test::instant_backend device;
+  constexpr int measured = 20000;
   for (evr::strategy s : {evr::strategy::poll, evr::strategy::fence}) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::reactor r(device, quick_options(s));
     evr::stream st = evr::stream::wrap(device, reinterpret_cast<void*>(0x1000));
     asio::io_context io;
-    evr::gpu_waiter waiter(io.get_executor(), r);
-    constexpr int warmup = 3000, measured = 20000;
-    int done = 0;
-    std::uint64_t at_start = 0;
-    std::function<void(std::error_code)> next;  // allocated once, before measuring
-    next = [&](std::error_code ec) {
-      REQUIRE_FALSE(ec);
-      ++done;
-      if (done == warmup) at_start = g_allocations.load();
-      if (done < warmup + measured) waiter.async_wait(st, std::ref(next));
-    };
-    asio::post(io, [&] { waiter.async_wait(st, std::ref(next)); });
-    REQUIRE(run_until(
-        io, [&] { return done == warmup + measured; }, 60s));
-    const std::uint64_t allocations = g_allocations.load() - at_start;
-    MESSAGE(std::string(evr::to_string(s))
-            << ": " << allocations << " heap allocations in " << measured << " waits");
-    CHECK(allocations == 0);
+    {
+      evr::gpu_waiter waiter(io.get_executor(), r);
+      const std::uint64_t n = allocations_per_waits(io, waiter, st, measured);
+      MESSAGE(std::string(evr::to_string(s))
+              << ", io_context executor: " << n << " heap allocations in " << measured << " waits");
+      CHECK(n == 0);
+    }
+    {
+      // The type-erased executor most code holds: evr posts to the io_context inside it.
+      evr::basic_gpu_waiter<asio::any_io_executor> waiter(asio::any_io_executor(io.get_executor()),
+                                                          r);
+      const std::uint64_t n = allocations_per_waits(io, waiter, st, measured);
+      MESSAGE(std::string(evr::to_string(s))
+              << ", any_io_executor: " << n << " heap allocations in " << measured << " waits");
+      CHECK(n == 0);
+    }
+    // (A handler bound to a strand is not free of allocations: when the strand is idle, Asio
+    // posts its own invoker, allocated from the posting thread's recycling cache, the reactor's,
+    // and freed into the io_context thread's: about one allocation per three waits here.)
   }
 }
 
