@@ -240,6 +240,9 @@ TEST_CASE("context shutdown: contexts destroyed while the GPU completes their wa
       {
         asio::io_context io;
         evr::gpu_waiter waiter(io.get_executor(), r);
+        // Half the handlers on a strand of the context: their delivery is relayed through the
+        // I/O executor, one more posted step that the shutdown may find queued.
+        auto strand = asio::make_strand(io);
         std::thread runner([&] {
           auto work = asio::make_work_guard(io);
           io.run_for(std::chrono::microseconds(50 * (round % 8)));
@@ -247,7 +250,11 @@ TEST_CASE("context shutdown: contexts destroyed while the GPU completes their wa
         for (int i = 0; i < 32; ++i) {
           evr::stream& st = streams[static_cast<std::size_t>(i % 4)];
           if (i % 4 == 0) (void)sim.launch_kernel(st.native(), std::chrono::microseconds(i));
-          waiter.async_wait(st, f.handler());
+          if (i % 2 == 0) {
+            waiter.async_wait(st, f.handler());
+          } else {
+            waiter.async_wait(st, asio::bind_executor(strand, f.handler()));
+          }
         }
         runner.join();
         if (round % 2 == 0) waiter.cancel();

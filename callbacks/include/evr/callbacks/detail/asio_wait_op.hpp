@@ -108,6 +108,36 @@ class delivery_fn {
   std::error_code ec_;
 };
 
+/// The posted relay for a handler whose executor is another executor of the I/O executor's
+/// context (a strand): it runs on the I/O executor, then dispatches the delivery to the handler's
+/// executor from there. Asio's own I/O operations take the same two steps; the point is where the
+/// second step's own allocations come from: a strand that was idle posts an invoker, allocated
+/// from the posting thread's recycling cache. Posted from the reactor thread, that memory is freed
+/// into another thread's cache and the reactor's stays empty (a heap allocation every few waits);
+/// posted from the context's own thread, it is recycled there.
+template <typename Op>
+class relay_fn {
+ public:
+  using allocator_type = slab_allocator<void>;
+  relay_fn(Op* op, std::error_code ec) noexcept : op_(op), ec_(ec) {}
+  relay_fn(relay_fn&& other) noexcept : op_(std::exchange(other.op_, nullptr)), ec_(other.ec_) {}
+  relay_fn& operator=(relay_fn&&) = delete;
+  ~relay_fn() {
+    if (op_ != nullptr) Op::destroy(op_);
+  }
+  void operator()() {
+    // The slab is free again: Asio released this relay's wrapper before calling it. If dispatch
+    // throws, the delivery function it was given destroys the operation.
+    Op* op = std::exchange(op_, nullptr);
+    asio::dispatch(op->handler_work_, delivery_fn<Op>(op, ec_));
+  }
+  allocator_type get_allocator() const noexcept { return allocator_type(&op_->slab_); }
+
+ private:
+  Op* op_;
+  std::error_code ec_;
+};
+
 template <typename Executor>
 using tracked_executor_t = std::decay_t<decltype(asio::prefer(
     std::declval<const Executor&>(), asio::execution::outstanding_work.tracked))>;
@@ -176,6 +206,8 @@ class asio_wait_op final : public wait_op {
  private:
   template <typename>
   friend class delivery_fn;
+  template <typename>
+  friend class relay_fn;
 
   struct cancel_handler {
     explicit cancel_handler(asio_wait_op* o) noexcept : op(o) {}
@@ -216,9 +248,33 @@ class asio_wait_op final : public wait_op {
     }
   }
 
+  /// The handler's executor is not the I/O executor but runs on the same execution context
+  /// (a strand of it, typically): the delivery is relayed through the I/O executor (relay_fn).
+  /// Handlers on another context are posted to it directly, as that context may be the only
+  /// one running.
+  bool relay_through_io() const noexcept {
+    if constexpr (std::is_same_v<tracked_executor_t<handler_executor>,
+                                 tracked_executor_t<IoExecutor>>) {
+      if (handler_work_ == io_work_) return false;
+    }
+    using handler_ex = tracked_executor_t<handler_executor>;
+    using io_ex = tracked_executor_t<IoExecutor>;
+    if constexpr (asio::can_query<const handler_ex&, asio::execution::context_t>::value &&
+                  asio::can_query<const io_ex&, asio::execution::context_t>::value) {
+      return &asio::query(handler_work_, asio::execution::context) ==
+             &asio::query(io_work_, asio::execution::context);
+    } else {
+      return false;  // (use_future's executor, for one, names no context)
+    }
+  }
+
   static void post_completion(asio_wait_op* self, std::error_code ec) noexcept {
     try {
-      post_honouring_allocator(self->handler_work_, delivery_fn<asio_wait_op>(self, ec));
+      if (self->relay_through_io()) {
+        post_honouring_allocator(self->io_work_, relay_fn<asio_wait_op>(self, ec));
+      } else {
+        post_honouring_allocator(self->handler_work_, delivery_fn<asio_wait_op>(self, ec));
+      }
     } catch (...) {
       // Posting failed (out of memory): the handler cannot be run anywhere safe. Free the
       // operation rather than leak it; the outstanding work it held is released with it.
