@@ -8,7 +8,9 @@
 //   2. completion (reactor thread): do_complete either runs finish() right there (inline
 //      delivery) or posts a small function to the handler's executor. The posted function carries
 //      its own allocator, which hands out a buffer inside the operation, so posting to an
-//      io_context allocates nothing.
+//      io_context allocates nothing. A handler whose executor is another executor of the same
+//      context (a strand) is reached in two steps, as Asio's own operations do: posted to the I/O
+//      executor, then dispatched from the context's thread (relay_fn).
 //   3. finish (handler's executor, or reactor thread when inline): clears the cancellation slot,
 //      moves the handler and the work out, frees the operation, then calls the handler — the
 //      operation's memory is back in the allocator's cache before the upcall, as Asio requires.
