@@ -689,6 +689,27 @@ TEST_CASE("zero heap allocations per wait in steady state (Asio front end, poste
   }
 }
 
+TEST_CASE(
+    "gpu_waiter: a handler bound to another context's executor runs there, the waiter's "
+    "context never run") {
+  // Only handlers on the waiter's own context are relayed through it; a handler on another
+  // context must not depend on the waiter's context running.
+  evr::test::instant_backend device;
+  evr::reactor r(device, quick_options(evr::strategy::poll));
+  evr::stream st = evr::stream::wrap(device, reinterpret_cast<void*>(0x1000));
+  asio::io_context never_run, runs;
+  evr::gpu_waiter waiter(never_run.get_executor(), r);
+  int ran = 0;
+  auto strand = asio::make_strand(runs);
+  waiter.async_wait(st, asio::bind_executor(runs, [&](evr::asio_error_code ec) { ran += !ec; }));
+  waiter.async_wait(st, asio::bind_executor(strand, [&](evr::asio_error_code ec) {
+                      ran += !ec && strand.running_in_this_thread();
+                    }));
+  REQUIRE(run_until(
+      runs, [&] { return ran == 2; }, 20s));
+  CHECK(ran == 2);
+}
+
 TEST_CASE("stress: 16 threads x 64 streams, none lost or duplicated") {
   evr::sim::device sim(evr::sim::options{.devices = 2, .mode = evr::sim::run_mode::threaded});
   constexpr int threads = 16, streams = 64;

@@ -144,6 +144,21 @@ template <typename Executor>
 using tracked_executor_t = std::decay_t<decltype(asio::prefer(
     std::declval<const Executor&>(), asio::execution::outstanding_work.tracked))>;
 
+/// True when posting to `ex` is posting to an io_context: its executor, or an any_io_executor
+/// around one (not a strand, which would serialize what it runs, nor another kind of context).
+template <typename Executor>
+bool posts_to_io_context(const Executor& ex) noexcept {
+  using io_ex = asio::io_context::executor_type;
+  using tracked_io = tracked_executor_t<io_ex>;
+  if constexpr (std::is_same_v<Executor, io_ex> || std::is_same_v<Executor, tracked_io>) {
+    return true;
+  } else if constexpr (std::is_same_v<Executor, asio::any_io_executor>) {
+    return ex.template target<tracked_io>() != nullptr || ex.template target<io_ex>() != nullptr;
+  } else {
+    return false;
+  }
+}
+
 /// Posts `f` to `ex`; when `ex` is an any_io_executor around an io_context executor, posts to
 /// the io_context executor directly so that `f`'s allocator is honoured (any_io_executor's
 /// type erasure would allocate on this thread instead).
@@ -250,11 +265,13 @@ class asio_wait_op final : public wait_op {
     }
   }
 
-  /// The handler's executor is not the I/O executor but runs on the same execution context
-  /// (a strand of it, typically): the delivery is relayed through the I/O executor (relay_fn).
-  /// Handlers on another context are posted to it directly, as that context may be the only
-  /// one running.
+  /// The I/O executor is an io_context's, and the handler's executor is not it but runs on the
+  /// same io_context (a strand of it, typically): the delivery is relayed through the I/O
+  /// executor (relay_fn). Handlers on another context are posted to it directly, as that context
+  /// may be the only one running; so are all handlers when the I/O executor is a strand or
+  /// another kind of executor (as before: correct, with the strand's allocation).
   bool relay_through_io() const noexcept {
+    if (!posts_to_io_context(io_work_)) return false;
     if constexpr (std::is_same_v<tracked_executor_t<handler_executor>,
                                  tracked_executor_t<IoExecutor>>) {
       if (handler_work_ == io_work_) return false;
