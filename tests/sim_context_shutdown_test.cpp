@@ -75,6 +75,12 @@ TEST_CASE(
     CHECK(m.in_flight == 0);
     CHECK(m.detached + m.cancelled == static_cast<std::uint64_t>(n));
     if (!waiter_first) CHECK(m.detached == static_cast<std::uint64_t>(n));
+    // The signals outlive their waits: the slots were disconnected when the operations were
+    // destroyed, so emitting reaches nothing (it used to call into the freed operations).
+    for (asio::cancellation_signal& sig : signals) {
+      CHECK_FALSE(sig.slot().has_handler());
+      sig.emit(asio::cancellation_type::terminal);
+    }
     waiter.reset();  // after its context: harmless
     // The GPU finishes later: nothing is posted anywhere, the markers come back once it is past.
     CHECK(markers_out(r) == n);  // the GPU is not past them yet: none went back early
@@ -240,8 +246,8 @@ TEST_CASE("context shutdown: contexts destroyed while the GPU completes their wa
       {
         asio::io_context io;
         evr::gpu_waiter waiter(io.get_executor(), r);
-        // Half the handlers on a strand of the context: their delivery is relayed through the
-        // I/O executor, one more posted step that the shutdown may find queued.
+        // Half the handlers on a strand of the context: posted to the strand, which queues them
+        // in its own operations that the shutdown may find.
         auto strand = asio::make_strand(io);
         std::thread runner([&] {
           auto work = asio::make_work_guard(io);

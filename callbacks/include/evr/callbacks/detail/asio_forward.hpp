@@ -38,7 +38,6 @@
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/cancellation_type.hpp>
-#include <boost/asio/dispatch.hpp>
 #include <boost/asio/error.hpp>
 #include <boost/asio/execution.hpp>
 #include <boost/asio/execution_context.hpp>
@@ -62,7 +61,6 @@
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/cancellation_type.hpp>
-#include <asio/dispatch.hpp>
 #include <asio/error.hpp>
 #include <asio/execution.hpp>
 #include <asio/execution_context.hpp>

@@ -8,9 +8,9 @@
 //   2. completion (reactor thread): do_complete either runs finish() right there (inline
 //      delivery) or posts a small function to the handler's executor. The posted function carries
 //      its own allocator, which hands out a buffer inside the operation, so posting to an
-//      io_context allocates nothing. A handler whose executor is another executor of the same
-//      context (a strand) is reached in two steps, as Asio's own operations do: posted to the I/O
-//      executor, then dispatched from the context's thread (relay_fn).
+//      io_context allocates nothing. (A handler bound to a strand is posted to the strand from
+//      here, which keeps its order; the idle strand's own invoker is then allocated from this
+//      thread's recycling cache and freed into another's: see docs/architecture.md.)
 //   3. finish (handler's executor, or reactor thread when inline): clears the cancellation slot,
 //      moves the handler and the work out, frees the operation, then calls the handler — the
 //      operation's memory is back in the allocator's cache before the upcall, as Asio requires.
@@ -110,54 +110,9 @@ class delivery_fn {
   std::error_code ec_;
 };
 
-/// The posted relay for a handler whose executor is another executor of the I/O executor's
-/// context (a strand): it runs on the I/O executor, then dispatches the delivery to the handler's
-/// executor from there. Asio's own I/O operations take the same two steps; the point is where the
-/// second step's own allocations come from: a strand that was idle posts an invoker, allocated
-/// from the posting thread's recycling cache. Posted from the reactor thread, that memory is freed
-/// into another thread's cache and the reactor's stays empty (a heap allocation every few waits);
-/// posted from the context's own thread, it is recycled there.
-template <typename Op>
-class relay_fn {
- public:
-  using allocator_type = slab_allocator<void>;
-  relay_fn(Op* op, std::error_code ec) noexcept : op_(op), ec_(ec) {}
-  relay_fn(relay_fn&& other) noexcept : op_(std::exchange(other.op_, nullptr)), ec_(other.ec_) {}
-  relay_fn& operator=(relay_fn&&) = delete;
-  ~relay_fn() {
-    if (op_ != nullptr) Op::destroy(op_);
-  }
-  void operator()() {
-    // The slab is free again: Asio released this relay's wrapper before calling it. If dispatch
-    // throws, the delivery function it was given destroys the operation.
-    Op* op = std::exchange(op_, nullptr);
-    asio::dispatch(op->handler_work_, delivery_fn<Op>(op, ec_));
-  }
-  allocator_type get_allocator() const noexcept { return allocator_type(&op_->slab_); }
-
- private:
-  Op* op_;
-  std::error_code ec_;
-};
-
 template <typename Executor>
 using tracked_executor_t = std::decay_t<decltype(asio::prefer(
     std::declval<const Executor&>(), asio::execution::outstanding_work.tracked))>;
-
-/// True when posting to `ex` is posting to an io_context: its executor, or an any_io_executor
-/// around one (not a strand, which would serialize what it runs, nor another kind of context).
-template <typename Executor>
-bool posts_to_io_context(const Executor& ex) noexcept {
-  using io_ex = asio::io_context::executor_type;
-  using tracked_io = tracked_executor_t<io_ex>;
-  if constexpr (std::is_same_v<Executor, io_ex> || std::is_same_v<Executor, tracked_io>) {
-    return true;
-  } else if constexpr (std::is_same_v<Executor, asio::any_io_executor>) {
-    return ex.template target<tracked_io>() != nullptr || ex.template target<io_ex>() != nullptr;
-  } else {
-    return false;
-  }
-}
 
 /// Posts `f` to `ex`; when `ex` is an any_io_executor around an io_context executor, posts to
 /// the io_context executor directly so that `f`'s allocator is honoured (any_io_executor's
@@ -223,8 +178,6 @@ class asio_wait_op final : public wait_op {
  private:
   template <typename>
   friend class delivery_fn;
-  template <typename>
-  friend class relay_fn;
 
   struct cancel_handler {
     explicit cancel_handler(asio_wait_op* o) noexcept : op(o) {}
@@ -265,39 +218,14 @@ class asio_wait_op final : public wait_op {
     }
   }
 
-  /// The I/O executor is an io_context's, and the handler's executor is not it but runs on the
-  /// same io_context (a strand of it, typically): the delivery is relayed through the I/O
-  /// executor (relay_fn). Handlers on another context are posted to it directly, as that context
-  /// may be the only one running; so are all handlers when the I/O executor is a strand or
-  /// another kind of executor (as before: correct, with the strand's allocation).
-  bool relay_through_io() const noexcept {
-    if (!posts_to_io_context(io_work_)) return false;
-    if constexpr (std::is_same_v<tracked_executor_t<handler_executor>,
-                                 tracked_executor_t<IoExecutor>>) {
-      if (handler_work_ == io_work_) return false;
-    }
-    using handler_ex = tracked_executor_t<handler_executor>;
-    using io_ex = tracked_executor_t<IoExecutor>;
-    if constexpr (asio::can_query<const handler_ex&, asio::execution::context_t>::value &&
-                  asio::can_query<const io_ex&, asio::execution::context_t>::value) {
-      return &asio::query(handler_work_, asio::execution::context) ==
-             &asio::query(io_work_, asio::execution::context);
-    } else {
-      return false;  // (use_future's executor, for one, names no context)
-    }
-  }
-
   static void post_completion(asio_wait_op* self, std::error_code ec) noexcept {
     try {
-      if (self->relay_through_io()) {
-        post_honouring_allocator(self->io_work_, relay_fn<asio_wait_op>(self, ec));
-      } else {
-        post_honouring_allocator(self->handler_work_, delivery_fn<asio_wait_op>(self, ec));
-      }
+      post_honouring_allocator(self->handler_work_, delivery_fn<asio_wait_op>(self, ec));
     } catch (...) {
-      // Posting failed (out of memory): the handler cannot be run anywhere safe. Free the
-      // operation rather than leak it; the outstanding work it held is released with it.
-      destroy(self);
+      // Posting failed (out of memory): the handler cannot be run anywhere safe. The delivery
+      // function owned the operation, and whichever copy of it held the operation last has
+      // destroyed it while the exception left post (destroying it here would be a second time);
+      // the outstanding work it held is released with it.
     }
   }
 
@@ -316,6 +244,12 @@ class asio_wait_op final : public wait_op {
   }
 
   static void destroy(asio_wait_op* self) noexcept {
+    // The handler is dropped unrun (its context shut down, or posting failed): disconnect its
+    // cancellation slot too, or a signal the user keeps would later call into freed memory. This
+    // runs where the context is being shut down (its handlers no longer run) or, after a failed
+    // post, on the reactor thread.
+    auto slot = handler_slot(self->handler_);
+    if (slot.is_connected()) slot.clear();
     allocator alloc(
         asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
     self->~asio_wait_op();
