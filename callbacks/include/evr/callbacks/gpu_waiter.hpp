@@ -75,8 +75,7 @@ class basic_gpu_waiter {
   /// evr::use_reactor). Throws evr::error when none is attached and CUDA is not compiled in.
   explicit basic_gpu_waiter(const executor_type& ex)
       : executor_(ex),
-        reactor_(
-            &asio::use_service<reactor_service>(asio::query(ex, asio::execution::context)).get()),
+        reactor_(&reactor_service::of(asio::query(ex, asio::execution::context)).get()),
         group_(register_with_context(ex, *reactor_)) {}
   template <typename ExecutionContext, typename = std::enable_if_t<std::is_convertible_v<
                                            ExecutionContext&, asio::execution_context&>>>
@@ -153,7 +152,7 @@ class basic_gpu_waiter {
   /// Registers `r` with the reactor_service of `ex`'s context (see reactor_service.hpp: its
   /// shutdown detaches this waiter's pending waits); returns the context's group.
   static std::uintptr_t register_with_context(const executor_type& ex, reactor& r) {
-    auto& service = asio::use_service<reactor_service>(asio::query(ex, asio::execution::context));
+    auto& service = reactor_service::of(asio::query(ex, asio::execution::context));
     service.track(r);
     return service.group();
   }

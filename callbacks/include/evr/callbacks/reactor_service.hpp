@@ -47,6 +47,20 @@ class reactor_service : public asio::execution_context::service {
   explicit reactor_service(asio::execution_context& context)
       : asio::execution_context::service(context) {}
 
+  /// The service of `context`; when it is created now, it is created after the context's strand
+  /// service. A context shuts its services down in the reverse order of their creation, so this
+  /// one (after which the reactor posts nothing more to the context) then comes before the
+  /// strands that completions are posted to. The other way round, a completion posted to a strand
+  /// while it shuts down could be left in its queue for ever (Asio's strand appends to its ready
+  /// queue after releasing its lock, and only the shutdown would have drained it): a handler
+  /// neither run nor destroyed. (A legacy io_context::strand has a service of its own, not
+  /// covered.)
+  static reactor_service& of(asio::execution_context& context) {
+    if (!asio::has_service<reactor_service>(context))
+      (void)asio::use_service<asio::detail::strand_executor_service>(context);
+    return asio::use_service<reactor_service>(context);
+  }
+
   /// The attached reactor, or a reactor on the CUDA backend created now (default options).
   /// Throws evr::error when none is attached and CUDA is not compiled in.
   reactor& get() {
@@ -112,7 +126,7 @@ class reactor_service : public asio::execution_context::service {
 
 /// Attaches `r` to `context`: waiters constructed from the context's executors use it.
 inline void use_reactor(asio::execution_context& context, reactor& r) {
-  asio::use_service<reactor_service>(context).use(r);
+  reactor_service::of(context).use(r);
 }
 
 }  // namespace EVR_ASIO_FLAVOUR_NAMESPACE

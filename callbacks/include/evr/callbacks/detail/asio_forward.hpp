@@ -46,6 +46,7 @@
 #include <boost/asio/prefer.hpp>
 #include <boost/asio/query.hpp>
 #include <boost/asio/recycling_allocator.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/version.hpp>
 #include <boost/system/error_code.hpp>
 
@@ -69,6 +70,7 @@
 #include <asio/prefer.hpp>
 #include <asio/query.hpp>
 #include <asio/recycling_allocator.hpp>
+#include <asio/strand.hpp>
 #include <asio/version.hpp>
 
 #define EVR_ASIO_VERSION ASIO_VERSION
