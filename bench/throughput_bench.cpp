@@ -245,12 +245,16 @@ int throughput_main(int argc, char** argv) {
     return std::chrono::duration<double>(bench_clock::now() - t0).count();
   };
 
-  for (strategy strat :
-       {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
+  // The evr rows' options: the strategy, and the fence-stream limit asked for.
+  auto evr_options = [&](strategy strat) {
     reactor_options opts;
     opts.strategy = strat;
     opts.max_fence_streams = static_cast<std::size_t>(cfg.max_fence_streams);
-    reactor r(be, opts);
+    return opts;
+  };
+  for (strategy strat :
+       {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
+    reactor r(be, evr_options(strat));
     std::atomic<std::uint64_t> done{0};
     const auto cpu0 = r.cpu_time();
     tp_row row;
@@ -335,8 +339,8 @@ int throughput_main(int argc, char** argv) {
   auto drain = [&](const std::string& name, const std::function<void(int)>& wait,
                    const std::function<std::uint64_t()>& accepted,
                    const std::function<std::uint64_t()>& done,
-                   const std::function<double()>& cpu_ns, const std::function<double()>& busy_ns,
-                   const std::function<double()>& queries) {
+                   const std::function<double()>& cpu_ns,
+                   const std::function<reactor_metrics()>& metrics) {  // evr rows only
     // Rounds of at most half the measured queue depth per stream (and 128): a stream's queue
     // holds only so many markers behind a kernel that does not finish.
     const int per_round = std::min(cfg.ops, cfg.streams * per_stream_round);
@@ -373,15 +377,17 @@ int throughput_main(int argc, char** argv) {
       while (accepted() < base_accepted) std::this_thread::yield();
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       const double c0 = cpu_ns();
-      const double b0 = busy_ns ? busy_ns() : 0;
-      const double q0 = queries ? queries() : 0;
+      const reactor_metrics m0 = metrics ? metrics() : reactor_metrics{};
       const auto t0 = bench_clock::now();
       dev->open_gate();
       while (done() < base_done) std::this_thread::yield();
       seconds += std::chrono::duration<double>(bench_clock::now() - t0).count();
       cpu += cpu_ns() - c0;
-      if (busy_ns) busy += busy_ns() - b0;
-      if (queries) asked += queries() - q0;
+      if (metrics) {
+        const reactor_metrics m1 = metrics();
+        busy += static_cast<double>((m1.busy_time - m0.busy_time).count());
+        asked += static_cast<double>(m1.event_queries - m0.event_queries);
+      }
       for (auto& st : streams) evr::throw_if(be.synchronize_stream(st.native()), "synchronize");
       if (blocked) break;  // the row is invalid: do not wait out every round
     }
@@ -390,8 +396,10 @@ int throughput_main(int argc, char** argv) {
     row.seconds = seconds;
     row.per_second = cfg.ops / row.seconds;
     row.poller_cpu_ns_per_completion = cpu / cfg.ops;
-    if (busy_ns) row.busy_ns_per_completion = busy / cfg.ops;
-    if (queries) row.queries_per_completion = asked / cfg.ops;
+    if (metrics) {
+      row.busy_ns_per_completion = busy / cfg.ops;
+      row.queries_per_completion = asked / cfg.ops;
+    }
     if (blocked) {
       // The submitting threads could not enqueue the waits while the gates were shut (for the
       // "every event every pass" poller: its pass holds the lock for O(in flight) queries).
@@ -410,16 +418,11 @@ int throughput_main(int argc, char** argv) {
     drain(
         name, [&](int s) { wait_counting(r, streams[s], done); },
         [&] { return r.metrics().submitted; }, [&] { return done.load(std::memory_order_acquire); },
-        [&] { return static_cast<double>(r.cpu_time().count()); },
-        [&] { return static_cast<double>(r.metrics().busy_time.count()); },
-        [&] { return static_cast<double>(r.metrics().event_queries); });
+        [&] { return static_cast<double>(r.cpu_time().count()); }, [&] { return r.metrics(); });
   };
   for (strategy strat :
        {strategy::fence, strategy::poll, strategy::adaptive, strategy::host_func}) {
-    reactor_options opts;
-    opts.strategy = strat;
-    opts.max_fence_streams = static_cast<std::size_t>(cfg.max_fence_streams);
-    drain_evr(std::string("evr ") + to_string(strat), opts);
+    drain_evr(std::string("evr ") + to_string(strat), evr_options(strat));
   }
   for (auto k : {baseline_poller::kind::every_event, baseline_poller::kind::head_per_stream}) {
     baseline_poller poller(be, k, cfg.streams);
@@ -432,7 +435,7 @@ int throughput_main(int argc, char** argv) {
           submitted.fetch_add(1);
         },
         [&] { return submitted.load(); }, [&] { return poller.completed(); },
-        [&] { return poller.cpu_ns(); }, nullptr, nullptr);
+        [&] { return poller.cpu_ns(); }, nullptr);
   }
   // Batching under load: the same drain with reactor_options::coalesce (rows after the baselines).
   const std::size_t first_coalesced = drain_rows.size();
@@ -440,9 +443,7 @@ int throughput_main(int argc, char** argv) {
     char suffix[64];
     std::snprintf(suffix, sizeof suffix, ", coalesce %.0f us", cfg.coalesce_us);
     for (strategy strat : {strategy::fence, strategy::poll, strategy::adaptive}) {
-      reactor_options opts;
-      opts.strategy = strat;
-      opts.max_fence_streams = static_cast<std::size_t>(cfg.max_fence_streams);
+      reactor_options opts = evr_options(strat);
       opts.coalesce = std::chrono::nanoseconds(static_cast<std::int64_t>(cfg.coalesce_us * 1e3));
       drain_evr(std::string("evr ") + to_string(strat) + suffix, opts);
     }
@@ -506,17 +507,17 @@ int throughput_main(int argc, char** argv) {
   }
   // The hot-path goal's figure (docs/architecture.md, "Where a wait's bytes and time go"): the
   // reactor's CPU from the gates' opening to the last completion, per completion.
-  std::printf("reactor CPU ns per completion (burst drain):");
-  for (std::size_t i = 0; i < 4 && i < drain_rows.size(); ++i)
-    std::printf("%s %s %.1f", i ? "," : "", drain_rows[i].name.c_str(),
-                drain_rows[i].poller_cpu_ns_per_completion);
-  std::printf("\n");
+  // The four evr rows without coalesce (the first ones), one figure each.
+  const std::size_t evr_rows = std::min<std::size_t>(4, drain_rows.size());
+  auto print_evr_rows = [&](const char* what, double tp_row::*field) {
+    std::printf("%s (burst drain):", what);
+    for (std::size_t i = 0; i < evr_rows; ++i)
+      std::printf("%s %s %.1f", i ? "," : "", drain_rows[i].name.c_str(), drain_rows[i].*field);
+    std::printf("\n");
+  };
+  print_evr_rows("reactor CPU ns per completion", &tp_row::poller_cpu_ns_per_completion);
   // The same passes' own work, without the polling between completions (metrics().busy_time).
-  std::printf("reactor busy ns per completion (burst drain):");
-  for (std::size_t i = 0; i < 4 && i < drain_rows.size(); ++i)
-    std::printf("%s %s %.1f", i ? "," : "", drain_rows[i].name.c_str(),
-                drain_rows[i].busy_ns_per_completion);
-  std::printf("\n");
+  print_evr_rows("reactor busy ns per completion", &tp_row::busy_ns_per_completion);
   if (first_coalesced < drain_rows.size()) {
     std::printf("with coalesce, reactor CPU / busy ns per completion and completions/s:");
     for (std::size_t i = first_coalesced; i < drain_rows.size(); ++i)
@@ -562,16 +563,18 @@ int throughput_main(int argc, char** argv) {
     j.raw("],\"fence_queue_depth\":" + std::to_string(fence_depth) +
           ",\"record_queue_depth\":" + std::to_string(record_depth) +
           ",\"bytes_per_inflight_wait\":" + json_writer::number(bytes_per_wait) +
-          ",\"heap_bytes_per_inflight_wait\":" + json_writer::number(heap_bytes_per_wait) +
-          ",\"reactor_cpu_ns_per_completion_burst\":{");
-    for (std::size_t i = 0; i < 4 && i < drain_rows.size(); ++i)
-      j.raw(std::string(i ? "," : "") + json_writer::quote(drain_rows[i].name) + ":" +
-            json_writer::number(drain_rows[i].poller_cpu_ns_per_completion));
-    j.raw("},\"reactor_busy_ns_per_completion_burst\":{");
-    for (std::size_t i = 0; i < 4 && i < drain_rows.size(); ++i)
-      j.raw(std::string(i ? "," : "") + json_writer::quote(drain_rows[i].name) + ":" +
-            json_writer::number(drain_rows[i].busy_ns_per_completion));
-    j.raw("}}\n");
+          ",\"heap_bytes_per_inflight_wait\":" + json_writer::number(heap_bytes_per_wait) + ",");
+    auto json_evr_rows = [&](const char* key, double tp_row::*field) {
+      j.raw(json_writer::quote(key) + ":{");
+      for (std::size_t i = 0; i < evr_rows; ++i)
+        j.raw(std::string(i ? "," : "") + json_writer::quote(drain_rows[i].name) + ":" +
+              json_writer::number(drain_rows[i].*field));
+      j.raw("}");
+    };
+    json_evr_rows("reactor_cpu_ns_per_completion_burst", &tp_row::poller_cpu_ns_per_completion);
+    j.raw(",");
+    json_evr_rows("reactor_busy_ns_per_completion_burst", &tp_row::busy_ns_per_completion);
+    j.raw("}\n");
     std::fclose(f);
   }
   return 0;

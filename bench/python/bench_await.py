@@ -189,6 +189,8 @@ async def latency(method, d, kernel, samples, spin):
         m1 = reactor_of(d).metrics()
         row["reactor_cores"] = (m1["reactor_cpu_seconds"] - m0["reactor_cpu_seconds"]) / wall
         row["reactor"] = {k: m1[k] - m0[k] for k in ("prediction_misses", "parks", "wakeups", "sweeps")}
+        # The reactor's buckets are [2**i, 2**(i+1)) ns, the loop's hop buckets < 2**i ns: the
+        # same quantile walk, its upper bound one bucket higher.
         row["reactor"]["nap_overshoot_p99_us"] = hop_quantile_us(
             [a - b for a, b in zip(m1["nap_overshoot_log2_ns"], m0["nap_overshoot_log2_ns"])], 0.99) * 2
         for i, name in enumerate(("launch_to_push_us", "push_to_drain_us", "drain_to_resumed_us")):

@@ -7,7 +7,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -35,6 +37,14 @@ namespace {
 [[noreturn]] void raise(const std::error_code& ec) {
   set_python_error(ec);
   throw py::error_already_set();
+}
+
+/// A histogram's counts as a Python list.
+template <std::size_t N>
+py::list to_list(const std::array<std::uint64_t, N>& counts) {
+  py::list l;
+  for (auto n : counts) l.append(n);
+  return l;
 }
 
 /// A query's answer: true when done, false when not ready; raises any other error.
@@ -280,14 +290,9 @@ class py_reactor {
     d["prediction_misses"] = m.prediction_misses;
     d["busy_seconds"] = std::chrono::duration<double>(m.busy_time).count();
     d["reactor_cpu_seconds"] = std::chrono::duration<double>(r_->cpu_time()).count();
-    // log2 histograms (bucket i: [2^i, 2^(i+1)) ns), as lists
-    auto hist = [](const evr::latency_histogram& h) {
-      py::list l;
-      for (auto n : h.counts) l.append(n);
-      return l;
-    };
-    d["nap_overshoot_log2_ns"] = hist(m.nap_overshoot);
-    d["detect_to_deliver_log2_ns"] = hist(m.detect_to_deliver);
+    // log2 histograms (bucket i: [2^i, 2^(i+1)) ns)
+    d["nap_overshoot_log2_ns"] = to_list(m.nap_overshoot.counts);
+    d["detect_to_deliver_log2_ns"] = to_list(m.detect_to_deliver.counts);
     return d;
   }
 
@@ -363,9 +368,7 @@ struct loop_sink {
     d["spin_seconds"] = static_cast<double>(s.spin_ns) * 1e-9;
     d["lead_seconds"] = static_cast<double>(s.lead_ns) * 1e-9;
     d["models"] = waker.models();
-    py::list hop;
-    for (auto n : s.hop_log2_ns) hop.append(n);
-    d["hop_log2_ns"] = hop;
+    d["hop_log2_ns"] = to_list(s.hop_log2_ns);
     const last_completion& l = waker.last();
     d["last_completion_ns"] = py::make_tuple(l.submitted_ns, l.pushed_ns, l.drained_ns);
     return d;

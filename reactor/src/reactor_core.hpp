@@ -128,15 +128,11 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   bool sweep_word(stream_state& st, std::uint64_t word);
   bool sweep_event_front(stream_state& st);  // fence strategies: event markers at the front
   /// The first `run` entries of `st` are event markers (0: as many as lead the timeline, counted
-  /// once the oldest is known done): how many of them are done, from the front. One query of the
-  /// oldest, one of the newest of the run, a bisection between (events of one stream complete in
-  /// record order). An error of the oldest is handled here (it fails, or its device does).
-  struct event_run_result {
-    std::size_t done = 0;    ///< entries known done, from the front (0: the oldest is pending)
-    bool failed = false;     ///< the oldest failed and was retired (or its device failed)
-    bool whole_run = false;  ///< done covers the whole run
-  };
-  event_run_result sweep_event_run(stream_state& st, std::size_t run);
+  /// only once the oldest is known done): retires those that are done, from the front, after one
+  /// query of the oldest, one of the newest of the run and a bisection between (events of one
+  /// stream complete in record order). An error of the oldest fails it, or its device. Returns
+  /// true when something was retired or failed.
+  bool sweep_event_run(stream_state& st, std::size_t run);
   bool probe(stream_state& st, clock::time_point now);
   bool sweep_loose();
   void arm_doorbell(stream_state& st);

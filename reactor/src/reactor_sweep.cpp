@@ -65,54 +65,55 @@ void reactor_core::retire_front(stream_state& st, std::size_t count, std::error_
   st.published_completed_seq.store(st.completed_seq, std::memory_order_relaxed);
 }
 
-reactor_core::event_run_result reactor_core::sweep_event_run(stream_state& st, std::size_t run) {
+bool reactor_core::sweep_event_run(stream_state& st, std::size_t run) {
   // Oldest first: a pending stream costs one cheap query (~0.17 us on the H100).
   auto query = [&](std::size_t i) {
     bump(m_.event_queries);
     return backend_.query_event(st.entries.at(i).event);
   };
   std::error_code ec = query(0);
-  if (is_not_ready(ec)) return {};
+  if (is_not_ready(ec)) return false;
   if (ec) {
     if (is_sticky(ec)) {
       fail_device(st.device, ec);
     } else {
       retire_front(st, 1, ec);  // this event alone is broken (e.g. destroyed handle)
     }
-    return {0, true, false};
+    return true;
   }
   // The oldest is done. If the newest of the run is done too, all of it is (events of one stream
   // complete in record order, and seq order is record order): one more query covers the run.
-  if (run == 0) {  // the events at the front: measured only now, not on every pending sweep
+  if (run == 0) {  // the events at the front: counted only now, not on every pending sweep
     run = 1;
     while (run < st.entries.size() && st.entries.at(run).event != nullptr) ++run;
   }
-  if (run == 1) return {1, false, true};
-  std::error_code last = query(run - 1);
-  if (!last) return {run, false, true};
-  if (!is_not_ready(last)) return {1, false, false};  // met from the front on the next sweeps
-  // Bisect between a done entry (lo) and a pending one (hi).
-  std::size_t lo = 0, hi = run - 1;
-  while (hi - lo > 1) {
-    std::size_t mid = lo + (hi - lo) / 2;
-    std::error_code m = query(mid);
-    if (!m) {
-      lo = mid;
-    } else if (is_not_ready(m)) {
-      hi = mid;
-    } else {
-      break;  // an error: retire what is known done; a later sweep meets the error first
-    }
+  std::size_t done = 1;
+  if (run > 1) {
+    std::error_code last = query(run - 1);
+    if (!last) {
+      done = run;
+    } else if (is_not_ready(last)) {
+      // Bisect between a done entry (lo) and a pending one (hi).
+      std::size_t lo = 0, hi = run - 1;
+      while (hi - lo > 1) {
+        std::size_t mid = lo + (hi - lo) / 2;
+        std::error_code m = query(mid);
+        if (!m) {
+          lo = mid;
+        } else if (is_not_ready(m)) {
+          hi = mid;
+        } else {
+          break;  // an error: retire what is known done; a later sweep meets the error first
+        }
+      }
+      done = lo + 1;
+    }  // else an error of the newest: met from the front on the next sweeps
   }
-  return {lo + 1, false, false};
+  retire_front(st, done, {});
+  return true;
 }
 
-bool reactor_core::sweep_poll(stream_state& st) {
-  const event_run_result r = sweep_event_run(st, st.entries.size());
-  if (r.failed) return true;
-  retire_front(st, r.done, {});
-  return r.done > 0;
-}
+bool reactor_core::sweep_poll(stream_state& st) { return sweep_event_run(st, st.entries.size()); }
 
 bool reactor_core::sweep_word(stream_state& st, std::uint64_t word) {
   // Entries are in sequence order: count those the word covers, then retire them in one batch.
@@ -126,17 +127,9 @@ bool reactor_core::sweep_event_front(stream_state& st) {
   // Event markers among fence entries (a busy device's overflow, or more busy streams than
   // hardware queues: then every new wait records one): the word cannot vouch for an event entry
   // at the front until a later fence lands, so the run of events at the front is queried as
-  // sweep_poll queries a whole stream, the newest of the run first, then a bisection.
-  bool progress = false;
-  while (!st.entries.empty() && st.entries.front().event != nullptr) {
-    const event_run_result r = sweep_event_run(st, 0);
-    if (r.failed) return true;
-    if (r.done == 0) break;
-    retire_front(st, r.done, {});
-    progress = true;
-    if (!r.whole_run) break;  // the rest of the run is pending
-  }
-  return progress;
+  // sweep_poll queries a whole stream. A further run behind fence entries waits for the next
+  // sweep (which comes at once after progress).
+  return !st.entries.empty() && st.entries.front().event != nullptr && sweep_event_run(st, 0);
 }
 
 bool reactor_core::probe(stream_state& st, clock::time_point now) {

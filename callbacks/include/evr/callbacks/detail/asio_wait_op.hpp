@@ -166,6 +166,12 @@ class asio_wait_op final : public wait_op {
     if (slot.is_connected()) slot.template emplace<cancel_handler>(this);
   }
 
+  /// Undoes connect_cancellation: the slot no longer calls into this operation.
+  void disconnect_cancellation() noexcept {
+    auto slot = handler_slot(handler_);
+    if (slot.is_connected()) slot.clear();
+  }
+
   /// Completes a refused operation: posted, never inline.
   static void reject(asio_wait_op* self, std::error_code ec) noexcept {
     // done: a cancellation signal arriving before the posted completion runs is a no-op.
@@ -230,8 +236,7 @@ class asio_wait_op final : public wait_op {
   }
 
   static void finish(asio_wait_op* self, std::error_code ec) {
-    auto slot = handler_slot(self->handler_);
-    if (slot.is_connected()) slot.clear();
+    self->disconnect_cancellation();
     allocator alloc(
         asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
     Handler handler(std::move(self->handler_));
@@ -248,8 +253,7 @@ class asio_wait_op final : public wait_op {
     // cancellation slot too, or a signal the user keeps would later call into freed memory. This
     // runs where the context is being shut down (its handlers no longer run) or, after a failed
     // post, on the reactor thread.
-    auto slot = handler_slot(self->handler_);
-    if (slot.is_connected()) slot.clear();
+    self->disconnect_cancellation();
     allocator alloc(
         asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
     self->~asio_wait_op();
