@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import concurrent.futures
 import threading
+import time
 import weakref
 from typing import Any, Optional
 
@@ -253,15 +253,16 @@ _loop_spin = 200e-6  # seconds; see set_loop_spin
 
 
 def set_loop_spin(max_seconds: float) -> None:
-    """How long an idle event loop may poll for a predicted completion (default 200 us; 0: never).
+    """How long a coroutine may poll for a predicted completion (default 200 us; 0: never).
 
-    A completion normally reaches a sleeping loop through an eventfd, and the loop thread's
-    wake-up costs what the host's scheduler takes (tens of microseconds). For streams whose work
-    takes a predictable time, evr wakes the loop on a precise timer just before the predicted end
-    and, when no other callback is ready, lets it poll (GIL released) until the completion
-    arrives or its window passes, at most ``max_seconds`` per wake-up. Costs CPU on the loop
-    thread only while it would otherwise sleep; waits on unpredictable streams are not affected.
-    Applies to every loop, now and later. See docs/python.md, "Latency and CPU".
+    A completion normally reaches a sleeping loop through an eventfd, and the loop's wake-up and
+    the resume of the awaiting task cost tens of microseconds. For streams whose work takes a
+    predictable time, evr wakes the awaiting coroutine on a precise timer just before the
+    predicted end and lets it poll between yields (other tasks keep running) until the completion
+    arrives or its window passes, at most ``max_seconds`` per window; one window is open per loop
+    at a time. Costs CPU on the loop thread during the windows only; waits on unpredictable
+    streams, and futures nobody awaits (gathered), are not affected. Applies to every loop, now
+    and later. See docs/python.md, "Latency and CPU".
     """
     global _loop_spin
     if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)):
@@ -281,9 +282,11 @@ def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = None) -> Optional[dic
 
     ``completions``; ``hop_log2_ns`` (bucket i counts completions that took < 2**i ns from the
     reactor's push to the loop's drain); the polling of :func:`set_loop_spin`: ``predicted``
-    (waits given a wake-up time), ``timer_fires``, ``spins``, ``spin_hits`` (the completion came
-    while polling), ``spin_misses`` (it did not: back to the eventfd), ``skipped_busy`` (the loop
-    had other work), ``spin_seconds``, ``lead_seconds`` (how early the loop is woken), ``models`` (streams with a
+    (waits given a wake-up time), ``timer_fires``, ``spins`` (windows a coroutine polled in),
+    ``spin_hits`` (its completion came meanwhile), ``spin_misses`` (windows or due waits that
+    passed without it: back to the eventfd), ``not_polled`` (due waits nobody awaited),
+    ``window_open`` (a coroutine is polling now),
+    ``spin_seconds``, ``lead_seconds`` (how early a window opens), ``models`` (streams with a
     learned duration: at most 4096 per loop, then forgotten together); ``last_completion_ns``:
     the last completion drained, as CLOCK_MONOTONIC nanoseconds (``time.monotonic_ns()``'s clock)
     of its submission, the reactor's push and the loop's drain (zeros before the first)."""
@@ -303,16 +306,87 @@ def _sink_for(loop: asyncio.AbstractEventLoop) -> "_evr.LoopSink":
         if sink is None:
             for old in [lp for lp in _sinks if lp.is_closed()]:
                 _sinks.pop(old).close()  # its completions are dropped from now on
-            # asyncio's queue of ready callbacks tells the waker whether the loop is idle
-            # (uvloop has none that we can read: there the loop counts as idle).
-            ready = getattr(loop, "_ready", None)
-            sink = _evr.LoopSink(ready if isinstance(ready, collections.deque) else None,
-                                 _loop_spin)
+            sink = _evr.LoopSink(_loop_spin)
             loop.add_reader(sink.fd, sink.drain)
             loop.add_reader(sink.timer_fd, sink.on_timer)
             _sinks[loop] = sink
     tls["loop"], tls["sink"] = loop, sink
     return sink
+
+
+class _GpuWait(asyncio.Future):
+    """The future :func:`wait` returns: an ``asyncio.Future`` that, when awaited, may poll for its
+    completion near the predicted end (docs/python.md, "Latency and CPU").
+
+    Awaited on a predictable stream (``_wake_at`` set), the coroutine first sleeps on a private
+    future, ``_window``, which the loop's timer resolves when this wait's window opens
+    (``_open_window``) and which the drain resolves if the completion comes first
+    (``_wake_sleeper``). In the window it polls the loop's completion queue between bare
+    ``yield``s (the loop runs its other callbacks in between, as with ``asyncio.sleep(0)``); its
+    completion found, it returns without another trip through the loop. The window closed
+    (``sink.window_closed``, exactly once, also when the task is cancelled or destroyed
+    meanwhile), it awaits the future as usual. Loop thread only.
+    """
+
+    __slots__ = ("_sink", "_wake_at", "_until", "_window", "_poller")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sink: "_evr.LoopSink") -> None:
+        super().__init__(loop=loop)
+        self._sink = sink
+        self._wake_at = 0  # the wait's wake-up time (monotonic ns); 0: no prediction
+        self._until = 0  # the end of its window, once open
+        self._window: Optional[asyncio.Future] = None
+        self._poller = False  # this wait's window is open and its coroutine polls in it
+
+    # Called by the loop's timer (C++, loop_sink::on_timer): True when a coroutine will poll.
+    def _open_window(self, until_ns: int) -> bool:
+        w = self._window
+        if w is None or w.done() or self.done():
+            return False
+        self._until, self._poller = until_ns, True
+        w.set_result(None)
+        return True
+
+    # Called by the drain (C++, resolve_all) after resolving a wait that got a wake-up time: a
+    # completion (or a cancellation's aborted one) before the window ends the sleep.
+    def _wake_sleeper(self) -> None:
+        w = self._window
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _near_the_end(self):
+        sink, opened = self._sink, 0
+        try:
+            if not self._until:  # sleep until the window opens (or the wait ends first)
+                self._window = self.get_loop().create_future()
+                yield from self._window
+            if not self._poller or self.done():
+                return
+            opened, until = time.monotonic_ns(), self._until
+            while True:
+                sink.poll()  # drains what came: resolves this future and any other
+                if self.done():
+                    return
+                if time.monotonic_ns() >= until:
+                    return  # the prediction missed: the eventfd brings the completion
+                yield  # one round of the loop's other callbacks
+        finally:
+            self._window = None
+            if self._poller:
+                self._poller = False
+                # A hit when the completion came while the window was open, however found.
+                sink.window_closed(self.done(), opened or time.monotonic_ns())
+
+    def __await__(self):
+        if self._wake_at and not self.done():
+            try:
+                yield from self._near_the_end()
+            except asyncio.CancelledError:
+                self.cancel()  # the task was cancelled: so is the wait (as when awaiting it)
+                raise
+        return (yield from super().__await__())
+
+    __iter__ = __await__
 
 
 # --- the API -----------------------------------------------------------------------------------
@@ -333,9 +407,14 @@ def wait(x: Any, *, reactor: Optional[Reactor] = None) -> "asyncio.Future[None]"
         raise RuntimeError("evr.wait: no running event loop (call it from a coroutine; outside "
                            "asyncio use evr.wait_future)") from None
     r, kind, handle, device = _resolve(x, reactor, "evr.wait")
-    fut = loop.create_future()
+    sink = _sink_for(loop)
+    # Only a wait that will get a wake-up time needs the polling future; the others (irregular
+    # work, waits queued behind a scheduled one) are plain futures, as cheap as asyncio's own.
+    fut = _GpuWait(loop, sink) if sink.predictable(handle) else loop.create_future()
     try:
-        r._impl.wait_async(_sink_for(loop), fut, kind, handle, device)
+        wake_at = r._impl.wait_async(sink, fut, kind, handle, device)
+        if wake_at:
+            fut._wake_at = wake_at
     except CudaError as e:  # the device had already failed: the wait fails, the call does not
         fut.set_exception(e)
     return fut

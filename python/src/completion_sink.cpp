@@ -26,6 +26,7 @@ PyObject* s_cancelled = nullptr;
 PyObject* s_set_result = nullptr;
 PyObject* s_set_exception = nullptr;
 PyObject* s_set_running = nullptr;
+PyObject* s_wake_sleeper = nullptr;
 
 void intern_names() noexcept {
   if (s_cancelled != nullptr) return;
@@ -33,6 +34,7 @@ void intern_names() noexcept {
   s_set_result = name("set_result");
   s_set_exception = name("set_exception");
   s_set_running = name("set_running_or_notify_cancel");
+  s_wake_sleeper = name("_wake_sleeper");
 }
 
 // Calls obj.<method>(arg) (or without argument when arg is nullptr); returns true when it ran
@@ -221,6 +223,9 @@ void resolve_all(completion* list) noexcept {
     switch (c->what) {
       case completion::kind::asyncio_future:
         if (!call_truthy(c->obj, s_cancelled)) settle(c->obj, c->ec);
+        // A wait that got a wake-up time: its coroutine may sleep on the window future
+        // (python/evr/__init__.py, _GpuWait), which the completion ends.
+        if (c->wake_at != 0) call(c->obj, s_wake_sleeper, nullptr);
         break;
       case completion::kind::concurrent_future:
         if (call_truthy(c->obj, s_set_running)) settle(c->obj, c->ec);

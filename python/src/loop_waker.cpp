@@ -10,17 +10,6 @@
 #include <cmath>
 #include <system_error>
 
-#include <Python.h>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define EVR_PY_CPU_RELAX() _mm_pause()
-#elif defined(__aarch64__)
-#define EVR_PY_CPU_RELAX() asm volatile("yield")
-#else
-#define EVR_PY_CPU_RELAX() (void)0
-#endif
-
 namespace evr_py {
 namespace {
 
@@ -67,29 +56,46 @@ void loop_waker::set_max_spin_ns(std::int64_t ns) noexcept {
   if (max_spin_ns_ == 0) clear();
 }
 
-void loop_waker::on_submit(completion* c, std::uintptr_t key) noexcept {
+std::int64_t loop_waker::on_submit(completion* c, std::uintptr_t key) noexcept {
   const std::int64_t now = monotonic_ns();
   c->submitted_ns = now;
   c->key = key;
   c->wake_ticket = 0;
-  if (max_spin_ns_ == 0) return;
-  auto it = models_.find(key);
-  if (it == models_.end() || it->second.samples < min_samples) return;
-  const model& m = it->second;
-  if (m.dev_ns > max_dev_share * m.mean_ns + dev_allowance_ns) return;  // not predictable
+  if (!predictable(key)) return 0;
+  model& m = models_.find(key)->second;
   const auto predicted_end = now + static_cast<std::int64_t>(m.mean_ns);
   const auto dev = static_cast<std::int64_t>(m.dev_ns);
   c->wake_at = std::max(now, predicted_end - 2 * dev - stats_.lead_ns);
   c->spin_until = predicted_end + 3 * dev + window_margin_ns;
   c->wake_ticket = next_ticket_++;
   const bool earliest = schedule_.empty() || c->wake_at < schedule_.begin()->wake_at;
-  schedule_.insert(slot{c->wake_at, c->wake_ticket, c->spin_until});
+  schedule_.insert(slot{c->wake_at, c->wake_ticket, c->spin_until, c});
+  m.scheduled_ticket = c->wake_ticket;
   ++stats_.predicted;
   if (earliest) arm();
+  return c->wake_at;
+}
+
+bool loop_waker::predictable(std::uintptr_t key) const noexcept {
+  if (max_spin_ns_ == 0) return false;
+  auto it = models_.find(key);
+  if (it == models_.end() || it->second.samples < min_samples) return false;
+  const model& m = it->second;
+  if (m.dev_ns > max_dev_share * m.mean_ns + dev_allowance_ns) return false;  // irregular work
+  // One scheduled wait per stream: waits queued behind it complete with it or after it, and
+  // its poller drains whatever comes (10 000 waits on one stream must not cost 10 000 windows).
+  return m.scheduled_ticket == 0;
+}
+
+void loop_waker::unscheduled(std::uintptr_t key, std::uint64_t ticket) noexcept {
+  auto it = models_.find(key);
+  if (it != models_.end() && it->second.scheduled_ticket == ticket) it->second.scheduled_ticket = 0;
 }
 
 void loop_waker::forget(const completion* c) noexcept {
-  if (c->wake_ticket != 0) schedule_.erase(slot{c->wake_at, c->wake_ticket, c->spin_until});
+  if (c->wake_ticket == 0) return;
+  schedule_.erase(slot{c->wake_at, c->wake_ticket, c->spin_until, nullptr});
+  unscheduled(c->key, c->wake_ticket);
 }
 
 void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
@@ -110,67 +116,61 @@ void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
   if (m.samples < min_samples) ++m.samples;
 }
 
-void loop_waker::on_timer(const completion_sink& sink, bool loop_idle) noexcept {
+void loop_waker::on_timer_fired() noexcept {
   std::uint64_t expirations;
   while (::read(fd_, &expirations, sizeof expirations) < 0 && errno == EINTR) {
   }
-  std::int64_t now = monotonic_ns();
+  const std::int64_t now = monotonic_ns();
   if (armed_for_ != 0 && now >= armed_for_) {
-    // How late this loop's timer wake-ups are: the lead for the next predictions.
-    const auto late = static_cast<double>(std::min(now - armed_for_, max_late_sample_ns));
+    ++stats_.timer_fires;
+    // How late this loop's timer wake-ups are: the lead for the next predictions. A timer armed
+    // for a time already past (a window closed after the next wait was due) fires at once: its
+    // lateness counts from the arming, not from the due time.
+    const auto late =
+        static_cast<double>(std::min(now - std::max(armed_for_, armed_at_), max_late_sample_ns));
     update(late_mean_ns_, late_dev_ns_, late, false);
     stats_.lead_ns = std::clamp<std::int64_t>(
         static_cast<std::int64_t>(late_mean_ns_ + 2 * late_dev_ns_) + min_lead_ns, min_lead_ns,
         max_lead_ns);
   }
-  armed_for_ = 0;
-  if (schedule_.empty() || schedule_.begin()->wake_at > now) {
-    arm();  // fired for an entry that has since gone (drained or forgotten)
-    return;
+  armed_for_ = 0;  // a timerfd that fired is disarmed (no interval)
+}
+
+completion* loop_waker::open_next(std::int64_t now, std::int64_t& until) noexcept {
+  if (window_open_ || schedule_.empty() || schedule_.begin()->wake_at > now) {
+    arm();  // fired for an entry that has since gone (drained or forgotten), or a window is open
+    return nullptr;
   }
-  ++stats_.timer_fires;
-  if (sink.has_pending()) {
-    ++stats_.spin_hits;  // already there (its eventfd reader may be next in line): just drain
-    return;
+  const slot s = *schedule_.begin();
+  schedule_.erase(schedule_.begin());
+  unscheduled(s.node->key, s.ticket);
+  s.node->wake_ticket = 0;  // out of the schedule: on_drained has nothing to erase
+  window_open_ = true;
+  arm();  // disarmed while the window is open (the drain before may have armed it for this entry)
+  until = std::max(std::min(s.spin_until, now + max_spin_ns_), now + 1'000);
+  return s.node;
+}
+
+void loop_waker::window_closed(bool polled, bool hit, std::int64_t opened_ns,
+                               std::int64_t now) noexcept {
+  if (!window_open_) return;  // cleared meanwhile (the loop closed)
+  window_open_ = false;
+  if (!polled) {
+    ++stats_.not_polled;
+  } else {
+    ++stats_.spins;
+    ++(hit ? stats_.spin_hits : stats_.spin_misses);
+    stats_.spin_ns += std::max<std::int64_t>(0, now - opened_ns);
   }
-  if (!loop_idle) {
-    // Other callbacks are ready: do not hold them up. The due waits fall back to the eventfd.
-    while (!schedule_.empty() && schedule_.begin()->wake_at <= now) {
-      schedule_.erase(schedule_.begin());
-      ++stats_.skipped_busy;
-    }
-    arm();
-    return;
-  }
-  // Poll until a completion arrives or the earliest due wait's window has passed.
-  std::int64_t until = now + max_spin_ns_;
-  for (auto it = schedule_.begin(); it != schedule_.end() && it->wake_at <= now; ++it)
-    until = std::min(until, it->spin_until);
-  until = std::max(until, now + 1'000);
-  ++stats_.spins;
-  bool hit = false;
-  PyThreadState* ts = PyEval_SaveThread();  // other Python threads run while we poll
-  do {
-    for (int i = 0; i < 16; ++i) EVR_PY_CPU_RELAX();
-    hit = sink.has_pending();
-  } while (!hit && monotonic_ns() < until);
-  PyEval_RestoreThread(ts);
-  stats_.spin_ns += monotonic_ns() - now;
-  if (hit) {
-    ++stats_.spin_hits;
-    return;  // the caller drains next, then rearm() drops the entries whose window has passed
-  }
-  // Nothing came within max_spin or the window: every wait that was due falls back to the
-  // eventfd (never polled for twice).
-  while (!schedule_.empty() && schedule_.begin()->wake_at <= now) {
-    schedule_.erase(schedule_.begin());
-    ++stats_.spin_misses;
-  }
+  rearm(now);
 }
 
 void loop_waker::rearm(std::int64_t now) noexcept {
   while (!schedule_.empty() && schedule_.begin()->spin_until <= now) {
     // Its window passed without the completion: the prediction missed; the eventfd brings it.
+    completion* node = schedule_.begin()->node;
+    unscheduled(node->key, node->wake_ticket);
+    node->wake_ticket = 0;
     schedule_.erase(schedule_.begin());
     ++stats_.spin_misses;
   }
@@ -180,12 +180,15 @@ void loop_waker::rearm(std::int64_t now) noexcept {
 }
 
 void loop_waker::clear() noexcept {
+  for (const slot& s : schedule_) unscheduled(s.node->key, s.ticket);
   schedule_.clear();
+  window_open_ = false;
   arm();
 }
 
 void loop_waker::arm() noexcept {
-  const std::int64_t at = schedule_.empty() ? 0 : schedule_.begin()->wake_at;
+  // While a window is open its poller drains whatever comes: no timer until it closes.
+  const std::int64_t at = (window_open_ || schedule_.empty()) ? 0 : schedule_.begin()->wake_at;
   if (at == armed_for_) return;
   itimerspec spec{};
   if (at != 0) {
@@ -193,7 +196,10 @@ void loop_waker::arm() noexcept {
     spec.it_value.tv_nsec = at % 1'000'000'000;
   }
   // Absolute time: a time already past fires at once. A zero it_value disarms.
-  if (::timerfd_settime(fd_, TFD_TIMER_ABSTIME, &spec, nullptr) == 0) armed_for_ = at;
+  if (::timerfd_settime(fd_, TFD_TIMER_ABSTIME, &spec, nullptr) == 0) {
+    armed_for_ = at;
+    armed_at_ = at != 0 ? monotonic_ns() : 0;
+  }
 }
 
 }  // namespace evr_py

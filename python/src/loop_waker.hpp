@@ -1,11 +1,11 @@
-// python/src/loop_waker.hpp — hybrid polling on an asyncio loop's thread: wake it just before a
-// predicted completion and let it poll its completion queue, instead of paying a cold wake-up.
+// python/src/loop_waker.hpp — hybrid polling for asyncio: wake the awaiting coroutine just before
+// its predicted completion and let it poll, instead of paying the loop's wake-up and resume.
 //
-// Why: a completion reaches a sleeping event loop through an eventfd, and the loop thread's
-// wake-up from epoll_wait costs what the host's scheduler takes (on the H100 host 15-20 us at the
-// median, more in the tail): most of what `await evr.wait(s)` adds over a thread that spins on
-// the stream. The reactor already finds the GPU's completion within a few microseconds; what is
-// left is this hop. So, per loop:
+// Why: a completion reaches a sleeping event loop through an eventfd; the loop's wake-up from
+// epoll_wait and the resume of the awaiting task (set_result -> call_soon -> the next iteration
+// -> the coroutine) cost, on the H100 host, 10-25 us after a wait of 0.2-5 ms even in plain
+// asyncio: most of what `await evr.wait(s)` adds over a coroutine that polls the stream itself.
+// The reactor already finds the GPU's completion within a few microseconds. So, per loop:
 //   * a predictor per stream (the key is the target's handle) learns the time from submission to
 //     completion (exponentially weighted mean and mean absolute deviation, as the reactor's idle
 //     policy does);
@@ -14,19 +14,26 @@
 //     lateness of this loop's timer wake-ups, plus a margin);
 //   * a timerfd (no timer slack, nanosecond resolution, unlike asyncio's millisecond timers),
 //     watched by the loop like the eventfd, is armed for the earliest such time;
-//   * when it fires and the loop has nothing else ready, the loop thread polls its completion
-//     queue (GIL released) until a completion arrives or the window of the earliest due wait has
-//     passed (its predicted end plus three deviations, at most `max_spin`), then drains.
-// A wait whose prediction missed falls back to the eventfd (its entry is dropped, never re-armed),
-// and so do waits on unpredictable streams and every wait while max_spin is 0. The spin blocks the
-// loop for at most max_spin, and only when nothing else was ready to run.
+//   * when it fires, the earliest due wait's window opens (open_next): the coroutine awaiting it
+//     (evr's future, python/evr/__init__.py) wakes and polls the completion queue between
+//     `yield`s, as `while not s.query(): await asyncio.sleep(0)` does, so other tasks still run;
+//     when its completion is there it returns at once, without another trip through the loop.
+//     The window ends at the predicted end plus three deviations, at most `max_spin` after it
+//     opened (window_closed).
+// One wait per stream is scheduled at a time (the first one pending; those queued behind it
+// complete with it or later, and its poller drains whatever comes). One window is open per loop
+// at a time: the poller drains every completion it finds, so the
+// waits due meanwhile are resolved by it; the timer stays disarmed until the window closes. A
+// wait whose window passed falls back to the eventfd (never polled for twice), as do waits on
+// unpredictable streams, waits that nobody awaits (gathered futures), and every wait while
+// max_spin is 0.
 //
-// Thread safety: every member runs with the GIL held, which serializes them: on the loop's thread,
+// Thread safety: every member runs with the GIL held, which serializes them, on the loop's thread,
 // except set_max_spin_ns() and stats(), which evr.set_loop_spin / evr.loop_stats may call from
-// any thread. on_timer() releases the GIL while it polls and touches only the sink and its locals
-// meanwhile. The completion nodes' fields used here (submitted_ns, key, wake_at, wake_ticket,
+// any thread. The completion nodes' fields used here (submitted_ns, key, wake_at, wake_ticket,
 // spin_until) are written and read on the loop's thread only; pushed_ns is written by the
-// reactor thread before the push and read here after the drain's acquire.
+// reactor thread before the push and read here after the drain's acquire. A node in the schedule
+// has not been drained, so it is alive (only this loop's drain frees it, after on_drained).
 #pragma once
 
 #include <array>
@@ -42,14 +49,14 @@ namespace evr_py {
 std::int64_t monotonic_ns() noexcept;
 
 struct loop_stats {
-  std::uint64_t completions = 0;   ///< completions drained on this loop
-  std::uint64_t predicted = 0;     ///< waits that got a wake-up time
-  std::uint64_t timer_fires = 0;   ///< the timerfd woke the loop
-  std::uint64_t spins = 0;         ///< ... and the loop polled (it was idle)
-  std::uint64_t spin_hits = 0;     ///< a completion was there when it fired or came while polling
-  std::uint64_t spin_misses = 0;   ///< waits whose window passed while polling (fell back)
-  std::uint64_t skipped_busy = 0;  ///< due waits not polled for: the loop had other work
-  std::int64_t spin_ns = 0;        ///< time spent polling
+  std::uint64_t completions = 0;  ///< completions drained on this loop
+  std::uint64_t predicted = 0;    ///< waits that got a wake-up time
+  std::uint64_t timer_fires = 0;  ///< the timerfd woke the loop
+  std::uint64_t spins = 0;        ///< windows opened with a coroutine polling
+  std::uint64_t spin_hits = 0;    ///< ... that ended with the wait's completion
+  std::uint64_t spin_misses = 0;  ///< windows (or due waits) that passed without it (fell back)
+  std::uint64_t not_polled = 0;   ///< due waits nobody awaited (a gathered future): eventfd
+  std::int64_t spin_ns = 0;       ///< time spent in open windows
   /// log2 histogram of "pushed by the reactor -> drained by the loop" (bucket i: < 2^i ns).
   std::array<std::uint64_t, 40> hop_log2_ns{};
   std::int64_t lead_ns = 0;  ///< the current lead (timer lateness estimate + margin)
@@ -76,13 +83,26 @@ class loop_waker {
   /// 0 disables the polling (and the timer): every completion then comes through the eventfd.
   void set_max_spin_ns(std::int64_t ns) noexcept;
 
+  /// Whether a wait on `key` submitted now would get a wake-up time (evr.wait makes its polling
+  /// future only for those; the others are plain asyncio futures, at no extra cost).
+  bool predictable(std::uintptr_t key) const noexcept;
   /// A wait on `key` was submitted (its node not yet pushed: call before the reactor can run it).
-  void on_submit(completion* c, std::uintptr_t key) noexcept;
+  /// Returns its wake-up time (CLOCK_MONOTONIC ns), 0 when it gets none (as predictable() said).
+  std::int64_t on_submit(completion* c, std::uintptr_t key) noexcept;
   /// Every node of a drained batch, before it is resolved and freed.
   void on_drained(const completion* c, std::int64_t now) noexcept;
-  /// The timerfd is readable. `loop_idle`: nothing else is ready to run on the loop. Polls `sink`
-  /// (GIL released) when a wait is due and the loop is idle; the caller drains afterwards.
-  void on_timer(const completion_sink& sink, bool loop_idle) noexcept;
+  /// The timerfd is readable: consumes it and learns how late it fired. The caller drains, then
+  /// calls open_next.
+  void on_timer_fired() noexcept;
+  /// When no window is open and the earliest scheduled wait is due: takes it out of the schedule,
+  /// opens its window and returns its node, with the window's end in `until` (at most max_spin
+  /// from now). The caller hands the window to the wait's coroutine, and calls window_closed
+  /// once it ends (or at once when nobody polls). Otherwise nullptr (and the timer is rearmed).
+  completion* open_next(std::int64_t now, std::int64_t& until) noexcept;
+  /// The open window ended: `polled` (a coroutine polled in it), `hit` (its wait completed
+  /// meanwhile), `opened_ns` (when it opened). Rearms the timer for the next due wait.
+  void window_closed(bool polled, bool hit, std::int64_t opened_ns, std::int64_t now) noexcept;
+  bool window_open() const noexcept { return window_open_; }
   /// The loop closed: forget every schedule entry (the nodes go elsewhere) and disarm.
   void clear() noexcept;
 
@@ -95,6 +115,7 @@ class loop_waker {
     double mean_ns = 0;
     double dev_ns = 0;
     std::uint32_t samples = 0;
+    std::uint64_t scheduled_ticket = 0;  ///< this stream's wait in the schedule (0: none)
   };
   /// A scheduled wait, ordered by wake-up time (the ticket makes equal times distinct). The node
   /// keeps the same three values, so the drain can erase its entry without a lookup table.
@@ -102,6 +123,7 @@ class loop_waker {
     std::int64_t wake_at;
     std::uint64_t ticket;
     std::int64_t spin_until;  ///< the end of the wait's window (predicted end + 3 dev + margin)
+    completion* node;         ///< not part of the order
     bool operator<(const slot& o) const noexcept {
       return wake_at != o.wake_at ? wake_at < o.wake_at : ticket < o.ticket;
     }
@@ -115,11 +137,16 @@ class loop_waker {
   void forget(const completion* c) noexcept;
 
  private:
-  void arm() noexcept;  ///< the timerfd for the earliest entry (or disarmed when none)
+  /// The wait `ticket` of stream `key` left the schedule: the stream may schedule another.
+  void unscheduled(std::uintptr_t key, std::uint64_t ticket) noexcept;
+  /// The timerfd for the earliest entry (disarmed when there is none or a window is open).
+  void arm() noexcept;
 
   int fd_ = -1;
   std::int64_t max_spin_ns_;
   std::int64_t armed_for_ = 0;  ///< the time the timerfd is armed for (0: disarmed)
+  std::int64_t armed_at_ = 0;   ///< when it was armed
+  bool window_open_ = false;
   std::uint64_t next_ticket_ = 1;
   std::set<slot> schedule_;
   std::unordered_map<std::uintptr_t, model> models_;

@@ -201,12 +201,14 @@ class py_reactor {
   /// Starts a wait whose completion resolves `fut` through `sink`, and makes cancelling `fut`
   /// cancel the C++ wait (evr::wait_handle; it then completes once with operation_aborted, which
   /// the drain skips for a cancelled future). Raises on refusal.
-  void submit(const std::shared_ptr<completion_sink>& sink, py::handle fut, completion::kind what,
-              const evr::wait_target& t, loop_waker* waker = nullptr, std::uintptr_t key = 0) {
+  std::int64_t submit(const std::shared_ptr<completion_sink>& sink, py::handle fut,
+                      completion::kind what, const evr::wait_target& t, loop_waker* waker = nullptr,
+                      std::uintptr_t key = 0) {
     auto* c = new completion;
     c->what = what;
     c->obj = fut.inc_ref().ptr();
-    if (waker != nullptr) waker->on_submit(c, key);  // before the reactor can see the node
+    // Before the reactor can see the node (it may be drained and freed right after on_complete).
+    const std::int64_t wake_at = waker != nullptr ? waker->on_submit(c, key) : 0;
     auto canceller = std::make_unique<wait_canceller>();
     std::shared_ptr<completion_sink> keep = sink;  // the sink outlives the pending wait
     std::error_code ec = evr::on_complete(
@@ -226,17 +228,20 @@ class py_reactor {
     // The future's done callback: cancels the wait if the future was cancelled. It holds the
     // handle (memory-safe whenever it runs) until the future is done and its callbacks ran.
     fut.attr("add_done_callback")(py::cast(std::move(canceller)));
+    return wake_at;
   }
 
-  void wait_async(const std::shared_ptr<completion_sink>& sink, loop_waker& waker, py::handle fut,
-                  int kind, std::uintptr_t handle, int device) {
-    submit(sink, fut, completion::kind::asyncio_future, target(kind, handle, device), &waker,
-           handle);
+  /// Returns the wait's wake-up time (see loop_waker), 0 when it has none.
+  std::int64_t wait_async(const std::shared_ptr<completion_sink>& sink, loop_waker& waker,
+                          py::handle fut, int kind, std::uintptr_t handle, int device) {
+    return submit(sink, fut, completion::kind::asyncio_future, target(kind, handle, device), &waker,
+                  handle);
   }
 
   void wait_future(py::handle fut, int kind, std::uintptr_t handle, int device) {
     start_resolver();
-    submit(resolver_ptr(), fut, completion::kind::concurrent_future, target(kind, handle, device));
+    (void)submit(resolver_ptr(), fut, completion::kind::concurrent_future,
+                 target(kind, handle, device));
   }
 
   void release_after(py::handle obj, int kind, std::uintptr_t handle, int device) {
@@ -315,9 +320,7 @@ class py_reactor {
 /// One per asyncio event loop: the completion queue and its eventfd, and the loop_waker with its
 /// timerfd (both watched with loop.add_reader). Loop thread only, GIL held.
 struct loop_sink {
-  /// `ready`: the loop's queue of ready callbacks when it has one we can read (asyncio's
-  /// `loop._ready`), else None: then the loop counts as idle when the waker's timer fires.
-  loop_sink(py::object ready, double max_spin_s) : ready_(std::move(ready)) {
+  explicit loop_sink(double max_spin_s) {
     waker.set_max_spin_ns(seconds_to_ns(max_spin_s, "evr: max_spin").count());
   }
 
@@ -335,16 +338,38 @@ struct loop_sink {
     if (list != nullptr) resolve_all(list);
     waker.rearm(monotonic_ns());
   }
-  /// The timerfd's reader: a predicted completion is near; poll for it if the loop is idle.
-  void on_timer() {
-    bool idle = true;
-    if (!ready_.is_none()) {
-      const Py_ssize_t n = PyObject_Length(ready_.ptr());
-      if (n < 0) PyErr_Clear();
-      idle = n <= 0;
-    }
-    waker.on_timer(*sink, idle);
+  /// The poller's check between its yields: drains when something arrived (no syscall when
+  /// nothing did). Returns whether it drained.
+  bool poll() {
+    if (!sink->has_pending()) return false;
     drain();
+    return true;
+  }
+  /// The timerfd's reader: a predicted completion is near. Drains what came, then opens the
+  /// window of the earliest due wait: its future's `_open_window(until_ns)` wakes the coroutine
+  /// awaiting it, which polls (poll()) until its completion or `until`, then calls
+  /// window_closed(). A future nobody awaits declines (returns False): the window closes at once.
+  void on_timer() {
+    waker.on_timer_fired();
+    drain();
+    std::int64_t until = 0;
+    const std::int64_t now = monotonic_ns();
+    completion* c = waker.open_next(now, until);
+    if (c == nullptr) return;
+    static PyObject* s_open_window = PyUnicode_InternFromString("_open_window");  // leaked
+    bool taken = false;
+    if (PyObject* r =
+            PyObject_CallMethodObjArgs(c->obj, s_open_window, py::int_(until).ptr(), nullptr)) {
+      taken = PyObject_IsTrue(r) == 1;
+      Py_DECREF(r);
+    }
+    PyErr_Clear();
+    if (!taken) waker.window_closed(false, false, now, monotonic_ns());
+  }
+  /// The poller's window ended (see on_timer): `hit` when its wait completed, `opened_ns` when the
+  /// window opened (time.monotonic_ns()).
+  void window_closed(bool hit, std::int64_t opened_ns) {
+    waker.window_closed(true, hit, opened_ns, monotonic_ns());
   }
   /// The loop is closed: drop what is left without resolving; later completions go to the
   /// resolver, which drops them.
@@ -364,7 +389,8 @@ struct loop_sink {
     d["spins"] = s.spins;
     d["spin_hits"] = s.spin_hits;
     d["spin_misses"] = s.spin_misses;
-    d["skipped_busy"] = s.skipped_busy;
+    d["not_polled"] = s.not_polled;
+    d["window_open"] = waker.window_open();
     d["spin_seconds"] = static_cast<double>(s.spin_ns) * 1e-9;
     d["lead_seconds"] = static_cast<double>(s.lead_ns) * 1e-9;
     d["models"] = waker.models();
@@ -373,9 +399,6 @@ struct loop_sink {
     d["last_completion_ns"] = py::make_tuple(l.submitted_ns, l.pushed_ns, l.drained_ns);
     return d;
   }
-
- private:
-  py::object ready_;
 };
 
 }  // namespace
@@ -421,11 +444,17 @@ PYBIND11_MODULE(_evr, m) {
       .def_readonly("cancelled", &wait_canceller::cancelled);
 
   py::class_<loop_sink>(m, "LoopSink")
-      .def(py::init<py::object, double>(), py::arg("ready"), py::arg("max_spin"))
+      .def(py::init<double>(), py::arg("max_spin"))
       .def_property_readonly("fd", &loop_sink::fd)
       .def_property_readonly("timer_fd", &loop_sink::timer_fd)
       .def("drain", &loop_sink::drain)
       .def("on_timer", &loop_sink::on_timer)
+      .def("poll", &loop_sink::poll)
+      .def(
+          "predictable",
+          [](const loop_sink& s, std::uintptr_t key) { return s.waker.predictable(key); },
+          py::arg("key"))
+      .def("window_closed", &loop_sink::window_closed, py::arg("hit"), py::arg("opened_ns"))
       .def("close", &loop_sink::close)
       .def("stats", &loop_sink::stats)
       .def_property(
@@ -439,7 +468,7 @@ PYBIND11_MODULE(_evr, m) {
       .def(py::init<std::optional<std::string>, py::object, py::dict>(), py::arg("strategy"),
            py::arg("sim"), py::arg("options"))
       .def("wait_async", [](py_reactor& r, loop_sink& s, py::handle fut, int kind, std::uintptr_t h,
-                            int dev) { r.wait_async(s.sink, s.waker, fut, kind, h, dev); })
+                            int dev) { return r.wait_async(s.sink, s.waker, fut, kind, h, dev); })
       .def("wait_future", &py_reactor::wait_future)
       .def("release_after", &py_reactor::release_after)
       .def("stop", &py_reactor::stop)
