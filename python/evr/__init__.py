@@ -374,8 +374,14 @@ class _GpuWait(asyncio.Future):
             self._window = None
             if self._poller:
                 self._poller = False
-                # A hit when the completion came while the window was open, however found.
-                sink.window_closed(self.done(), opened or time.monotonic_ns())
+                # A hit when the completion came while the window was open, however found. Its
+                # bookkeeping (and the timerfd's rearming, a system call) waits for the next
+                # round of the loop: the coroutine resumes first.
+                hit, opened, loop = self.done(), opened or time.monotonic_ns(), self.get_loop()
+                if hit and not loop.is_closed():
+                    loop.call_soon(sink.window_closed, hit, opened)
+                else:
+                    sink.window_closed(hit, opened)
 
     def __await__(self):
         if self._wake_at and not self.done():

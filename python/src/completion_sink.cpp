@@ -158,6 +158,10 @@ completion* completion_sink::take() noexcept {
   std::uint64_t count;
   while (::read(fd_, &count, sizeof count) < 0 && errno == EINTR) {
   }
+  return take_nodes();
+}
+
+completion* completion_sink::take_nodes() noexcept {
   // acquire: pairs with push()'s release CAS. A closed sink stays closed.
   completion* list = head_.load(std::memory_order_relaxed);
   if (list == closed || list == nullptr) return nullptr;

@@ -67,6 +67,10 @@ class completion_sink {
   /// eventfd is read before the exchange: a push after the exchange writes it again, so no wake-up
   /// is lost.
   completion* take() noexcept;
+  /// Consumer: takes every node, oldest first, without reading the eventfd (no system call): for
+  /// a poller on the loop's thread. The eventfd stays readable if a push wrote it; the loop's
+  /// reader then runs once more and clears it (and finds what came since, or nothing).
+  completion* take_nodes() noexcept;
 
   /// Consumer: marks the sink closed and returns what it still held, oldest first.
   completion* close() noexcept;

@@ -331,18 +331,18 @@ struct loop_sink {
   int fd() const { return sink->fd(); }
   int timer_fd() const { return waker.fd(); }
   /// The eventfd's reader: resolves every completion that arrived.
-  void drain() {
-    completion* list = sink->take();
+  void drain() { resolve(sink->take()); }
+  void resolve(completion* list) {
     const std::int64_t now = monotonic_ns();
     for (completion* c = list; c != nullptr; c = c->next) waker.on_drained(c, now);
     if (list != nullptr) resolve_all(list);
     waker.rearm(monotonic_ns());
   }
-  /// The poller's check between its yields: drains when something arrived (no syscall when
-  /// nothing did). Returns whether it drained.
+  /// The poller's check between its yields: resolves what arrived, without a system call (the
+  /// resumed coroutine should not wait for one). Returns whether something had arrived.
   bool poll() {
     if (!sink->has_pending()) return false;
-    drain();
+    resolve(sink->take_nodes());  // the eventfd is left to its reader: no system call here
     return true;
   }
   /// The timerfd's reader: a predicted completion is near. Drains what came, then opens the
