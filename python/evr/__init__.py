@@ -384,7 +384,9 @@ class _GpuWait(asyncio.Future):
                     sink.window_closed(hit, opened)
 
     def __await__(self):
-        if self._wake_at and not self.done():
+        # One coroutine sleeps and polls per wait; another awaiting the same future meanwhile
+        # awaits it as usual.
+        if self._wake_at and not self.done() and self._window is None and not self._poller:
             try:
                 yield from self._near_the_end()
             except asyncio.CancelledError:

@@ -160,7 +160,7 @@ def test_cancelled_while_polling(dev, reactor, spin_default):
             dev.launch_kernel(s, 10 * REGULAR)  # 50 ms: the window (near 5 ms) passes in vain
             fut = evr.wait(s, reactor=reactor)
             task = asyncio.create_task(awaiting(fut))
-            if not fut._wake_at:  # not predicted after all
+            if not getattr(fut, "_wake_at", 0):  # not predicted after all
                 await task
                 continue
             while not (st := evr.loop_stats())["window_open"] and not task.done():
@@ -183,6 +183,34 @@ def test_cancelled_while_polling(dev, reactor, spin_default):
     assert run(main(), timeout=120), "no attempt saw the predicted wait's window open"
     m = reactor.metrics()
     assert m["cancelled"] == 1 and m["in_flight"] == 0, m
+
+
+def test_two_coroutines_awaiting_one_predicted_wait(dev, reactor, spin_default):
+    """The first awaiter sleeps until the window and polls; a second one on the same future
+    awaits it as usual: both resume, once each."""
+    s = dev.stream()
+
+    async def main():
+        for _ in range(60):  # until a wait is predicted
+            dev.launch_kernel(s, REGULAR)
+            fut = evr.wait(s, reactor=reactor)
+            if getattr(fut, "_wake_at", 0):  # a polling future: predicted
+                break
+            await fut
+        else:
+            pytest.fail("no wait was predicted in 60 regular ones")
+        resumed = []
+
+        async def awaiting(name):
+            await fut
+            resumed.append(name)
+
+        await asyncio.gather(awaiting("a"), awaiting("b"))
+        return sorted(resumed)
+
+    assert run(main()) == ["a", "b"]
+    m = reactor.metrics()
+    assert m["in_flight"] == 0
 
 
 def test_gathered_waits_are_not_polled_and_all_complete(dev, reactor, spin_default):
