@@ -328,22 +328,23 @@ class _GpuWait(asyncio.Future):
     meanwhile), it awaits the future as usual. Loop thread only.
     """
 
-    __slots__ = ("_sink", "_wake_at", "_until", "_window", "_poller")
+    __slots__ = ("_sink", "_wake_at", "_until", "_number", "_window", "_poller")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sink: "_evr.LoopSink") -> None:
         super().__init__(loop=loop)
         self._sink = sink
         self._wake_at = 0  # the wait's wake-up time (monotonic ns); 0: no prediction
         self._until = 0  # the end of its window, once open
+        self._number = 0  # ... and the window's number (sink.window_closed)
         self._window: Optional[asyncio.Future] = None
         self._poller = False  # this wait's window is open and its coroutine polls in it
 
     # Called by the loop's timer (C++, loop_sink::on_timer): True when a coroutine will poll.
-    def _open_window(self, until_ns: int) -> bool:
+    def _open_window(self, until_ns: int, number: int) -> bool:
         w = self._window
         if w is None or w.done() or self.done():
             return False
-        self._until, self._poller = until_ns, True
+        self._until, self._number, self._poller = until_ns, number, True
         w.set_result(None)
         return True
 
@@ -353,6 +354,14 @@ class _GpuWait(asyncio.Future):
         w = self._window
         if w is not None and not w.done():
             w.set_result(None)
+
+    # Cancelled by someone else (fut.cancel(), a gather's cancellation) while its coroutine sleeps
+    # on the window: it wakes now, not when the reactor's aborted completion is drained.
+    def cancel(self, msg: Any = None) -> bool:
+        cancelled = super().cancel(msg)
+        if cancelled:
+            self._wake_sleeper()
+        return cancelled
 
     def _near_the_end(self):
         sink, opened = self._sink, 0
@@ -374,14 +383,15 @@ class _GpuWait(asyncio.Future):
             self._window = None
             if self._poller:
                 self._poller = False
-                # A hit when the completion came while the window was open, however found. Its
-                # bookkeeping (and the timerfd's rearming, a system call) waits for the next
-                # round of the loop: the coroutine resumes first.
-                hit, opened, loop = self.done(), opened or time.monotonic_ns(), self.get_loop()
-                if hit and not loop.is_closed():
-                    loop.call_soon(sink.window_closed, hit, opened)
-                else:
-                    sink.window_closed(hit, opened)
+                # A hit when the completion came while the window was open, however found. On a
+                # hit, the timerfd's rearming (a system call) waits for the loop's next round:
+                # the coroutine resumes first.
+                hit = self.done() and not self.cancelled()
+                closed, loop = time.monotonic_ns(), self.get_loop()
+                defer = hit and not loop.is_closed()
+                sink.window_closed(self._number, hit, opened or closed, closed, not defer)
+                if defer:
+                    loop.call_soon(sink.rearm_timer)
 
     def __await__(self):
         # One coroutine sleeps and polls per wait; another awaiting the same future meanwhile

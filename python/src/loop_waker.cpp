@@ -136,7 +136,8 @@ void loop_waker::on_timer_fired() noexcept {
   armed_for_ = 0;  // a timerfd that fired is disarmed (no interval)
 }
 
-completion* loop_waker::open_next(std::int64_t now, std::int64_t& until) noexcept {
+completion* loop_waker::open_next(std::int64_t now, std::int64_t& until,
+                                  std::uint64_t& window) noexcept {
   if (window_open_ || schedule_.empty() || schedule_.begin()->wake_at > now) {
     arm();  // fired for an entry that has since gone (drained or forgotten), or a window is open
     return nullptr;
@@ -146,14 +147,17 @@ completion* loop_waker::open_next(std::int64_t now, std::int64_t& until) noexcep
   unscheduled(s.node->key, s.ticket);
   s.node->wake_ticket = 0;  // out of the schedule: on_drained has nothing to erase
   window_open_ = true;
+  window = ++window_;
   arm();  // disarmed while the window is open (the drain before may have armed it for this entry)
   until = std::max(std::min(s.spin_until, now + max_spin_ns_), now + 1'000);
   return s.node;
 }
 
-void loop_waker::window_closed(bool polled, bool hit, std::int64_t opened_ns,
-                               std::int64_t now) noexcept {
-  if (!window_open_) return;  // cleared meanwhile (the loop closed)
+void loop_waker::window_closed(std::uint64_t window, bool polled, bool hit, std::int64_t opened_ns,
+                               std::int64_t now, bool rearm_now) noexcept {
+  // Cleared meanwhile (set_loop_spin(0), the loop closed), and perhaps another window opened
+  // since: this one is no longer counted as open.
+  if (!window_open_ || window != window_) return;
   window_open_ = false;
   if (!polled) {
     ++stats_.not_polled;
@@ -162,7 +166,7 @@ void loop_waker::window_closed(bool polled, bool hit, std::int64_t opened_ns,
     ++(hit ? stats_.spin_hits : stats_.spin_misses);
     stats_.spin_ns += std::max<std::int64_t>(0, now - opened_ns);
   }
-  rearm(now);
+  if (rearm_now) rearm(now);
 }
 
 void loop_waker::rearm(std::int64_t now) noexcept {

@@ -96,12 +96,16 @@ class loop_waker {
   void on_timer_fired() noexcept;
   /// When no window is open and the earliest scheduled wait is due: takes it out of the schedule,
   /// opens its window and returns its node, with the window's end in `until` (at most max_spin
-  /// from now). The caller hands the window to the wait's coroutine, and calls window_closed
-  /// once it ends (or at once when nobody polls). Otherwise nullptr (and the timer is rearmed).
-  completion* open_next(std::int64_t now, std::int64_t& until) noexcept;
-  /// The open window ended: `polled` (a coroutine polled in it), `hit` (its wait completed
-  /// meanwhile), `opened_ns` (when it opened). Rearms the timer for the next due wait.
-  void window_closed(bool polled, bool hit, std::int64_t opened_ns, std::int64_t now) noexcept;
+  /// from now) and its number in `window`. The caller hands both to the wait's coroutine, which
+  /// calls window_closed once the window ends (the caller does at once when nobody polls).
+  /// Otherwise nullptr (and the timer is rearmed).
+  completion* open_next(std::int64_t now, std::int64_t& until, std::uint64_t& window) noexcept;
+  /// Window `window` ended at `now`: `polled` (a coroutine polled in it), `hit` (its wait
+  /// completed meanwhile), `opened_ns` (when the polling began). Ignored unless it is the open
+  /// one (clear() forgot it, say). `rearm`: rearm the timer for the next due wait now (a system
+  /// call); else the caller calls rearm() soon.
+  void window_closed(std::uint64_t window, bool polled, bool hit, std::int64_t opened_ns,
+                     std::int64_t now, bool rearm_now = true) noexcept;
   bool window_open() const noexcept { return window_open_; }
   /// The loop closed: forget every schedule entry (the nodes go elsewhere) and disarm.
   void clear() noexcept;
@@ -147,6 +151,7 @@ class loop_waker {
   std::int64_t armed_for_ = 0;  ///< the time the timerfd is armed for (0: disarmed)
   std::int64_t armed_at_ = 0;   ///< when it was armed
   bool window_open_ = false;
+  std::uint64_t window_ = 0;  ///< the number of the last window opened
   std::uint64_t next_ticket_ = 1;
   std::set<slot> schedule_;
   std::unordered_map<std::uintptr_t, model> models_;

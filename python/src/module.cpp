@@ -353,24 +353,28 @@ struct loop_sink {
     waker.on_timer_fired();
     drain();
     std::int64_t until = 0;
+    std::uint64_t window = 0;
     const std::int64_t now = monotonic_ns();
-    completion* c = waker.open_next(now, until);
+    completion* c = waker.open_next(now, until, window);
     if (c == nullptr) return;
     static PyObject* s_open_window = PyUnicode_InternFromString("_open_window");  // leaked
     bool taken = false;
-    if (PyObject* r =
-            PyObject_CallMethodObjArgs(c->obj, s_open_window, py::int_(until).ptr(), nullptr)) {
+    if (PyObject* r = PyObject_CallMethodObjArgs(c->obj, s_open_window, py::int_(until).ptr(),
+                                                 py::int_(window).ptr(), nullptr)) {
       taken = PyObject_IsTrue(r) == 1;
       Py_DECREF(r);
     }
     PyErr_Clear();
-    if (!taken) waker.window_closed(false, false, now, monotonic_ns());
+    if (!taken) waker.window_closed(window, false, false, now, monotonic_ns());
   }
-  /// The poller's window ended (see on_timer): `hit` when its wait completed, `opened_ns` when the
-  /// window opened (time.monotonic_ns()).
-  void window_closed(bool hit, std::int64_t opened_ns) {
-    waker.window_closed(true, hit, opened_ns, monotonic_ns());
+  /// The poller's window `window` ended (see on_timer): `hit` when its wait completed, polled
+  /// from `opened_ns` to `closed_ns` (time.monotonic_ns()). `rearm`: False when the poller calls
+  /// rearm_timer() on the loop's next round (its coroutine resumes first).
+  void window_closed(std::uint64_t window, bool hit, std::int64_t opened_ns, std::int64_t closed_ns,
+                     bool rearm) {
+    waker.window_closed(window, true, hit, opened_ns, closed_ns, rearm);
   }
+  void rearm_timer() { waker.rearm(monotonic_ns()); }
   /// The loop is closed: drop what is left without resolving; later completions go to the
   /// resolver, which drops them.
   void close() {
@@ -454,7 +458,9 @@ PYBIND11_MODULE(_evr, m) {
           "predictable",
           [](const loop_sink& s, std::uintptr_t key) { return s.waker.predictable(key); },
           py::arg("key"))
-      .def("window_closed", &loop_sink::window_closed, py::arg("hit"), py::arg("opened_ns"))
+      .def("window_closed", &loop_sink::window_closed, py::arg("window"), py::arg("hit"),
+           py::arg("opened_ns"), py::arg("closed_ns"), py::arg("rearm"))
+      .def("rearm_timer", &loop_sink::rearm_timer)
       .def("close", &loop_sink::close)
       .def("stats", &loop_sink::stats)
       .def_property(

@@ -177,11 +177,14 @@ def test_cancelled_while_polling(dev, reactor, spin_default):
             if not getattr(fut, "_wake_at", 0):  # not predicted after all
                 await task
                 continue
-            while not (st := evr.loop_stats())["window_open"] and not task.done():
+            # Its own window (the timer stays disarmed while an earlier one is open).
+            while not fut._poller and not task.done():
                 await asyncio.sleep(0)
             if task.done():
                 continue
             # No await between seeing the window open and the cancel: it is still open.
+            st = evr.loop_stats()
+            assert st["window_open"]
             polls_before = st["spins"]
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -251,6 +254,74 @@ def test_gathered_waits_are_not_polled_and_all_complete(dev, reactor, spin_defau
     assert m["completed"] == st["completions"] and m["in_flight"] == 0
 
 
+async def _predicted_wait(dev, s, reactor, seconds):
+    """Regular waits until one is predicted; returns that one's future (its kernel of `seconds`
+    launched), or fails."""
+    for _ in range(60):
+        dev.launch_kernel(s, REGULAR if seconds is None else seconds)
+        fut = evr.wait(s, reactor=reactor)
+        if getattr(fut, "_wake_at", 0):  # a polling future: predicted
+            return fut
+        await fut
+    pytest.fail("no wait was predicted in 60 regular ones")
+
+
+def test_future_cancelled_while_its_coroutine_sleeps(dev, reactor, spin_default):
+    """fut.cancel() from elsewhere while the awaiting coroutine sleeps until its window: the
+    coroutine raises CancelledError, and the C++ wait is cancelled once."""
+    s = dev.stream()
+
+    async def main():
+        fut = await _predicted_wait(dev, s, reactor, 10 * REGULAR)
+
+        async def awaiting():
+            await fut
+
+        task = asyncio.create_task(awaiting())
+        while fut._window is None:  # the coroutine sleeps on its window
+            await asyncio.sleep(0)
+        fut.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(10 * REGULAR)  # the long kernel ends
+
+    run(main())
+    m = reactor.metrics()
+    assert m["cancelled"] == 1 and m["in_flight"] == 0, m
+
+
+def test_polling_switched_off_and_on_mid_window(dev, reactor, spin_default):
+    """set_loop_spin(0) while a window is open forgets it; switched on again, the next predicted
+    waits are polled as before, and the old window's close does not close a new one."""
+    s = dev.stream()
+
+    async def _await(fut):
+        await fut
+
+    async def scenario():
+        fut = await _predicted_wait(dev, s, reactor, 10 * REGULAR)
+        task = asyncio.create_task(_await(fut))
+        deadline = time.monotonic() + 5
+        while not fut._poller and not task.done():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0)
+        evr.set_loop_spin(0)  # forgets the open window; its poller ends at its window's end
+        assert not evr.loop_stats()["window_open"]
+        evr.set_loop_spin(200e-6)
+        await task
+        spins = evr.loop_stats()["spins"]
+        for _ in range(60):  # polled again once predicted again
+            await _kernel_then_wait(dev, s, reactor, REGULAR)
+            if evr.loop_stats()["spins"] > spins:
+                break
+        st = evr.loop_stats()
+        assert st["spins"] > spins and not st["window_open"], st
+
+    run(scenario(), timeout=60)
+    m = reactor.metrics()
+    assert m["in_flight"] == 0 and m["completed"] >= 1
+
+
 def test_uvloop_polls_too(dev, reactor, spin_default):
     uvloop = pytest.importorskip("uvloop")
     s = dev.stream()
@@ -260,7 +331,7 @@ def test_uvloop_polls_too(dev, reactor, spin_default):
         # kernels scatter, and the model waits for a few regular ones before it predicts.
         for i in range(60):
             await _kernel_then_wait(dev, s, reactor, REGULAR)
-            if i >= 11 and evr.loop_stats()["predicted"] >= 1:
+            if i >= 11 and evr.loop_stats()["spins"] >= 1:
                 break
         return evr.loop_stats()
 
@@ -269,7 +340,7 @@ def test_uvloop_polls_too(dev, reactor, spin_default):
         st = loop.run_until_complete(asyncio.wait_for(main(), 30))
     finally:
         loop.close()
-    assert st["completions"] >= 12 and st["predicted"] >= 1, st
+    assert st["completions"] >= 12 and st["predicted"] >= 1 and st["spins"] >= 1, st
 
 
 def test_models_stay_bounded_with_ever_new_handles(dev, reactor, spin_default):
