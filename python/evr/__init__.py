@@ -262,7 +262,7 @@ def set_loop_spin(max_seconds: float) -> None:
     arrives or its window passes, at most ``max_seconds`` per window; one window is open per loop
     at a time. Costs CPU on the loop thread during the windows only; waits on unpredictable
     streams, and futures nobody awaits (gathered), are not affected. Applies to every loop, now
-    and later. See docs/python.md, "Latency and CPU".
+    and later. See docs/python.md, "How it works".
     """
     global _loop_spin
     if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)):
@@ -316,7 +316,7 @@ def _sink_for(loop: asyncio.AbstractEventLoop) -> "_evr.LoopSink":
 
 class _GpuWait(asyncio.Future):
     """The future :func:`wait` returns: an ``asyncio.Future`` that, when awaited, may poll for its
-    completion near the predicted end (docs/python.md, "Latency and CPU").
+    completion near the predicted end (docs/python.md, "How it works").
 
     Awaited on a predictable stream (``_wake_at`` set), the coroutine first sleeps on a private
     future, ``_window``, which the loop's timer resolves when this wait's window opens
