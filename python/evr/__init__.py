@@ -328,23 +328,22 @@ class _GpuWait(asyncio.Future):
     meanwhile), it awaits the future as usual. Loop thread only.
     """
 
-    __slots__ = ("_sink", "_wake_at", "_until", "_number", "_window", "_poller")
+    __slots__ = ("_sink", "_wake_at", "_until", "_number", "_window")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sink: "_evr.LoopSink") -> None:
         super().__init__(loop=loop)
         self._sink = sink
         self._wake_at = 0  # the wait's wake-up time (monotonic ns); 0: no prediction
         self._until = 0  # the end of its window, once open
-        self._number = 0  # ... and the window's number (sink.window_closed)
-        self._window: Optional[asyncio.Future] = None
-        self._poller = False  # this wait's window is open and its coroutine polls in it
+        self._number = 0  # the open window's number (sink.window_closed); 0: none is open
+        self._window: Optional[asyncio.Future] = None  # what its coroutine sleeps on till then
 
     # Called by the loop's timer (C++, loop_sink::on_timer): True when a coroutine will poll.
     def _open_window(self, until_ns: int, number: int) -> bool:
         w = self._window
         if w is None or w.done() or self.done():
             return False
-        self._until, self._number, self._poller = until_ns, number, True
+        self._until, self._number = until_ns, number
         w.set_result(None)
         return True
 
@@ -366,10 +365,10 @@ class _GpuWait(asyncio.Future):
     def _near_the_end(self):
         sink, opened = self._sink, 0
         try:
-            if not self._until:  # sleep until the window opens (or the wait ends first)
-                self._window = self.get_loop().create_future()
-                yield from self._window
-            if not self._poller or self.done():
+            # Sleep until the window opens (or the wait ends first).
+            self._window = self.get_loop().create_future()
+            yield from self._window
+            if not self._number or self.done():
                 return
             opened, until = time.monotonic_ns(), self._until
             while True:
@@ -381,8 +380,7 @@ class _GpuWait(asyncio.Future):
                 yield  # one round of the loop's other callbacks
         finally:
             self._window = None
-            if self._poller:
-                self._poller = False
+            if self._number:
                 # A hit when the completion came while the window was open, however found. On a
                 # hit, the timerfd's rearming (a system call) waits for the loop's next round:
                 # the coroutine resumes first.
@@ -390,13 +388,14 @@ class _GpuWait(asyncio.Future):
                 closed, loop = time.monotonic_ns(), self.get_loop()
                 defer = hit and not loop.is_closed()
                 sink.window_closed(self._number, hit, opened or closed, closed, not defer)
+                self._number = 0
                 if defer:
                     loop.call_soon(sink.rearm_timer)
 
     def __await__(self):
         # One coroutine sleeps and polls per wait; another awaiting the same future meanwhile
         # awaits it as usual.
-        if self._wake_at and not self.done() and self._window is None and not self._poller:
+        if self._wake_at and not self.done() and self._window is None and not self._number:
             try:
                 yield from self._near_the_end()
             except asyncio.CancelledError:

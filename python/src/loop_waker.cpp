@@ -87,15 +87,19 @@ bool loop_waker::predictable(std::uintptr_t key) const noexcept {
   return m.scheduled_ticket == 0;
 }
 
-void loop_waker::unscheduled(std::uintptr_t key, std::uint64_t ticket) noexcept {
-  auto it = models_.find(key);
-  if (it != models_.end() && it->second.scheduled_ticket == ticket) it->second.scheduled_ticket = 0;
+void loop_waker::drop(std::set<slot>::iterator it) noexcept {
+  completion* node = it->node;
+  auto m = models_.find(node->key);  // its stream may schedule another wait now
+  if (m != models_.end() && m->second.scheduled_ticket == it->ticket)
+    m->second.scheduled_ticket = 0;
+  node->wake_ticket = 0;  // out of the schedule: on_drained has nothing to erase
+  schedule_.erase(it);
 }
 
 void loop_waker::forget(const completion* c) noexcept {
   if (c->wake_ticket == 0) return;
-  schedule_.erase(slot{c->wake_at, c->wake_ticket, c->spin_until, nullptr});
-  unscheduled(c->key, c->wake_ticket);
+  auto it = schedule_.find(slot{c->wake_at, c->wake_ticket, c->spin_until, nullptr});
+  if (it != schedule_.end()) drop(it);
 }
 
 void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
@@ -138,16 +142,13 @@ void loop_waker::on_timer_fired() noexcept {
 
 completion* loop_waker::open_next(std::int64_t now, std::int64_t& until,
                                   std::uint64_t& window) noexcept {
-  if (window_open_ || schedule_.empty() || schedule_.begin()->wake_at > now) {
+  if (open_window_ != 0 || schedule_.empty() || schedule_.begin()->wake_at > now) {
     arm();  // fired for an entry that has since gone (drained or forgotten), or a window is open
     return nullptr;
   }
   const slot s = *schedule_.begin();
-  schedule_.erase(schedule_.begin());
-  unscheduled(s.node->key, s.ticket);
-  s.node->wake_ticket = 0;  // out of the schedule: on_drained has nothing to erase
-  window_open_ = true;
-  window = ++window_;
+  drop(schedule_.begin());
+  window = open_window_ = ++windows_;
   arm();  // disarmed while the window is open (the drain before may have armed it for this entry)
   until = std::max(std::min(s.spin_until, now + max_spin_ns_), now + 1'000);
   return s.node;
@@ -157,8 +158,8 @@ void loop_waker::window_closed(std::uint64_t window, bool polled, bool hit, std:
                                std::int64_t now, bool rearm_now) noexcept {
   // Cleared meanwhile (set_loop_spin(0), the loop closed), and perhaps another window opened
   // since: this one is no longer counted as open.
-  if (!window_open_ || window != window_) return;
-  window_open_ = false;
+  if (window != open_window_) return;
+  open_window_ = 0;
   if (!polled) {
     ++stats_.not_polled;
   } else {
@@ -172,10 +173,7 @@ void loop_waker::window_closed(std::uint64_t window, bool polled, bool hit, std:
 void loop_waker::rearm(std::int64_t now) noexcept {
   while (!schedule_.empty() && schedule_.begin()->spin_until <= now) {
     // Its window passed without the completion: the prediction missed; the eventfd brings it.
-    completion* node = schedule_.begin()->node;
-    unscheduled(node->key, node->wake_ticket);
-    node->wake_ticket = 0;
-    schedule_.erase(schedule_.begin());
+    drop(schedule_.begin());
     ++stats_.spin_misses;
   }
   // An entry further back may have passed too (windows differ in length); it is dropped when it
@@ -184,15 +182,14 @@ void loop_waker::rearm(std::int64_t now) noexcept {
 }
 
 void loop_waker::clear() noexcept {
-  for (const slot& s : schedule_) unscheduled(s.node->key, s.ticket);
-  schedule_.clear();
-  window_open_ = false;
+  while (!schedule_.empty()) drop(schedule_.begin());
+  open_window_ = 0;
   arm();
 }
 
 void loop_waker::arm() noexcept {
   // While a window is open its poller drains whatever comes: no timer until it closes.
-  const std::int64_t at = (window_open_ || schedule_.empty()) ? 0 : schedule_.begin()->wake_at;
+  const std::int64_t at = (open_window_ != 0 || schedule_.empty()) ? 0 : schedule_.begin()->wake_at;
   if (at == armed_for_) return;
   itimerspec spec{};
   if (at != 0) {

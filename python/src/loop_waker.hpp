@@ -106,7 +106,7 @@ class loop_waker {
   /// call); else the caller calls rearm() soon.
   void window_closed(std::uint64_t window, bool polled, bool hit, std::int64_t opened_ns,
                      std::int64_t now, bool rearm_now = true) noexcept;
-  bool window_open() const noexcept { return window_open_; }
+  bool window_open() const noexcept { return open_window_ != 0; }
   /// The loop closed: forget every schedule entry (the nodes go elsewhere) and disarm.
   void clear() noexcept;
 
@@ -141,17 +141,17 @@ class loop_waker {
   void forget(const completion* c) noexcept;
 
  private:
-  /// The wait `ticket` of stream `key` left the schedule: the stream may schedule another.
-  void unscheduled(std::uintptr_t key, std::uint64_t ticket) noexcept;
+  /// Takes an entry out of the schedule: its node is unscheduled, its stream may schedule another.
+  void drop(std::set<slot>::iterator it) noexcept;
   /// The timerfd for the earliest entry (disarmed when there is none or a window is open).
   void arm() noexcept;
 
   int fd_ = -1;
   std::int64_t max_spin_ns_;
-  std::int64_t armed_for_ = 0;  ///< the time the timerfd is armed for (0: disarmed)
-  std::int64_t armed_at_ = 0;   ///< when it was armed
-  bool window_open_ = false;
-  std::uint64_t window_ = 0;  ///< the number of the last window opened
+  std::int64_t armed_for_ = 0;     ///< the time the timerfd is armed for (0: disarmed)
+  std::int64_t armed_at_ = 0;      ///< when it was armed
+  std::uint64_t open_window_ = 0;  ///< the open window's number (0: none open)
+  std::uint64_t windows_ = 0;      ///< windows opened so far (the last number given)
   std::uint64_t next_ticket_ = 1;
   std::set<slot> schedule_;
   std::unordered_map<std::uintptr_t, model> models_;

@@ -178,7 +178,7 @@ def test_cancelled_while_polling(dev, reactor, spin_default):
                 await task
                 continue
             # Its own window (the timer stays disarmed while an earlier one is open).
-            while not fut._poller and not task.done():
+            while not fut._number and not task.done():
                 await asyncio.sleep(0)
             if task.done():
                 continue
@@ -302,7 +302,7 @@ def test_polling_switched_off_and_on_mid_window(dev, reactor, spin_default):
         fut = await _predicted_wait(dev, s, reactor, 10 * REGULAR)
         task = asyncio.create_task(_await(fut))
         deadline = time.monotonic() + 5
-        while not fut._poller and not task.done():
+        while not fut._number and not task.done():
             assert time.monotonic() < deadline
             await asyncio.sleep(0)
         evr.set_loop_spin(0)  # forgets the open window; its poller ends at its window's end
