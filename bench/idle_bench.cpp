@@ -179,6 +179,9 @@ struct row_result {
   /// evr rows: the reactor's timed sleeps that ended late, and its fault probes (driver calls)
   /// that took long, during the row: where a late completion's time went.
   latency_histogram nap_overshoot{}, probe_time{};
+  /// evr rows: the reactor's sweeps, event queries and timed or untimed sleeps during the row
+  /// (where its CPU went: many sweeps of many streams, or few).
+  std::uint64_t sweeps = 0, event_queries = 0, naps = 0;
   double cpu_percent() const { return wall_ns > 0 ? 100.0 * cpu_ns / wall_ns : 0; }
   double cpu_per_completion() const {
     return samples.empty() ? 0 : cpu_ns / static_cast<double>(samples.size());
@@ -333,6 +336,9 @@ row_result run_evr(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes,
   out.misses = m1.prediction_misses - metrics0.prediction_misses;
   out.doorbells = m1.doorbells - metrics0.doorbells;
   out.wakeups = m1.wakeups - metrics0.wakeups;
+  out.sweeps = m1.sweeps - metrics0.sweeps;
+  out.event_queries = m1.event_queries - metrics0.event_queries;
+  out.naps = m1.parks - metrics0.parks;
   for (int i = 0; i < latency_histogram::buckets; ++i) {
     out.nap_overshoot.counts[i] = m1.nap_overshoot.counts[i] - metrics0.nap_overshoot.counts[i];
     out.probe_time.counts[i] = m1.fault_probe_time.counts[i] - metrics0.fault_probe_time.counts[i];
@@ -450,9 +456,9 @@ series measure_floor(bench_device& dev, int samples) {
 
 /// "NAME:key=value,key=value": the default's options with some changed, as an extra method named
 /// "evr default, NAME" (tuning runs compare them with the default in one run). Keys: strategy,
-/// idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, spin_fraction, spin_window_us,
-/// max_sleep_us, doorbell_after_us, fence_streams (a number, or "unlimited"). Throws
-/// std::invalid_argument naming what is wrong.
+/// idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, spin_fraction, poll_budget,
+/// spin_window_us, max_sleep_us, doorbell_after_us, fence_streams (a number, or "unlimited").
+/// Throws std::invalid_argument naming what is wrong.
 evr_method parse_variant(const std::string& spec) {
   const std::size_t colon = spec.find(':');
   if (colon == 0 || colon == std::string::npos || colon + 1 == spec.size())
@@ -507,6 +513,8 @@ evr_method parse_variant(const std::string& spec) {
       o.doorbell_after = us();
     } else if (key == "spin_fraction") {
       o.spin_fraction = number();
+    } else if (key == "poll_budget") {
+      o.poll_budget = number();
     } else if (key == "fence_streams") {
       o.max_fence_streams = value == "unlimited" ? SIZE_MAX : static_cast<std::size_t>(number());
     } else {
@@ -612,7 +620,9 @@ std::string row_json(const row_result& r, const series& floor) {
          ",\"cpu_ns_per_completion\":" + json_writer::number(r.cpu_per_completion()) +
          ",\"prediction_misses\":" + std::to_string(r.misses) +
          ",\"doorbells\":" + std::to_string(r.doorbells) +
-         ",\"wakeups\":" + std::to_string(r.wakeups) +
+         ",\"wakeups\":" + std::to_string(r.wakeups) + ",\"sweeps\":" + std::to_string(r.sweeps) +
+         ",\"event_queries\":" + std::to_string(r.event_queries) +
+         ",\"naps\":" + std::to_string(r.naps) +
          ",\"nap_overshoot_log2_ns\":" + histogram_json(r.nap_overshoot) +
          ",\"probe_time_log2_ns\":" + histogram_json(r.probe_time) +
          ",\"failed\":" + (r.failed ? "true" : "false") +
@@ -753,7 +763,7 @@ int idle_main(int argc, char** argv) {
   app.add_option("--variant", variants,
                  "NAME:key=value[,key=value]: also the default with these options changed (keys: "
                  "strategy, idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, "
-                 "spin_fraction, spin_window_us, "
+                 "spin_fraction, poll_budget, spin_window_us, "
                  "max_sleep_us, doorbell_after_us, fence_streams); repeatable");
   app.add_option("--json", cfg.json, "write the results here");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
@@ -824,6 +834,14 @@ int idle_main(int argc, char** argv) {
                      r.nap_overshoot.quantile_upper_ns(1.0) / 1000.0,
                      static_cast<unsigned long long>(at_least(r.probe_time, 65'536)),
                      r.probe_time.quantile_upper_ns(1.0) / 1000.0);
+        const double n = std::max<double>(1, static_cast<double>(r.samples.size()));
+        const double s = std::max(1e-9, r.wall_ns / 1e9);
+        std::fprintf(stderr,
+                     "    per completion: %.1f sweeps, %.1f event queries, %.2f sleeps; sweeps/s "
+                     "%.0f; prediction misses %llu\n",
+                     static_cast<double>(r.sweeps) / n, static_cast<double>(r.event_queries) / n,
+                     static_cast<double>(r.naps) / n, static_cast<double>(r.sweeps) / s,
+                     static_cast<unsigned long long>(r.misses));
       }
       sr.rows.push_back(r);
     };

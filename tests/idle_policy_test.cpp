@@ -7,9 +7,11 @@
 #include "idle_policy.hpp"
 
 using namespace std::chrono_literals;
+using evr::detail::budgeted_poll_period;
 using evr::detail::idle_settings;
 using evr::detail::idle_time;
 using evr::detail::ladder;
+using evr::detail::look_cost;
 using evr::detail::predict;
 using evr::detail::service_time_model;
 using evr::detail::sleep_overshoot;
@@ -198,11 +200,18 @@ TEST_CASE("idle predict: irregular work is polled every poll_period inside its r
   stream_outlook o = predict(s, m, t0, mid, overshoot_of(15us));
   CHECK(o.where == phase::window_poll);
   CHECK(o.next_look == mid + s.poll_period);
-  // The window opens a quarter of the spread before the short end seen lately: work shorter than
-  // anything in the model's window is still found by polling, not when the window opens.
+  // Irregular work is polled from its start: its second shortest sample says little about its
+  // shortest, and work shorter than the window's opening would be found only when it opened.
   o = predict(s, m, t0, t0 + 1us, overshoot_of(15us));
-  const idle_time open = o.where == phase::before_window ? o.next_look : t0;
-  CHECK(open <= t0 + std::max(nanoseconds(0), m.low() - (m.high() - m.low()) / 4));
+  CHECK(o.where == phase::window_poll);
+  CHECK(o.next_look == t0 + 1us + s.poll_period);
+  // Even when the short end seen lately is long: 16 samples of 100 us-5 ms with at most one
+  // below 1.5 ms (it happens: about one wait in fifty).
+  service_time_model late_low;
+  late_low.add(150us);
+  for (int i = 0; i < 15; ++i) late_low.add(nanoseconds(1'500'000 + 230'000 * i));
+  REQUIRE(late_low.low() >= 1500us);
+  CHECK(predict(s, late_low, t0, t0 + 1us, overshoot_of(15us)).where == phase::window_poll);
 }
 
 TEST_CASE("idle predict: very short work is spun for from the start") {
@@ -233,6 +242,51 @@ TEST_CASE("idle predict: a wider spin_fraction spins where the default polls") {
   CHECK(predict(s, m, t0, t0 + 800us, overshoot_of(15us)).where == phase::window_poll);
   s.spin_fraction = 1.0;
   CHECK(predict(s, m, t0, t0 + 800us, overshoot_of(15us)).where == phase::window_spin);
+}
+
+TEST_CASE("idle poll budget: cheap looks keep poll_period, expensive ones are spread out") {
+  // One stream: a look of 0.3 us at a budget of 10 % would allow one every 3 us; poll_period rules.
+  CHECK(budgeted_poll_period(50us, 300ns, 0.1) == 50us);
+  // 64 streams with event markers: a look of ~11 us may come every 110 us at 10 % of a core.
+  CHECK(budgeted_poll_period(50us, 11us, 0.1) == 110us);
+  CHECK(budgeted_poll_period(50us, 11us, 0.25) == 50us);  // 44 us: poll_period still rules
+  // 0 turns the budget off; nothing measured yet changes nothing; absurd costs stay bounded.
+  CHECK(budgeted_poll_period(50us, 11us, 0.0) == 50us);
+  CHECK(budgeted_poll_period(50us, 0ns, 0.1) == 50us);
+  CHECK(budgeted_poll_period(50us, nanoseconds(INT64_MAX), 1e-9) == 1s);
+}
+
+TEST_CASE("idle poll budget: the look cost is a running mean that follows a change") {
+  look_cost c;
+  CHECK(c.mean() == 0ns);
+  for (int i = 0; i < 64; ++i) c.add(400ns);
+  CHECK(c.mean() > 380ns);
+  CHECK(c.mean() <= 400ns);
+  for (int i = 0; i < 64; ++i) c.add(12us);  // 64 streams became busy
+  CHECK(c.mean() > 11500ns);
+  c.add(-5us);  // a clock oddity counts as 0, never as a negative cost
+  CHECK(c.mean() > 10us);
+  // A look during which the thread was preempted for a millisecond moves the mean a little.
+  look_cost d;
+  for (int i = 0; i < 64; ++i) d.add(400ns);
+  d.add(1ms);
+  CHECK(d.mean() < 800ns);
+}
+
+TEST_CASE("idle predict: irregular work's windows are looked at every stretched poll_period") {
+  service_time_model m;
+  for (int i = 0; i < 16; ++i) m.add(i % 2 ? 100us : 5ms);  // bimodal: polled, not spun
+  idle_settings s = defaults();
+  s.window_poll_period = budgeted_poll_period(s.poll_period, 16us, 0.1);
+  const stream_outlook o = predict(s, m, t0, t0 + 2ms, overshoot_of(15us));
+  CHECK(o.where == phase::window_poll);
+  CHECK(o.next_look == t0 + 2ms + 160us);
+  // Only the looks are spread: work steady enough to spin for is still judged by poll_period
+  // (a stretched period of 5 ms must not make a spread of 900 us "narrow").
+  service_time_model moderate;
+  for (int i = 0; i < 16; ++i) moderate.add(i % 2 ? 1100us : 2000us);
+  s.window_poll_period = 5ms;
+  CHECK(predict(s, moderate, t0, t0 + 1500us, overshoot_of(15us)).where == phase::window_poll);
 }
 
 TEST_CASE("idle overshoot: starts conservative, learns per sleep length, bounded both ways") {

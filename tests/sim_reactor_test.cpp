@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -465,6 +466,56 @@ TEST_CASE("predictive: the reactor sleeps through predictable work instead of sp
   CHECK(sweeps[1] * 10 < sweeps[0]);
 }
 
+TEST_CASE("predictive: poll_budget spreads the looks at irregular work, and loses nothing") {
+  std::uint64_t sweeps[2] = {};
+  for (double budget : {0.0, 1e-4}) {
+    CAPTURE(budget);
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+    auto opts = predictive_fence();
+    opts.poll_budget = budget;
+    evr::reactor r(sim, opts);
+    evr::stream st(sim, 0);
+    auto bimodal = [](int i) { return i % 2 ? 1ms : 8ms; };       // irregular: polled, not spun
+    for (int i = 0; i < 6; ++i) run_one(sim, r, st, bimodal(i));  // learning
+    const auto a = r.metrics();
+    for (int i = 0; i < 8; ++i) run_one(sim, r, st, bimodal(i));  // each completes exactly once
+    const auto b = r.metrics();
+    sweeps[budget == 0.0 ? 0 : 1] = b.sweeps - a.sweeps;
+  }
+  CAPTURE(sweeps[0]);
+  CAPTURE(sweeps[1]);
+  // No budget: a look every poll_period (50 us) through windows of milliseconds, hundreds of
+  // sweeps. A budget of 0.01 % of a core: one look per (look cost / 1e-4), a few per wait.
+  CHECK(sweeps[1] * 4 < sweeps[0]);
+}
+
+TEST_CASE("predictive: another stream's windows do not make the reactor query a stream early") {
+  // Stream a's long wait is before its window; stream b's short waits make the reactor sweep
+  // (spinning through their windows). With event markers each look at a stream is a driver
+  // query: sweeps skip a until its window (else every sweep queried it: about 2 per sweep).
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  auto opts = quick_options(evr::strategy::poll);
+  opts.idle = evr::idle_mode::predictive;
+  opts.fault_probe_interval = 10s;
+  evr::reactor r(sim, opts);
+  evr::stream a(sim, 0), b(sim, 0);
+  // a learns 40 ms (8 samples: a younger model is not trusted to skip looks)
+  for (int i = 0; i < 8; ++i) run_one(sim, r, a, 40ms);
+  std::atomic<int> a_done{0};
+  sim.launch_kernel(a.native(), 40ms);
+  REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code ec) { a_done += ec ? 100 : 1; }));
+  const auto m0 = r.metrics();
+  for (int i = 0; i < 6; ++i) run_one(sim, r, b, 2ms);  // 12+ ms, far from a's window
+  const auto m1 = r.metrics();
+  REQUIRE(wait_until([&] { return a_done.load() != 0; }, 10s));
+  CHECK(a_done.load() == 1);  // skipped, still found (at its window), exactly once
+  REQUIRE(m1.sweeps > m0.sweeps);
+  const double queries_per_sweep = static_cast<double>(m1.event_queries - m0.event_queries) /
+                                   static_cast<double>(m1.sweeps - m0.sweeps);
+  CAPTURE(queries_per_sweep);
+  CHECK(queries_per_sweep < 1.4);  // b alone (less while b has nothing pending)
+}
+
 TEST_CASE("a sticky fault fails every wait of that device; other devices go on") {
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
@@ -556,6 +607,10 @@ TEST_CASE("options that cannot work are refused, naming the option") {
   CHECK(refused([](auto& o) { o.coalesce = -1ns; }).find("coalesce") != std::string::npos);
   CHECK(refused([](auto& o) { o.final_sleep = -1us; }).find("final_sleep") != std::string::npos);
   CHECK(refused([](auto& o) { o.spin_fraction = 2.0; }).find("spin_fraction") != std::string::npos);
+  CHECK(refused([](auto& o) { o.poll_budget = -0.1; }).find("poll_budget") != std::string::npos);
+  CHECK(refused([](auto& o) { o.poll_budget = std::nan(""); }).find("poll_budget") !=
+        std::string::npos);
+  CHECK(refused([](auto& o) { o.poll_budget = 0.0; }) == "accepted");
   CHECK(refused([](auto& o) { o.coalesce = 100us; }) == "accepted");
 }
 

@@ -154,6 +154,8 @@ class py_reactor {
         dur(o.shutdown_drain);
       } else if (key == "spin_fraction") {
         o.spin_fraction = v.cast<double>();
+      } else if (key == "poll_budget") {
+        o.poll_budget = v.cast<double>();
       } else if (key == "loose_query_budget") {
         count(o.loose_query_budget);
       } else if (key == "max_streams") {

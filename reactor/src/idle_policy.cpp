@@ -93,7 +93,26 @@ nanoseconds sleep_overshoot::margin(nanoseconds sleep) const noexcept {
 }
 
 // ------------------------------------------------------------------------------------------------
+// budgeted_poll_period
+
+nanoseconds budgeted_poll_period(nanoseconds poll_period, nanoseconds look_cost,
+                                 double budget) noexcept {
+  if (budget <= 0.0 || look_cost.count() <= 0) return poll_period;
+  // A look every P costs look_cost / P of a core: P >= look_cost / budget. Capped at a second,
+  // far beyond any look's cost at a sane budget, so the conversion cannot overflow.
+  const double wanted = std::min(static_cast<double>(look_cost.count()) / budget, 1e9);
+  return std::max(poll_period, nanoseconds(static_cast<std::int64_t>(wanted)));
+}
+
+// ------------------------------------------------------------------------------------------------
 // predict
+
+bool is_steady(const idle_settings& settings, const service_time_model& model) noexcept {
+  const nanoseconds high = model.high();
+  return high - model.low() <=
+         std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
+                  2 * settings.poll_period);
+}
 
 stream_outlook predict(const idle_settings& settings, const service_time_model& model,
                        idle_time start, idle_time now, const sleep_overshoot& overshoot) noexcept {
@@ -114,6 +133,11 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   }
   const nanoseconds low = model.low(), high = model.high();
   const nanoseconds spread = high - low;
+  // Steady work is spun through; irregular work is polled. What decides is the spread of the
+  // work itself, not the window's width: the margin and prespin are spun in either case (they
+  // cover the timer, not the work), and counting them made steady work on a machine with late
+  // timers look irregular (polled every poll_period: tens of us late).
+  const bool narrow = is_steady(settings, model);
   // The earliest the work is expected to end, a quarter of the spread before the shortest seen
   // lately; the reactor must be awake `prespin` before that, and a sleep of that length ends up
   // to `margin` late. The margin is that of a sleep from the start (about the sleep the reactor
@@ -125,8 +149,12 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   // Sleep until `awake_by`, early by the margin of a sleep of the time left: a long sleep ends
   // with a wide margin (the large overshoots of long sleeps), and if it ended early, the rest is
   // slept again with the narrower margin of a shorter sleep, instead of spun.
+  // Irregular work's window opens at its start: its second shortest of 16 samples is far from
+  // its shortest (uniform 100 us-5 ms: low was >= 1 ms for about a fifth of the waits), and the
+  // work shorter than the window's opening was found when it opened, hundreds of us late
+  // (H100, 64 streams: p99 0.5-1.2 ms once sweeps for other streams' windows no longer covered it).
   const nanoseconds left = awake_by - now;
-  if (left > nanoseconds(0)) {
+  if (narrow && left > nanoseconds(0)) {
     idle_time open = std::max(start, awake_by - overshoot.margin(left));
     // A long sleep's rare late wake-ups (milliseconds on some hosts) are kept away from the
     // window: the last final_sleep is slept again on its own.
@@ -142,19 +170,12 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
     }
   }
   if (now <= close) {
-    // Steady work is spun through; irregular work is polled. What decides is the spread of the
-    // work itself, not the window's width: the margin and prespin are spun in either case (they
-    // cover the timer, not the work), and counting them made steady work on a machine with late
-    // timers look irregular (polled every poll_period: tens of us late).
-    const bool narrow =
-        spread <= std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
-                           2 * settings.poll_period);
     if (narrow) {
       o.where = phase::window_spin;
       o.next_look = now;
     } else {
       o.where = phase::window_poll;
-      o.next_look = now + settings.poll_period;
+      o.next_look = now + std::max(settings.poll_period, settings.window_poll_period);
     }
     return o;
   }

@@ -23,19 +23,24 @@
 //   window         = [start + low - spread/4 - prespin - margin, start + high + max(margin,
 //                    spread/2)], spread = high - low: the model's bounds come from a handful of
 //                    samples, and the true shortest work is a little shorter than any seen.
+//                    Irregular work (see window_poll): [start, the same end].
 //
 // Per stream, from now and the model (stream_outlook):
 //   learning        fewer than `min_samples` samples: spin `spin_window` after the start, then
 //                   naps that grow with the wait's age (a quarter of it), up to `max_sleep`.
-//   before_window   the window opens more than min_nap from now: nothing can finish before;
-//                   sleep until it opens, early by the margin of a sleep of the time left (a
-//                   long sleep that ended early is followed by a shorter one with a narrower
-//                   margin, not by spinning). With `final_sleep` set, a sleep longer than it is
-//                   cut so that the last final_sleep before the window is slept on its own.
+//   before_window   steady work whose window opens more than min_nap from now: nothing can
+//                   finish before; sleep until it opens, early by the margin of a sleep of the
+//                   time left (a long sleep that ended early is followed by a shorter one with a
+//                   narrower margin, not by spinning). With `final_sleep` set, a sleep longer
+//                   than it is cut so that the last final_sleep before the window is slept on
+//                   its own. (Irregular work's window opens at its start: see window_poll.)
 //   window_spin     the work is steady (spread at most `spin_fraction` of high, or two poll
 //                   periods): busy-poll through the window. Cost: the width of the window on a
 //                   miss; margin + prespin + spread/4 + (actual - low) on a hit.
-//   window_poll     the window is wide (irregular work): look every `poll_period` through it.
+//   window_poll     the work is irregular: look every `poll_period` from its start to the
+//                   window's end (its second shortest sample says little about its shortest),
+//                   or less often when looks are expensive (many streams with event markers):
+//                   at most `poll_budget` of a core (budgeted_poll_period).
 //   missed          past the window: the prediction failed (the work got longer): naps that grow
 //                   with the time since the miss, up to `max_sleep`; the adaptive strategy arms a
 //                   host-function doorbell so the driver wakes the reactor.
@@ -46,6 +51,7 @@
 // Thread safety: none; every object here belongs to the reactor thread.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -142,11 +148,45 @@ struct idle_settings {
   double spin_fraction = 0.25;
   nanoseconds prespin{};
   nanoseconds final_sleep{};
+  double poll_budget = 0.0;
+  /// How often a wide window is looked at: poll_period, stretched by the reactor when its looks
+  /// cost more than poll_budget allows (budgeted_poll_period). Only the spacing of the looks
+  /// changes: whether work is steady enough to spin for is still judged against poll_period.
+  nanoseconds window_poll_period{};
 
   static idle_settings from(const reactor_options& o) noexcept {
-    return {o.spin_window, o.max_sleep, o.poll_period, o.spin_fraction, o.prespin, o.final_sleep};
+    return {o.spin_window, o.max_sleep,   o.poll_period, o.spin_fraction,
+            o.prespin,     o.final_sleep, o.poll_budget, o.poll_period};
   }
 };
+
+/// How often irregular work's windows are looked at when one look (a sweep of every pending
+/// stream, and planning) takes `look_cost`: every `poll_period`, or less often, so that the looks
+/// take at most `budget` of a core (reactor_options::poll_budget; 0: no limit).
+nanoseconds budgeted_poll_period(nanoseconds poll_period, nanoseconds look_cost,
+                                 double budget) noexcept;
+
+/// The average time of the reactor's looks that found nothing (a sweep and its planning), an
+/// exponentially weighted mean with weight 1/8 for the newest: what budgeted_poll_period needs.
+/// A sample counts at most twice the mean plus 2 us: a look is timed on the wall clock, and one
+/// during which the thread was preempted for a millisecond must not stretch the period tenfold;
+/// a real rise (64 streams became busy: 0.3 -> 11 us) is followed within a few dozen looks.
+class look_cost {
+ public:
+  void add(nanoseconds sample) noexcept {
+    const std::int64_t cap = 2 * mean_ + 2000;
+    mean_ += (std::clamp<std::int64_t>(sample.count(), 0, cap) - mean_) / 8;
+  }
+  nanoseconds mean() const noexcept { return nanoseconds(mean_); }
+
+ private:
+  std::int64_t mean_ = 0;
+};
+
+/// Whether a stream's work is steady enough to spin through its window (its recent spread is at
+/// most `spin_fraction` of its longest, or two poll periods); otherwise it is polled from its
+/// start. Meaningful once model.ready().
+bool is_steady(const idle_settings& settings, const service_time_model& model) noexcept;
 
 /// Where the oldest wait of a stream stands, and when to look at it next. `start` is the wait's
 /// service start (see the file comment); `overshoot` what this machine's sleeps have shown.

@@ -211,6 +211,9 @@ bool reactor_core::sweep(clock::time_point now) {
       progress = true;
       continue;
     }
+    // Before its window (reactor_idle.cpp sets this): the stream's work is not expected to be
+    // done, and looking would cost a driver query on every sweep that other streams' windows ask.
+    if (now < st.query_after) continue;
     if (auto ec = select_device(st.device)) {
       fail_stream(st, ec);
       progress = true;
@@ -234,6 +237,7 @@ bool reactor_core::sweep(clock::time_point now) {
       learn(st, now);
       st.waiting_since = now;
       st.missed = false;
+      st.query_after = {};
       st.doorbell_armed = false;
       st.doorbell_rang.store(false, std::memory_order_relaxed);
     } else if (traits_.doorbells && options_.idle == idle_mode::ladder && !st.doorbell_armed &&
@@ -247,6 +251,7 @@ bool reactor_core::sweep(clock::time_point now) {
   for (std::size_t i = 0; i < active_.size();) {
     if (active_[i]->entries.empty()) {
       active_[i]->active = false;
+      active_[i]->query_after = {};
       active_[i] = active_.back();
       active_.pop_back();
     } else {
@@ -275,9 +280,17 @@ void reactor_core::learn(stream_state& st, clock::time_point now) {
   const clock::time_point done = seen_pending + (now - seen_pending) / 2;
   st.model.add(done - start);
   st.last_done = done;
-  // For submitters deciding whether a new wait could finish before a napping reactor looks.
-  st.published_low_ns.store(st.model.ready() ? st.model.low().count() : 0,
-                            std::memory_order_relaxed);
+  // For submitters deciding whether a new wait could finish before a napping reactor looks:
+  // the shortest work seen lately; for irregular work also the spacing of its looks, which its
+  // waits accept as lateness anyway (else every submission on 64 irregular streams woke the
+  // reactor for a sweep of all of them, undoing poll_budget).
+  std::int64_t low = 0;
+  if (st.model.ready()) {
+    low = st.model.low().count();
+    if (options_.idle == idle_mode::predictive && !is_steady(idle_settings_, st.model))
+      low += std::max(window_poll_period_, options_.poll_period).count();
+  }
+  st.published_low_ns.store(low, std::memory_order_relaxed);
 }
 
 void reactor_core::fail_stream(stream_state& st, std::error_code ec) {
