@@ -93,9 +93,9 @@ void reactor_core::idle_predictive(clock::time_point now) {
     // Sweeps that other streams' windows ask for skip this stream until its own window opens
     // (or its fault probe is due), as a reactor with this stream alone would sleep until then:
     // with 64 streams and event markers every sweep was 64 driver queries, and the streams in
-    // their windows were found 26-40 us late at p50 instead of 10-11 (H100). Only once its model
+    // their windows were found 15-40 us late at p50 instead of 9-15 (H100). Only once its model
     // holds 8 samples: a young model (3 samples, or 3 after the work changed) can look steady by
-    // chance (64 streams of irregular work: p99 0.3-1.2 ms when it was trusted).
+    // chance, and a skipped stream whose work ended early is found only when its window opens.
     st->query_after = {};
     if (o.where == phase::before_window && st->model.samples() >= service_time_model::window / 2) {
       st->query_after = o.next_look;
