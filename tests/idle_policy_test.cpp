@@ -200,18 +200,28 @@ TEST_CASE("idle predict: irregular work is polled every poll_period inside its r
   stream_outlook o = predict(s, m, t0, mid, overshoot_of(15us));
   CHECK(o.where == phase::window_poll);
   CHECK(o.next_look == mid + s.poll_period);
-  // Irregular work is polled from its start: its second shortest sample says little about its
-  // shortest, and work shorter than the window's opening would be found only when it opened.
+  // Irregular work's window opens a quarter of the spread before its shortest sample (not its
+  // second shortest, which says little about how short it can be): here, at its start.
   o = predict(s, m, t0, t0 + 1us, overshoot_of(15us));
   CHECK(o.where == phase::window_poll);
   CHECK(o.next_look == t0 + 1us + s.poll_period);
-  // Even when the short end seen lately is long: 16 samples of 100 us-5 ms with at most one
-  // below 1.5 ms (it happens: about one wait in fifty).
+  // Even when the second shortest seen lately is long: 16 samples of 100 us-5 ms with one below
+  // 1.5 ms (about one wait in fifty).
   service_time_model late_low;
   late_low.add(150us);
   for (int i = 0; i < 15; ++i) late_low.add(nanoseconds(1'500'000 + 230'000 * i));
   REQUIRE(late_low.low() >= 1500us);
+  REQUIRE(late_low.shortest() == 150us);
   CHECK(predict(s, late_low, t0, t0 + 1us, overshoot_of(15us)).where == phase::window_poll);
+  // Long, moderately irregular work (4-6 ms) is not polled from its start: the reactor sleeps
+  // until a quarter of the spread before the shortest sample.
+  service_time_model long_work;
+  for (int i = 0; i < 16; ++i) long_work.add(nanoseconds(4'000'000 + 130'000 * i));
+  REQUIRE_FALSE(evr::detail::is_steady(s, long_work));
+  o = predict(s, long_work, t0, t0 + 1us, overshoot_of(15us));
+  CHECK(o.where == phase::before_window);
+  CHECK(o.next_look >= t0 + 3ms);
+  CHECK(o.next_look <= t0 + long_work.shortest() - (long_work.high() - long_work.low()) / 4);
 }
 
 TEST_CASE("idle predict: very short work is spun for from the start") {

@@ -8,13 +8,15 @@ namespace {
 
 /// The second smallest and second largest of `v[0..n)` (smallest and largest below 8 values):
 /// one outlier on either side moves neither bound.
-void robust_bounds(const std::int64_t* v, int n, std::int64_t& low, std::int64_t& high) noexcept {
+void robust_bounds(const std::int64_t* v, int n, std::int64_t& low, std::int64_t& high,
+                   std::int64_t& shortest) noexcept {
   std::array<std::int64_t, service_time_model::window> s{};
   std::copy(v, v + n, s.begin());
   std::sort(s.begin(), s.begin() + n);
   const int trim = n >= 8 ? 1 : 0;
   low = s[trim];
   high = s[n - 1 - trim];
+  shortest = s[0];
 }
 
 }  // namespace
@@ -55,7 +57,7 @@ void service_time_model::add(nanoseconds sample) noexcept {
     next_ = regime_run % window;
     run_above_ = run_below_ = 0;
   }
-  robust_bounds(ring_.data(), count_, low_, high_);
+  robust_bounds(ring_.data(), count_, low_, high_, shortest_);
   if (run_above_ == 0 && run_below_ == 0) {
     ref_low_ = low_;
     ref_high_ = high_;
@@ -64,7 +66,7 @@ void service_time_model::add(nanoseconds sample) noexcept {
 
 void service_time_model::reset() noexcept {
   count_ = next_ = 0;
-  low_ = high_ = ref_low_ = ref_high_ = 0;
+  low_ = high_ = shortest_ = ref_low_ = ref_high_ = 0;
   run_above_ = run_below_ = 0;
 }
 
@@ -141,20 +143,20 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   // The earliest the work is expected to end, a quarter of the spread before the shortest seen
   // lately; the reactor must be awake `prespin` before that, and a sleep of that length ends up
   // to `margin` late. The margin is that of a sleep from the start (about the sleep the reactor
-  // takes for it), so one wait's window does not move as time passes.
-  const idle_time earliest = start + low - spread / 4;
+  // takes for it), so one wait's window does not move as time passes. Steady work: its second
+  // shortest (one short outlier would make every window spin longer). Irregular work: its
+  // shortest, as polling early costs little: its second shortest says little about how short it
+  // can be (uniform 100 us-5 ms: over 1 ms for about a fifth of the waits, and the work shorter
+  // than the window's opening was found when it opened: 1-stream p99 376 us on the H100).
+  const idle_time earliest = start + (narrow ? low : model.shortest()) - spread / 4;
   const idle_time awake_by = earliest - settings.prespin;
   const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), awake_by - start));
   const idle_time close = start + high + std::max(margin, spread / 2);
   // Sleep until `awake_by`, early by the margin of a sleep of the time left: a long sleep ends
   // with a wide margin (the large overshoots of long sleeps), and if it ended early, the rest is
   // slept again with the narrower margin of a shorter sleep, instead of spun.
-  // Irregular work's window opens at its start: its second shortest of 16 samples is far from
-  // its shortest (uniform 100 us-5 ms: low was >= 1 ms for about a fifth of the waits), and the
-  // work shorter than the window's opening was found when it opened, hundreds of us late
-  // (H100, 64 streams: p99 0.5-1.2 ms once sweeps for other streams' windows no longer covered it).
   const nanoseconds left = awake_by - now;
-  if (narrow && left > nanoseconds(0)) {
+  if (left > nanoseconds(0)) {
     idle_time open = std::max(start, awake_by - overshoot.margin(left));
     // A long sleep's rare late wake-ups (milliseconds on some hosts) are kept away from the
     // window: the last final_sleep is slept again on its own.

@@ -23,7 +23,8 @@
 //   window         = [start + low - spread/4 - prespin - margin, start + high + max(margin,
 //                    spread/2)], spread = high - low: the model's bounds come from a handful of
 //                    samples, and the true shortest work is a little shorter than any seen.
-//                    Irregular work (see window_poll): [start, the same end].
+//                    Irregular work (see window_poll): from its shortest sample instead of
+//                    `low` (polling early is cheap; its second shortest says little).
 //
 // Per stream, from now and the model (stream_outlook):
 //   learning        fewer than `min_samples` samples: spin `spin_window` after the start, then
@@ -33,12 +34,12 @@
 //                   time left (a long sleep that ended early is followed by a shorter one with a
 //                   narrower margin, not by spinning). With `final_sleep` set, a sleep longer
 //                   than it is cut so that the last final_sleep before the window is slept on
-//                   its own. (Irregular work's window opens at its start: see window_poll.)
+//                   its own.
 //   window_spin     the work is steady (spread at most `spin_fraction` of high, or two poll
 //                   periods): busy-poll through the window. Cost: the width of the window on a
 //                   miss; margin + prespin + spread/4 + (actual - low) on a hit.
-//   window_poll     the work is irregular: look every `poll_period` from its start to the
-//                   window's end (its second shortest sample says little about its shortest),
+//   window_poll     the work is irregular: look every `poll_period` through the window (which
+//                   opens a quarter of the spread before its shortest sample, often its start),
 //                   or less often when looks are expensive (many streams with event markers):
 //                   at most `poll_budget` of a core (budgeted_poll_period).
 //   missed          past the window: the prediction failed (the work got longer): naps that grow
@@ -88,13 +89,15 @@ class service_time_model {
   /// Meaningful when samples() > 0.
   nanoseconds low() const noexcept { return nanoseconds(low_); }
   nanoseconds high() const noexcept { return nanoseconds(high_); }
+  /// The smallest kept sample (irregular work's window opens from it).
+  nanoseconds shortest() const noexcept { return nanoseconds(shortest_); }
 
  private:
   void recompute() noexcept;
   std::array<std::int64_t, window> ring_{};
   int count_ = 0;  // samples in ring_ (<= window)
   int next_ = 0;   // where the next sample goes
-  std::int64_t low_ = 0, high_ = 0;
+  std::int64_t low_ = 0, high_ = 0, shortest_ = 0;
   std::int64_t ref_low_ = 0, ref_high_ = 0;  // the bounds before the current run began
   int run_above_ = 0, run_below_ = 0;  // consecutive samples well beyond / below the reference
 };
