@@ -1,9 +1,11 @@
 // evr-bench throughput — S streams x N tiny operations, waits submitted from T threads:
 // completions per second and reactor CPU time per completion, for each evr strategy and for two
-// poller baselines; then memory per in-flight wait.
+// poller baselines; the reactor's own cost per completion when every marker is already done (the
+// ready drain); then memory per in-flight wait.
 // evr-bench cpu — reactor CPU use while 1000 waits sit on a 100 ms kernel, and when idle.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -14,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
 #include <evr/evr.hpp>
 
 #include "bench_device.hpp"
@@ -449,6 +453,118 @@ int throughput_main(int argc, char** argv) {
     }
   }
 
+  // Ready drain: the reactor's own cost per completion, with the GPU out of the way. In the burst
+  // drain the GPU completes a round's markers one every ~1 us, and the reactor, keeping up, is
+  // awake for the whole drain: its CPU per completion is the GPU's pace, not its own work. Here
+  // the reactor is held (an inline handler blocks its thread), the waits are submitted on idle
+  // streams and the GPU finishes every marker, then the reactor is released: its CPU from the
+  // release to the last completion is taking the submissions, one sweep that retires each
+  // stream's run of done markers (one fence read, or two event queries), delivery, and the
+  // markers' return to their pools. Rounds of 1024 waits on 64 streams (event markers) or 480 on
+  // 8 (fence markers: a device takes at most max_pending_fences, 512), after a warm-up round.
+  struct ready_row {
+    std::string name;
+    int streams = 0, waits = 0;
+    double cpu_ns_per_completion = 0, queries_per_completion = 0, completions_per_second = 0;
+  };
+  std::vector<ready_row> ready_rows;
+  struct reactor_hold {  // what the holding handler blocks on (no CPU while it does)
+    std::mutex m;
+    std::condition_variable cv;
+    bool held = false, released = false;
+  };
+  auto ready_drain = [&](const std::string& name, const reactor_options& opts, int nstreams,
+                         int per_stream, int rounds, bool posted) {
+    reactor r(be, opts);
+    std::vector<evr::stream> ss;
+    for (int i = 0; i < nstreams; ++i) ss.emplace_back(be, 0);
+    evr::stream holder(be, 0);
+    asio::io_context io{1};
+    auto guard = asio::make_work_guard(io);
+    std::thread io_thread;
+    std::unique_ptr<gpu_waiter> waiter;
+    if (posted) {
+      io_thread = std::thread([&] { io.run(); });
+      waiter = std::make_unique<gpu_waiter>(io.get_executor(), r);
+    }
+    std::atomic<std::uint64_t> done{0};
+    double cpu = 0, queries = 0, seconds = 0;
+    const int n = nstreams * per_stream;
+    // Round 0 warms the pools and tables (its figures are not counted): a steady state.
+    for (int round = 0; round <= rounds; ++round) {
+      auto hold = std::make_shared<reactor_hold>();
+      evr::throw_if(on_complete(r, holder,
+                                [hold](std::error_code) {
+                                  std::unique_lock<std::mutex> l(hold->m);
+                                  hold->held = true;
+                                  hold->cv.notify_all();
+                                  hold->cv.wait(l, [&] { return hold->released; });
+                                }),
+                    "on_complete");
+      {
+        std::unique_lock<std::mutex> l(hold->m);
+        hold->cv.wait(l, [&] { return hold->held; });
+      }
+      const std::uint64_t target = done.load() + static_cast<std::uint64_t>(n);
+      for (int i = 0; i < per_stream; ++i) {
+        for (int k = 0; k < nstreams; ++k) {
+          if (posted) {
+            waiter->async_wait(ss[static_cast<std::size_t>(k)], [&done](std::error_code) {
+              done.fetch_add(1, std::memory_order_release);
+            });
+          } else {
+            wait_counting(r, ss[static_cast<std::size_t>(k)], done);
+          }
+        }
+      }
+      for (auto& st : ss) evr::throw_if(be.synchronize_stream(st.native()), "synchronize");
+      const double c0 = static_cast<double>(r.cpu_time().count());
+      const reactor_metrics m0 = r.metrics();
+      const auto t0 = bench_clock::now();
+      {
+        std::lock_guard<std::mutex> l(hold->m);
+        hold->released = true;
+      }
+      hold->cv.notify_all();
+      while (done.load(std::memory_order_acquire) < target) std::this_thread::yield();
+      if (round == 0) continue;
+      seconds += std::chrono::duration<double>(bench_clock::now() - t0).count();
+      cpu += static_cast<double>(r.cpu_time().count()) - c0;
+      queries += static_cast<double>(r.metrics().event_queries - m0.event_queries);
+    }
+    guard.reset();
+    if (io_thread.joinable()) io_thread.join();
+    const double total = static_cast<double>(n) * rounds;
+    ready_row row{name, nstreams, n, cpu / total, queries / total, total / seconds};
+    std::fprintf(stderr,
+                 "  ready %-44s %10.0f completions/s  %8.1f ns reactor CPU each, %.3f queries "
+                 "each\n",
+                 name.c_str(), row.completions_per_second, row.cpu_ns_per_completion,
+                 row.queries_per_completion);
+    ready_rows.push_back(row);
+  };
+  {
+    // Rounds of 16 waits per stream (1024 on 64 streams) for events; 480 fences on 8 streams.
+    const int per_stream = 16;
+    const int rounds = std::max(1, cfg.ops / 4 / (cfg.streams * per_stream));
+    const int fence_streams = std::min(cfg.streams, 8);
+    const int fence_per_stream = 480 / fence_streams;
+    const int fence_rounds = std::max(1, cfg.ops / 4 / (fence_streams * fence_per_stream));
+    reactor_options fence_opts = evr_options(strategy::fence);
+    if (fence_opts.max_fence_streams == 0 || fence_opts.max_fence_streams > 8)
+      fence_opts.max_fence_streams = 8;
+    ready_drain("evr fence (fence words), inline", fence_opts, fence_streams, fence_per_stream,
+                fence_rounds, false);
+    ready_drain("evr fence (fence words), posted", fence_opts, fence_streams, fence_per_stream,
+                fence_rounds, true);
+    ready_drain("evr poll (events), inline", evr_options(strategy::poll), cfg.streams, per_stream,
+                rounds, false);
+    ready_drain("evr poll (events), posted", evr_options(strategy::poll), cfg.streams, per_stream,
+                rounds, true);
+    ready_drain("evr adaptive, inline", evr_options(strategy::adaptive), cfg.streams, per_stream,
+                rounds, false);
+  }
+
   // Memory per in-flight wait: many waits pending behind closed gates.
   double bytes_per_wait = 0;
   double heap_bytes_per_wait = -1;  // -1: not measured (no mallinfo2)
@@ -527,6 +643,19 @@ int throughput_main(int argc, char** argv) {
     std::printf("\n");
   }
   std::printf(
+      "\nready drain: every marker done before the held reactor is released; reactor CPU from the "
+      "release to the last completion\n");
+  std::printf("%-44s %8s %8s %14s %22s %14s\n", "method", "streams", "waits", "completions/s",
+              "reactor CPU ns/compl.", "queries/compl.");
+  for (auto& r : ready_rows)
+    std::printf("%-44s %8d %8d %14.0f %22.1f %14.3f\n", r.name.c_str(), r.streams, r.waits,
+                r.completions_per_second, r.cpu_ns_per_completion, r.queries_per_completion);
+  std::printf("reactor CPU ns per completion (ready drain):");
+  for (std::size_t i = 0; i < ready_rows.size(); ++i)
+    std::printf("%s %s %.1f", i ? "," : "", ready_rows[i].name.c_str(),
+                ready_rows[i].cpu_ns_per_completion);
+  std::printf("\n");
+  std::printf(
       "memory per in-flight wait (poll, %d waits on %d streams): RSS delta %.0f bytes, "
       "bytes per in-flight wait (heap in use) %.0f bytes%s\n",
       cfg.inflight_waits, cfg.inflight_streams, bytes_per_wait, heap_bytes_per_wait,
@@ -559,6 +688,17 @@ int throughput_main(int argc, char** argv) {
             json_writer::number(drain_rows[i].busy_ns_per_completion) +
             ",\"event_queries_per_completion\":" +
             json_writer::number(drain_rows[i].queries_per_completion) + "}");
+    }
+    j.raw("],\"ready_rows\":[");
+    for (std::size_t i = 0; i < ready_rows.size(); ++i) {
+      j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(ready_rows[i].name) +
+            ",\"streams\":" + std::to_string(ready_rows[i].streams) + ",\"waits_per_round\":" +
+            std::to_string(ready_rows[i].waits) + ",\"completions_per_second\":" +
+            json_writer::number(ready_rows[i].completions_per_second) +
+            ",\"reactor_cpu_ns_per_completion\":" +
+            json_writer::number(ready_rows[i].cpu_ns_per_completion) +
+            ",\"event_queries_per_completion\":" +
+            json_writer::number(ready_rows[i].queries_per_completion) + "}");
     }
     j.raw("],\"fence_queue_depth\":" + std::to_string(fence_depth) +
           ",\"record_queue_depth\":" + std::to_string(record_depth) +
