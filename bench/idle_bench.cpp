@@ -29,14 +29,12 @@
 #include <thread>
 #include <vector>
 
-#include <asio/executor_work_guard.hpp>
-#include <asio/io_context.hpp>
-
 #include <evr/evr.hpp>
 
 #include "bench_device.hpp"
 #include "cli.hpp"
 #include "cpu_case.hpp"
+#include "io_thread.hpp"
 #include "methods.hpp"
 #include "stats.hpp"
 #include "subcommands.hpp"
@@ -204,22 +202,6 @@ void launch_gate(bench_device& dev, lane& l) {
 void schedule_open(const workload& w, lane& l) {
   l.due.store(now_ns() + w.draw(l.rng).count(), std::memory_order_release);
 }
-
-/// An io_context run by one thread parked in run(): posted delivery, as in a server.
-class io_thread {
- public:
-  io_thread() : thread_([this] { io_.run(); }) {}
-  ~io_thread() {
-    work_.reset();
-    thread_.join();
-  }
-  asio::io_context& io() { return io_; }
-
- private:
-  asio::io_context io_{1};
-  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io_);
-  std::thread thread_;
-};
 
 /// One driver thread (this one) launches every lane's jobs and collects their samples. `submit`
 /// puts the notification under test behind the lane's gate kernel (it sets lane::t_done when it

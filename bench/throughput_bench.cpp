@@ -10,19 +10,19 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <asio/executor_work_guard.hpp>
-#include <asio/io_context.hpp>
 #include <evr/evr.hpp>
 
 #include "bench_device.hpp"
 #include "cli.hpp"
 #include "cpu_case.hpp"
+#include "io_thread.hpp"
 #include "methods.hpp"
 #include "stats.hpp"
 #include "subcommands.hpp"
@@ -479,13 +479,11 @@ int throughput_main(int argc, char** argv) {
     std::vector<evr::stream> ss;
     for (int i = 0; i < nstreams; ++i) ss.emplace_back(be, 0);
     evr::stream holder(be, 0);
-    asio::io_context io{1};
-    auto guard = asio::make_work_guard(io);
-    std::thread io_thread;
+    std::unique_ptr<io_thread> io;
     std::unique_ptr<gpu_waiter> waiter;
     if (posted) {
-      io_thread = std::thread([&] { io.run(); });
-      waiter = std::make_unique<gpu_waiter>(io.get_executor(), r);
+      io = std::make_unique<io_thread>();
+      waiter = std::make_unique<gpu_waiter>(io->io().get_executor(), r);
     }
     std::atomic<std::uint64_t> done{0};
     double cpu = 0, queries = 0, seconds = 0;
@@ -532,8 +530,6 @@ int throughput_main(int argc, char** argv) {
       cpu += static_cast<double>(r.cpu_time().count()) - c0;
       queries += static_cast<double>(r.metrics().event_queries - m0.event_queries);
     }
-    guard.reset();
-    if (io_thread.joinable()) io_thread.join();
     const double total = static_cast<double>(n) * rounds;
     ready_row row{name, nstreams, n, cpu / total, queries / total, total / seconds};
     std::fprintf(stderr,

@@ -7,7 +7,7 @@ namespace evr::detail {
 namespace {
 
 /// The second smallest and second largest of `v[0..n)` (smallest and largest below 8 values):
-/// one outlier on either side moves neither bound.
+/// one outlier on either side moves neither bound; and the smallest.
 void robust_bounds(const std::int64_t* v, int n, std::int64_t& low, std::int64_t& high,
                    std::int64_t& shortest) noexcept {
   std::array<std::int64_t, service_time_model::window> s{};
@@ -177,7 +177,7 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
       o.next_look = now;
     } else {
       o.where = phase::window_poll;
-      o.next_look = now + std::max(settings.poll_period, settings.window_poll_period);
+      o.next_look = now + settings.window_poll_period;
     }
     return o;
   }

@@ -152,9 +152,10 @@ struct idle_settings {
   nanoseconds prespin{};
   nanoseconds final_sleep{};
   double poll_budget = 0.0;
-  /// How often a wide window is looked at: poll_period, stretched by the reactor when its looks
-  /// cost more than poll_budget allows (budgeted_poll_period). Only the spacing of the looks
-  /// changes: whether work is steady enough to spin for is still judged against poll_period.
+  /// How often a wide window is looked at: poll_period (from()), stretched by the reactor when
+  /// its looks cost more than poll_budget allows (budgeted_poll_period); never below poll_period.
+  /// Only the spacing of the looks changes: whether work is steady enough to spin for is still
+  /// judged against poll_period.
   nanoseconds window_poll_period{};
 
   static idle_settings from(const reactor_options& o) noexcept {

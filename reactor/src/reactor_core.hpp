@@ -228,12 +228,11 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   bool aborted_fences_ = false;
   clock::time_point drain_deadline_{};
   // idle policy state (reactor thread)
-  const idle_settings idle_settings_;
-  ladder ladder_;              // idle_mode::ladder
-  sleep_overshoot overshoot_;  // idle_mode::predictive: how late timed sleeps end
-  look_cost look_cost_;        // predictive: what a look that found nothing costs
-  std::chrono::nanoseconds window_poll_period_{};  // predictive: irregular work's look spacing
-  clock::time_point replan_at_{};    // predictive: while spinning, re-plan no sooner than this
+  idle_settings idle_settings_;    // window_poll_period is re-planned (poll_budget); the rest fixed
+  ladder ladder_;                  // idle_mode::ladder
+  sleep_overshoot overshoot_;      // idle_mode::predictive: how late timed sleeps end
+  look_cost look_cost_;            // predictive: what a look that found nothing costs
+  clock::time_point replan_at_{};  // predictive: while spinning, re-plan no sooner than this
   clock::time_point loose_since_{};  // last progress of the loose waits (or the first one)
 };
 

@@ -77,14 +77,14 @@ void reactor_core::idle_predictive(clock::time_point now) {
   bool spin = false;
   // Wide windows are looked at every poll_period, or less often when a look costs more than
   // poll_budget of a core allows (many streams, each queried on every sweep).
-  idle_settings settings = idle_settings_;
-  settings.window_poll_period =
-      budgeted_poll_period(settings.poll_period, look_cost_.mean(), settings.poll_budget);
-  window_poll_period_ = settings.window_poll_period;
+  const bool budgeted = idle_settings_.poll_budget > 0;
+  if (budgeted)
+    idle_settings_.window_poll_period = budgeted_poll_period(
+        idle_settings_.poll_period, look_cost_.mean(), idle_settings_.poll_budget);
   for (stream_state* st : active_) {
     if (st->entries.empty()) continue;
     const clock::time_point start = service_start(*st);
-    const stream_outlook o = predict(settings, st->model, start, now, overshoot_);
+    const stream_outlook o = predict(idle_settings_, st->model, start, now, overshoot_);
     if (o.where == phase::missed && !st->missed) {
       st->missed = true;
       bump(m_.prediction_misses);
@@ -132,8 +132,9 @@ void reactor_core::idle_predictive(clock::time_point now) {
     return;
   }
   replan_at_ = {};
-  // This pass found nothing and planned a nap: its time (from the sweep on) is one look's cost.
-  look_cost_.add(clock::now() - now);
+  // This pass found nothing and planned a nap: its time (from the sweep on) is one look's cost
+  // (a clock read per nap, only when there is a budget to keep).
+  if (budgeted) look_cost_.add(clock::now() - now);
   nap_until(wake, /*learn_overshoot=*/true);
 }
 

@@ -288,7 +288,7 @@ void reactor_core::learn(stream_state& st, clock::time_point now) {
   if (st.model.ready()) {
     low = st.model.low().count();
     if (options_.idle == idle_mode::predictive && !is_steady(idle_settings_, st.model))
-      low += std::max(window_poll_period_, options_.poll_period).count();
+      low += idle_settings_.window_poll_period.count();
   }
   st.published_low_ns.store(low, std::memory_order_relaxed);
 }

@@ -86,9 +86,9 @@ struct stream_state {
   idle_time retired_submit{};  // submission of the newest wait retired by the current sweep
   bool retired_in_sweep = false;
   bool missed = false;  // the oldest wait outlived its prediction (counted once)
-  /// Predictive: a stream whose oldest wait is before its window is not
-  /// looked at by sweeps before this (the reactor may be sweeping often for other streams' windows;
-  /// each look at a stream with event markers is a driver query). {}: every sweep looks.
+  /// Predictive: a stream whose oldest wait is before its window is not looked at by sweeps
+  /// before this (the reactor may be sweeping often for other streams' windows; each look at a
+  /// stream with event markers is a driver query). {}: every sweep looks.
   idle_time query_after{};
 
   // --- published for submitters (wakeup.hpp: may a new wait finish before the reactor looks?) -
