@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <evr/pool/pool_set.hpp>
+#include <evr/reactor/detail/deferred_posts.hpp>
 #include <evr/reactor/detail/wait_op.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
@@ -82,6 +83,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::vector<wait_op*> detach_group(std::uintptr_t group);
   reactor_metrics metrics() const noexcept;
   std::chrono::nanoseconds cpu_time() const noexcept;
+  /// (reactor) hold_until_batch_end for this reactor's batch under way (deferred_posts.hpp).
+  bool hold_posts(deferred_posts& d) noexcept;
   bool on_reactor_thread() const noexcept {
     return thread_id_.load(std::memory_order_acquire) == std::this_thread::get_id();
   }
@@ -153,7 +156,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void fail_device(int device, std::error_code ec);
   void abort_everything();
   void deliver_batch(clock::time_point detected);
-  void release_events();  // (reactor) returns retired markers to their pools
+  void release_events();             // (reactor) returns retired markers to their pools
+  void flush_held_posts() noexcept;  // (reactor) every front end's held posts, posted now
   // idle policy (reactor/src/reactor_idle.cpp)
   void idle(clock::time_point now, bool progress, bool took_new);
   void idle_ladder(clock::time_point now);
@@ -220,6 +224,10 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::vector<std::pair<wait_op*, std::error_code>> ready_;               // retired, to deliver
   std::vector<std::pair<event_pool*, device::native_event>> abandoned_;   // pending at abort
   std::vector<std::pair<event_pool*, device::native_event>> to_release_;  // GPU past them
+  // Front ends holding posts back until the end of the batch under way (deferred_posts.hpp): one
+  // per Asio flavour in use, so a few slots are plenty (a front end beyond them posts at once).
+  std::array<deferred_posts*, 4> held_posts_{};
+  std::size_t held_posts_count_ = 0;
   std::array<std::error_code, max_devices> device_fault_{};
   std::size_t pending_ops_ = 0;      // ops in timelines or loose_ (not ghosts)
   std::size_t awaiting_cancel_ = 0;  // retired while a cancel request is in flight

@@ -345,6 +345,40 @@ std::error_code reactor_core::select_device(int device) noexcept {
   return {};
 }
 
+namespace {
+/// The reactor whose batch this thread is delivering, while it runs a posted completion (null
+/// otherwise: outside deliver_batch, and while an inline completion runs user code).
+thread_local reactor_core* delivering_core = nullptr;
+
+/// Marks this thread as delivering `core`'s batch for the duration of one posted completion.
+class delivering_scope {
+ public:
+  explicit delivering_scope(reactor_core* core) noexcept { delivering_core = core; }
+  ~delivering_scope() { delivering_core = nullptr; }
+  delivering_scope(const delivering_scope&) = delete;
+  delivering_scope& operator=(const delivering_scope&) = delete;
+};
+}  // namespace
+
+bool hold_until_batch_end(deferred_posts& d) noexcept {
+  reactor_core* core = delivering_core;
+  return core != nullptr && core->hold_posts(d);
+}
+
+bool reactor_core::hold_posts(deferred_posts& d) noexcept {
+  for (std::size_t i = 0; i < held_posts_count_; ++i) {
+    if (held_posts_[i] == &d) return true;
+  }
+  if (held_posts_count_ == held_posts_.size()) return false;
+  held_posts_[held_posts_count_++] = &d;
+  return true;
+}
+
+void reactor_core::flush_held_posts() noexcept {
+  for (std::size_t i = 0; i < held_posts_count_; ++i) held_posts_[i]->flush();
+  held_posts_count_ = 0;
+}
+
 void reactor_core::deliver_batch(clock::time_point detected) {
   if (ready_.empty()) {
     release_events();
@@ -354,6 +388,8 @@ void reactor_core::deliver_batch(clock::time_point detected) {
   // execution context there (detach_here) nulls entries and may append to ready_: the loop
   // indexes ready_ and re-reads its size, so it stays valid. clear() keeps the capacity (no
   // allocation in steady state).
+  // Posted completions may be held back by their front end (deferred_posts.hpp) and posted
+  // together: before an inline completion runs user code, and at the end of the batch.
   const clock::time_point now = clock::now();
   for (std::size_t i = 0; i < ready_.size(); ++i) {
     auto [op, ec] = ready_[i];
@@ -370,8 +406,15 @@ void reactor_core::deliver_batch(clock::time_point detected) {
     }
     add_sample(m_.detect_to_deliver, now - detected);
     add_sample(m_.submit_to_deliver, now - op->submitted_at_);
-    op->complete(ec);  // frees op; may run a user handler (inline delivery)
+    if (op->how_ == delivery::inline_on_reactor) {
+      flush_held_posts();
+      op->complete(ec);  // frees op; runs the user's handler here
+    } else {
+      delivering_scope scope(this);
+      op->complete(ec);  // frees op, or hands it to a post (held back or not)
+    }
   }
+  flush_held_posts();
   ready_.clear();
   release_events();
 }

@@ -8,9 +8,11 @@
 //   2. completion (reactor thread): do_complete either runs finish() right there (inline
 //      delivery) or posts a small function to the handler's executor. The posted function carries
 //      its own allocator, which hands out a buffer inside the operation, so posting to an
-//      io_context allocates nothing. (A handler bound to a strand is posted to the strand from
-//      here, which keeps its order; the idle strand's own invoker is then allocated from this
-//      thread's recycling cache and freed into another's: see docs/architecture.md.)
+//      io_context allocates nothing. Posts to a plain io_context are held until the end of the
+//      reactor's batch and queued together (io_context_posts.hpp). (A handler bound to a strand is
+//      posted to the strand from here, which keeps its order; the idle strand's own invoker is then
+//      allocated from this thread's recycling cache and freed into another's: see
+//      docs/architecture.md.)
 //   3. finish (handler's executor, or reactor thread when inline): clears the cancellation slot,
 //      moves the handler and the work out, frees the operation, then calls the handler — the
 //      operation's memory is back in the allocator's cache before the upcall, as Asio requires.
@@ -36,6 +38,7 @@
 
 #include <evr/callbacks/detail/asio_forward.hpp>
 #include <evr/callbacks/detail/callback_exception.hpp>
+#include <evr/callbacks/detail/io_context_posts.hpp>
 #include <evr/reactor/reactor.hpp>
 
 namespace evr::detail {
@@ -113,25 +116,6 @@ class delivery_fn {
 template <typename Executor>
 using tracked_executor_t = std::decay_t<decltype(asio::prefer(
     std::declval<const Executor&>(), asio::execution::outstanding_work.tracked))>;
-
-/// Posts `f` to `ex`; when `ex` is an any_io_executor around an io_context executor, posts to
-/// the io_context executor directly so that `f`'s allocator is honoured (any_io_executor's
-/// type erasure would allocate on this thread instead).
-template <typename Executor, typename F>
-void post_honouring_allocator(const Executor& ex, F&& f) {
-  if constexpr (std::is_same_v<Executor, asio::any_io_executor>) {
-    using tracked_io = tracked_executor_t<asio::io_context::executor_type>;
-    if (const auto* io = ex.template target<tracked_io>()) {
-      asio::post(*io, std::forward<F>(f));
-      return;
-    }
-    if (const auto* io = ex.template target<asio::io_context::executor_type>()) {
-      asio::post(*io, std::forward<F>(f));
-      return;
-    }
-  }
-  asio::post(ex, std::forward<F>(f));
-}
 
 template <typename Handler, typename IoExecutor>
 class asio_wait_op final : public wait_op {
@@ -226,7 +210,14 @@ class asio_wait_op final : public wait_op {
 
   static void post_completion(asio_wait_op* self, std::error_code ec) noexcept {
     try {
-      post_honouring_allocator(self->handler_work_, delivery_fn<asio_wait_op>(self, ec));
+      if (asio::io_context* ctx = plain_io_context(self->handler_work_)) {
+        // Held back to the end of the reactor's batch when delivered from one; posted to the
+        // io_context directly either way (also behind an any_io_executor, whose type erasure
+        // would allocate on this thread instead of using the operation's slab).
+        io_context_posts::this_thread().post(*ctx, delivery_fn<asio_wait_op>(self, ec));
+      } else {
+        asio::post(self->handler_work_, delivery_fn<asio_wait_op>(self, ec));
+      }
     } catch (...) {
       // Posting failed (out of memory): the handler cannot be run anywhere safe. The delivery
       // function owned the operation, and whichever copy of it held the operation last has
