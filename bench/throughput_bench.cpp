@@ -561,38 +561,130 @@ int throughput_main(int argc, char** argv) {
                 rounds, false);
   }
 
-  // Memory per in-flight wait: many waits pending behind closed gates.
-  double bytes_per_wait = 0;
-  double heap_bytes_per_wait = -1;  // -1: not measured (no mallinfo2)
+  // Memory per in-flight wait: many waits pending behind closed gates, with the poll strategy
+  // (an event per wait). Rows, each on streams of its own and all pending together until the end
+  // (freed memory would be reused by the next row and hide its cost): the device's own share
+  // measured alone (an event created and recorded per wait, no evr), evr's plain callbacks,
+  // gpu_waiter posting to an io_context (a one-pointer handler each; two executor types), and
+  // the device alone again. What evr adds is the difference to the device alone.
+  struct memory_row {
+    std::string name;
+    double rss_bytes = 0, heap_bytes = -1;  // per in-flight wait; heap -1: no mallinfo2
+  };
+  std::vector<memory_row> memory_rows;
   {
-    std::vector<evr::stream> gated;
-    for (int i = 0; i < cfg.inflight_streams; ++i) gated.emplace_back(be, 0);
+    const int n = cfg.inflight_waits;
+    auto gated_streams = [&] {
+      std::vector<evr::stream> ss;
+      for (int i = 0; i < cfg.inflight_streams; ++i) ss.emplace_back(be, 0);
+      for (auto& st : ss) dev->launch_gate(st.native(), false);
+      return ss;
+    };
+    // Measures RSS and heap around `submit(i)` for i in [0, n), once `settled()` (everything
+    // submitted taken in).
+    auto measure = [&](const std::string& name, auto&& submit, auto&& settled) {
+      const long before = rss_kib();
+      const long long heap_before = heap_in_use();
+      for (int i = 0; i < n; ++i) submit(i);
+      while (!settled()) std::this_thread::yield();
+      const long after = rss_kib();
+      const long long heap_after = heap_in_use();
+      memory_row row{name, static_cast<double>(after - before) * 1024.0 / n, -1};
+      if (heap_before >= 0 && heap_after >= 0)
+        row.heap_bytes = static_cast<double>(heap_after - heap_before) / n;
+      std::fprintf(stderr, "  memory %-40s RSS %6.0f B, heap %6.0f B per in-flight wait\n",
+                   name.c_str(), row.rss_bytes, row.heap_bytes);
+      memory_rows.push_back(row);
+    };
     reactor_options opts;
     opts.strategy = strategy::poll;
-    reactor r(be, opts);
+    const auto total = static_cast<std::uint64_t>(n);
     dev->close_gate();
-    for (auto& s : gated) dev->launch_gate(s.native(), false);
-    // Warm the pools and tables with one round, then measure the rest.
-    std::atomic<std::uint64_t> done{0};
-    auto cb = [&](std::error_code) { done.fetch_add(1); };
-    for (auto& s : gated) evr::throw_if(on_complete(r, s, cb), "on_complete");
-    const long before = rss_kib();
-    const long long heap_before = heap_in_use();
-    const int n = cfg.inflight_waits;
-    for (int i = 0; i < n; ++i)
-      evr::throw_if(on_complete(r, gated[i % gated.size()], cb), "on_complete");
-    while (r.metrics().submitted < static_cast<std::uint64_t>(n + cfg.inflight_streams))
-      std::this_thread::yield();
-    const long after = rss_kib();
-    const long long heap_after = heap_in_use();
-    bytes_per_wait = static_cast<double>(after - before) * 1024.0 / n;
-    if (heap_before >= 0 && heap_after >= 0)
-      heap_bytes_per_wait = static_cast<double>(heap_after - heap_before) / n;
-    dev->open_gate();
-    while (done.load() < static_cast<std::uint64_t>(n + cfg.inflight_streams))
-      std::this_thread::yield();
-  }
 
+    // The device's own share, measured first and last (a device's tables that grow by doubling
+    // charge their growth to whichever row crosses the boundary: the two bracket it).
+    std::vector<std::vector<evr::stream>> raw_streams;
+    std::vector<std::vector<evr::device::native_event>> raw_events;
+    auto measure_device_alone = [&](const std::string& name) {
+      raw_streams.push_back(gated_streams());
+      raw_events.emplace_back(static_cast<std::size_t>(n));
+      auto& ss = raw_streams.back();
+      auto& evs = raw_events.back();
+      measure(
+          name + " (event created + recorded)",
+          [&](int i) {
+            auto& e = evs[static_cast<std::size_t>(i)];
+            evr::throw_if(be.create_event(0, evr::device::event_flags::none, e), "create_event");
+            evr::throw_if(be.record_event(e, ss[static_cast<std::size_t>(i) % ss.size()].native()),
+                          "record_event");
+          },
+          [] { return true; });
+    };
+    measure_device_alone("device alone, before");
+
+    std::vector<evr::stream> cb_streams = gated_streams();
+    reactor cb_reactor(be, opts);
+    std::atomic<std::uint64_t> cb_done{0};
+    auto cb = [&cb_done](std::error_code) { cb_done.fetch_add(1); };
+    measure(
+        "evr on_complete",
+        [&](int i) {
+          evr::throw_if(
+              on_complete(cb_reactor, cb_streams[static_cast<std::size_t>(i) % cb_streams.size()],
+                          cb),
+              "on_complete");
+        },
+        [&] { return cb_reactor.metrics().submitted >= total; });
+
+    // gpu_waiter, a one-pointer handler, posting to an io_context whose handlers run on this
+    // thread (io.run() once the gates open): the operations' memory goes back to this thread's
+    // recycling cache, as in a server's steady state. With the io_context's own executor type,
+    // and with the default any_io_executor.
+    struct one_pointer_handler {
+      std::uint64_t* done;
+      void operator()(evr::asio_error_code) const { ++*done; }
+    };
+    asio::io_context io;
+    std::uint64_t waiter_done = 0;
+    std::vector<std::unique_ptr<reactor>> waiter_reactors;
+    std::vector<std::vector<evr::stream>> waiter_streams;
+    auto measure_waiter = [&](const std::string& name, auto& waiter, reactor& r,
+                              std::vector<evr::stream>& ss) {
+      measure(
+          name,
+          [&](int i) {
+            waiter.async_wait(ss[static_cast<std::size_t>(i) % ss.size()],
+                              one_pointer_handler{&waiter_done});
+          },
+          [&] { return r.metrics().submitted >= total; });
+    };
+    waiter_streams.push_back(gated_streams());
+    waiter_reactors.push_back(std::make_unique<reactor>(be, opts));
+    basic_gpu_waiter<asio::io_context::executor_type> io_waiter(io.get_executor(),
+                                                                *waiter_reactors.back());
+    measure_waiter("evr gpu_waiter (io_context executor)", io_waiter, *waiter_reactors.back(),
+                   waiter_streams.back());
+    waiter_streams.push_back(gated_streams());
+    waiter_reactors.push_back(std::make_unique<reactor>(be, opts));
+    gpu_waiter any_waiter(io.get_executor(), *waiter_reactors.back());
+    measure_waiter("evr gpu_waiter (any_io_executor)", any_waiter, *waiter_reactors.back(),
+                   waiter_streams.back());
+
+    measure_device_alone("device alone, after");
+
+    dev->open_gate();
+    for (auto& ss : raw_streams) {
+      for (auto& st : ss) evr::throw_if(be.synchronize_stream(st.native()), "synchronize");
+    }
+    for (auto& evs : raw_events) {
+      for (auto e : evs) be.destroy_event(e);
+    }
+    while (cb_done.load() < total) std::this_thread::yield();
+    while (waiter_done < 2 * total) {
+      io.restart();
+      io.run_for(std::chrono::milliseconds(10));
+    }
+  }
   std::printf("\nthroughput: %d streams x %d ops, %d submitting threads (%s)\n", cfg.streams,
               cfg.ops, cfg.threads, dev->describe().c_str());
   std::printf("%-42s %14s %22s\n", "method", "completions/s", "poller CPU ns/completion");
@@ -651,11 +743,21 @@ int throughput_main(int argc, char** argv) {
     std::printf("%s %s %.1f", i ? "," : "", ready_rows[i].name.c_str(),
                 ready_rows[i].cpu_ns_per_completion);
   std::printf("\n");
-  std::printf(
-      "memory per in-flight wait (poll, %d waits on %d streams): RSS delta %.0f bytes, "
-      "bytes per in-flight wait (heap in use) %.0f bytes%s\n",
-      cfg.inflight_waits, cfg.inflight_streams, bytes_per_wait, heap_bytes_per_wait,
-      heap_bytes_per_wait < 0 ? " (not measured: no mallinfo2)" : "");
+  std::printf("\nmemory per in-flight wait (poll: an event each; %d waits on %d streams)\n",
+              cfg.inflight_waits, cfg.inflight_streams);
+  std::printf("%-44s %14s %14s\n", "", "RSS delta B", "heap in use B");
+  for (auto& m : memory_rows)
+    std::printf("%-44s %14.0f %14.0f\n", m.name.c_str(), m.rss_bytes, m.heap_bytes);
+  if (memory_rows.size() >= 3) {
+    // evr's own: each evr row minus the device alone (the mean of the first and last rows).
+    const double device_rss = (memory_rows.front().rss_bytes + memory_rows.back().rss_bytes) / 2;
+    const double device_heap = (memory_rows.front().heap_bytes + memory_rows.back().heap_bytes) / 2;
+    for (std::size_t i = 1; i + 1 < memory_rows.size(); ++i) {
+      std::printf("%s: evr's own (minus the device alone): RSS %.0f B, heap %.0f B per wait\n",
+                  memory_rows[i].name.c_str(), memory_rows[i].rss_bytes - device_rss,
+                  memory_rows[i].heap_bytes - device_heap);
+    }
+  }
 
   if (!cfg.json.empty()) {
     std::FILE* f = std::fopen(cfg.json.c_str(), "w");
@@ -698,8 +800,16 @@ int throughput_main(int argc, char** argv) {
     }
     j.raw("],\"fence_queue_depth\":" + std::to_string(fence_depth) +
           ",\"record_queue_depth\":" + std::to_string(record_depth) +
-          ",\"bytes_per_inflight_wait\":" + json_writer::number(bytes_per_wait) +
-          ",\"heap_bytes_per_inflight_wait\":" + json_writer::number(heap_bytes_per_wait) + ",");
+          ",\"bytes_per_inflight_wait\":" + json_writer::number(memory_rows[1].rss_bytes) +
+          ",\"heap_bytes_per_inflight_wait\":" + json_writer::number(memory_rows[1].heap_bytes) +
+          ",\"memory_rows\":[");
+    for (std::size_t i = 0; i < memory_rows.size(); ++i) {
+      j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(memory_rows[i].name) +
+            ",\"rss_bytes_per_inflight_wait\":" + json_writer::number(memory_rows[i].rss_bytes) +
+            ",\"heap_bytes_per_inflight_wait\":" + json_writer::number(memory_rows[i].heap_bytes) +
+            "}");
+    }
+    j.raw("],");
     auto json_evr_rows = [&](const char* key, double tp_row::*field) {
       j.raw(json_writer::quote(key) + ":{");
       for (std::size_t i = 0; i < evr_rows; ++i)

@@ -3,16 +3,17 @@
 // Life of one operation:
 //   1. initiation (user's thread): allocated with the handler's associated allocator (default:
 //      Asio's recycling allocator, a per-thread cache: no heap allocation in steady state); work
-//      is tracked on the I/O executor and on the handler's executor; a cancellation handler is
-//      installed in the handler's slot; then the reactor gets it (reactor_access::submit).
+//      is tracked on the I/O executor and, when the handler has an executor of its own, on that
+//      one too; a cancellation handler is installed in the handler's slot; then the reactor gets it
+//      (reactor_access::submit).
 //   2. completion (reactor thread): do_complete either runs finish() right there (inline
 //      delivery) or posts a small function to the handler's executor. The posted function carries
-//      its own allocator, which hands out a buffer inside the operation, so posting to an
-//      io_context allocates nothing. Posts to a plain io_context are held until the end of the
-//      reactor's batch and queued together (io_context_posts.hpp). (A handler bound to a strand is
-//      posted to the strand from here, which keeps its order; the idle strand's own invoker is then
-//      allocated from this thread's recycling cache and freed into another's: see
-//      docs/architecture.md.)
+//      its own allocator, which hands out the operation's own bytes that the reactor no longer
+//      needs (wait_op::reusable_after_complete), so posting to an io_context allocates nothing.
+//      Posts to a plain io_context are held until the end of the reactor's batch and queued
+//      together (io_context_posts.hpp). (A handler bound to a strand is posted to the strand from
+//      here, which keeps its order; the idle strand's own invoker is then allocated from this
+//      thread's recycling cache and freed into another's: see docs/architecture.md.)
 //   3. finish (handler's executor, or reactor thread when inline): clears the cancellation slot,
 //      moves the handler and the work out, frees the operation, then calls the handler — the
 //      operation's memory is back in the allocator's cache before the upcall, as Asio requires.
@@ -44,52 +45,47 @@
 namespace evr::detail {
 inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 
-/// Storage inside an operation for the executor's wrapper of the posted delivery function.
-/// Measured (Asio 1.22, x86-64): an io_context's wrapper is 56 bytes (its operation header,
-/// delivery_fn, the allocator), also behind an any_io_executor; a strand's and a thread_pool's
-/// 56-64. A larger one falls back to the heap (tests/sim_reactor_test.cpp counts allocations).
-struct delivery_slab {
-  static constexpr std::size_t size = 64;
-  alignas(std::max_align_t) unsigned char bytes[size];
-  bool used = false;
-};
-
-/// Hands out the slab once (then falls back to the heap): the allocator of the posted function.
+/// The allocator of the posted delivery function: hands out the operation's reusable bytes
+/// (wait_op::reusable_after_complete, 64 bytes the reactor no longer needs once it completed the
+/// wait) once, then falls back to the heap. Measured (Asio 1.22, x86-64): an io_context's wrapper
+/// of the delivery function is 56 bytes (its operation header, delivery_fn, this allocator), also
+/// behind an any_io_executor; a strand's and a thread_pool's 56-64. A larger one goes to the heap
+/// (tests/sim_reactor_test.cpp counts allocations). wait_op::front_end_flag_ says "in use".
 template <typename T>
 class slab_allocator {
  public:
   using value_type = T;
-  explicit slab_allocator(delivery_slab* slab) noexcept : slab_(slab) {}
+  explicit slab_allocator(wait_op* op) noexcept : op_(op) {}
   template <typename U>
-  slab_allocator(const slab_allocator<U>& other) noexcept : slab_(other.slab_) {}  // NOLINT
+  slab_allocator(const slab_allocator<U>& other) noexcept : op_(other.op_) {}  // NOLINT
   T* allocate(std::size_t n) {
-    if (!slab_->used && sizeof(T) * n <= delivery_slab::size &&
-        alignof(T) <= alignof(std::max_align_t)) {
-      slab_->used = true;
-      return reinterpret_cast<T*>(slab_->bytes);
+    if (!op_->front_end_flag_ && sizeof(T) * n <= wait_op::reusable_size &&
+        alignof(T) <= alignof(std::uintptr_t)) {
+      op_->front_end_flag_ = true;
+      return reinterpret_cast<T*>(op_->reusable_after_complete());
     }
     return std::allocator<T>().allocate(n);
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    if (reinterpret_cast<unsigned char*>(p) == slab_->bytes) {
-      slab_->used = false;
+    if (reinterpret_cast<unsigned char*>(p) == op_->reusable_after_complete()) {
+      op_->front_end_flag_ = false;
       return;
     }
     std::allocator<T>().deallocate(p, n);
   }
   template <typename U>
   bool operator==(const slab_allocator<U>& o) const noexcept {
-    return slab_ == o.slab_;
+    return op_ == o.op_;
   }
   template <typename U>
   bool operator!=(const slab_allocator<U>& o) const noexcept {
-    return slab_ != o.slab_;
+    return op_ != o.op_;
   }
 
  private:
   template <typename U>
   friend class slab_allocator;
-  delivery_slab* slab_;
+  wait_op* op_;
 };
 
 /// The posted function: owns the operation until it runs (or is destroyed unrun, e.g. by an
@@ -106,7 +102,7 @@ class delivery_fn {
     if (op_ != nullptr) Op::destroy(op_);
   }
   void operator()() { Op::finish(std::exchange(op_, nullptr), ec_); }
-  allocator_type get_allocator() const noexcept { return allocator_type(&op_->slab_); }
+  allocator_type get_allocator() const noexcept { return allocator_type(op_); }
 
  private:
   Op* op_;
@@ -116,6 +112,19 @@ class delivery_fn {
 template <typename Executor>
 using tracked_executor_t = std::decay_t<decltype(asio::prefer(
     std::declval<const Executor&>(), asio::execution::outstanding_work.tracked))>;
+
+/// True when `Handler` has an associated executor of its own (bind_executor, a coroutine's
+/// handler, a member executor_type, a specialization of associated_executor): asked with a
+/// private executor type that nothing can be bound to.
+struct no_associated_executor_probe {};
+template <typename Handler>
+inline constexpr bool has_own_executor_v =
+    !std::is_same_v<asio::associated_executor_t<Handler, no_associated_executor_probe>,
+                    no_associated_executor_probe>;
+
+/// Stands in for the handler's tracked executor when the handler has none of its own: its
+/// completion goes to the I/O executor, whose work the operation tracks already.
+struct no_handler_work {};
 
 template <typename Handler, typename IoExecutor>
 class asio_wait_op final : public wait_op {
@@ -163,8 +172,6 @@ class asio_wait_op final : public wait_op {
     post_completion(self, ec);
   }
 
-  delivery_slab slab_;
-
  private:
   template <typename>
   friend class delivery_fn;
@@ -186,9 +193,32 @@ class asio_wait_op final : public wait_op {
       : wait_op(&asio_wait_op::do_complete),
         handler_(std::move(handler)),
         io_work_(asio::prefer(io_ex, asio::execution::outstanding_work.tracked)),
-        handler_work_(asio::prefer(asio::get_associated_executor(handler_, io_ex),
-                                   asio::execution::outstanding_work.tracked)),
+        handler_work_(make_handler_work(handler_, io_ex)),
         reactor_(r) {}
+
+  /// A handler with an executor of its own is posted there, and work is tracked on it too;
+  /// every other handler is posted to the I/O executor (one tracked executor, not two copies of
+  /// the same one: 56 bytes less per wait with an any_io_executor).
+  static constexpr bool own_executor = has_own_executor_v<Handler>;
+  using handler_work_type =
+      std::conditional_t<own_executor, tracked_executor_t<handler_executor>, no_handler_work>;
+  static handler_work_type make_handler_work(const Handler& h, const IoExecutor& io_ex) {
+    if constexpr (own_executor) {
+      return asio::prefer(asio::get_associated_executor(h, io_ex),
+                          asio::execution::outstanding_work.tracked);
+    } else {
+      (void)h;
+      (void)io_ex;
+      return {};
+    }
+  }
+  const auto& delivery_executor() const noexcept {
+    if constexpr (own_executor) {
+      return handler_work_;
+    } else {
+      return io_work_;
+    }
+  }
 
   static void do_complete(wait_op* base, std::error_code ec) noexcept {
     auto* self = static_cast<asio_wait_op*>(base);
@@ -210,13 +240,13 @@ class asio_wait_op final : public wait_op {
 
   static void post_completion(asio_wait_op* self, std::error_code ec) noexcept {
     try {
-      if (asio::io_context* ctx = plain_io_context(self->handler_work_)) {
+      if (asio::io_context* ctx = plain_io_context(self->delivery_executor())) {
         // Held back to the end of the reactor's batch when delivered from one; posted to the
         // io_context directly either way (also behind an any_io_executor, whose type erasure
-        // would allocate on this thread instead of using the operation's slab).
+        // would allocate on this thread instead of using the operation's reusable bytes).
         io_context_posts::this_thread().post(*ctx, delivery_fn<asio_wait_op>(self, ec));
       } else {
-        asio::post(self->handler_work_, delivery_fn<asio_wait_op>(self, ec));
+        asio::post(self->delivery_executor(), delivery_fn<asio_wait_op>(self, ec));
       }
     } catch (...) {
       // Posting failed (out of memory): the handler cannot be run anywhere safe. The delivery
@@ -232,7 +262,7 @@ class asio_wait_op final : public wait_op {
         asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
     Handler handler(std::move(self->handler_));
     auto io_work = std::move(self->io_work_);
-    auto handler_work = std::move(self->handler_work_);
+    [[maybe_unused]] auto handler_work = std::move(self->handler_work_);
     // Memory back to the handler's allocator before the upcall.
     self->~asio_wait_op();
     std::allocator_traits<allocator>::deallocate(alloc, self, 1);
@@ -253,7 +283,7 @@ class asio_wait_op final : public wait_op {
 
   Handler handler_;
   tracked_executor_t<IoExecutor> io_work_;
-  tracked_executor_t<handler_executor> handler_work_;
+  [[no_unique_address]] handler_work_type handler_work_;
   reactor& reactor_;
 };
 

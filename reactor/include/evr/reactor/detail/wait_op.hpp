@@ -17,8 +17,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <system_error>
+#include <type_traits>
 
 #include <evr/device/backend.hpp>
 #include <evr/reactor/delivery.hpp>
@@ -40,8 +42,17 @@ class wait_op {
 
   void complete(std::error_code ec) noexcept { complete_(this, ec); }
 
+  /// The reactor is done with the fields from owner_ to submitted_at_ once it calls complete()
+  /// (and a refused wait never reached it): from then on the front end may reuse these bytes, for
+  /// what it posts, say, instead of carrying a buffer of its own. Aligned as a pointer.
+  static constexpr std::size_t reusable_size = 64;
+  unsigned char* reusable_after_complete() noexcept {
+    return reinterpret_cast<unsigned char*>(&owner_);
+  }
+
   // Layout (docs/architecture.md, "Where a wait's bytes and time go"): the small fields share
-  // the first 8 bytes; 80 bytes in all on a 64-bit target.
+  // the first 8 bytes; 80 bytes in all on a 64-bit target. Every member is public, so that the
+  // class is standard-layout and the reusable bytes' place can be checked (below).
   enum : std::uint8_t { pending = 0, cancel_requested = 1, done = 2 };
   std::atomic<std::uint8_t> state_{pending};
 
@@ -56,6 +67,8 @@ class wait_op {
     retired_awaiting_cancel
   } phase_ = phase::queued;
   std::int16_t device_ = -1;  ///< set by reactor::submit (devices are < pool_set::max_devices)
+  /// The front end's: never read or written by the reactor (it survives complete()).
+  bool front_end_flag_ = false;
 
   std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
   std::uintptr_t group_ = 0;  ///< its execution context (for detach_group); 0: none
@@ -71,9 +84,14 @@ class wait_op {
   std::uint64_t seq_ = 0;  ///< position in its stream (marker order)
   std::chrono::steady_clock::time_point submitted_at_{};
 
- private:
-  complete_fn complete_;
+  complete_fn complete_;  ///< called through complete(), exactly once
 };
+
+static_assert(std::is_standard_layout_v<wait_op>);
+static_assert(offsetof(wait_op, submitted_at_) + sizeof(wait_op::submitted_at_) -
+                      offsetof(wait_op, owner_) ==
+                  wait_op::reusable_size,
+              "the reusable bytes are the fields from owner_ to submitted_at_, contiguous");
 
 }  // namespace detail
 }  // namespace evr
