@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <asio/bind_executor.hpp>
+#include <asio/post.hpp>
 #include <evr/evr.hpp>
 
 #include "bench_device.hpp"
@@ -36,6 +38,30 @@
 
 namespace evr::bench {
 namespace {
+
+/// An executor evr does not recognize as an io_context's (a plain forwarder to one): its
+/// completions are posted one by one, as every completion was before batching. The ready drain's
+/// "posted one each" rows measure that baseline in the same run.
+struct forwarding_executor {
+  asio::io_context::executor_type inner;
+  asio::execution_context& query(asio::execution::context_t) const noexcept {
+    return inner.context();
+  }
+  static constexpr asio::execution::blocking_t::never_t query(
+      asio::execution::blocking_t) noexcept {
+    return {};
+  }
+  template <typename F>
+  void execute(F&& f) const {
+    asio::post(inner, std::forward<F>(f));
+  }
+  friend bool operator==(const forwarding_executor& a, const forwarding_executor& b) noexcept {
+    return a.inner == b.inner;
+  }
+  friend bool operator!=(const forwarding_executor& a, const forwarding_executor& b) noexcept {
+    return !(a == b);
+  }
+};
 
 struct tp_settings {
   std::string device = "auto";
@@ -473,8 +499,13 @@ int throughput_main(int argc, char** argv) {
     std::condition_variable cv;
     bool held = false, released = false;
   };
+  // How the ready drain's completions are delivered: inline on the reactor thread; posted to an
+  // io_context (one post per batch); or posted through an executor evr does not recognize (a
+  // plain forwarder to the same io_context: one post per completion, as before batching).
+  enum class ready_delivery { inline_on_reactor, posted, posted_one_each };
   auto ready_drain = [&](const std::string& name, const reactor_options& opts, int nstreams,
-                         int per_stream, int rounds, bool posted) {
+                         int per_stream, int rounds, ready_delivery how) {
+    const bool posted = how != ready_delivery::inline_on_reactor;
     reactor r(be, opts);
     std::vector<evr::stream> ss;
     for (int i = 0; i < nstreams; ++i) ss.emplace_back(be, 0);
@@ -507,9 +538,14 @@ int throughput_main(int argc, char** argv) {
       for (int i = 0; i < per_stream; ++i) {
         for (int k = 0; k < nstreams; ++k) {
           if (posted) {
-            waiter->async_wait(ss[static_cast<std::size_t>(k)], [&done](std::error_code) {
-              done.fetch_add(1, std::memory_order_release);
-            });
+            auto count = [&done](std::error_code) { done.fetch_add(1, std::memory_order_release); };
+            if (how == ready_delivery::posted_one_each) {
+              waiter->async_wait(
+                  ss[static_cast<std::size_t>(k)],
+                  asio::bind_executor(forwarding_executor{io->io().get_executor()}, count));
+            } else {
+              waiter->async_wait(ss[static_cast<std::size_t>(k)], count);
+            }
           } else {
             wait_counting(r, ss[static_cast<std::size_t>(k)], done);
           }
@@ -549,16 +585,21 @@ int throughput_main(int argc, char** argv) {
     reactor_options fence_opts = evr_options(strategy::fence);
     if (fence_opts.max_fence_streams == 0 || fence_opts.max_fence_streams > 8)
       fence_opts.max_fence_streams = 8;
+    using rd = ready_delivery;
     ready_drain("evr fence (fence words), inline", fence_opts, fence_streams, fence_per_stream,
-                fence_rounds, false);
+                fence_rounds, rd::inline_on_reactor);
     ready_drain("evr fence (fence words), posted", fence_opts, fence_streams, fence_per_stream,
-                fence_rounds, true);
+                fence_rounds, rd::posted);
+    ready_drain("evr fence (fence words), posted one each", fence_opts, fence_streams,
+                fence_per_stream, fence_rounds, rd::posted_one_each);
     ready_drain("evr poll (events), inline", evr_options(strategy::poll), cfg.streams, per_stream,
-                rounds, false);
+                rounds, rd::inline_on_reactor);
     ready_drain("evr poll (events), posted", evr_options(strategy::poll), cfg.streams, per_stream,
-                rounds, true);
+                rounds, rd::posted);
+    ready_drain("evr poll (events), posted one each", evr_options(strategy::poll), cfg.streams,
+                per_stream, rounds, rd::posted_one_each);
     ready_drain("evr adaptive, inline", evr_options(strategy::adaptive), cfg.streams, per_stream,
-                rounds, false);
+                rounds, rd::inline_on_reactor);
   }
 
   // Memory per in-flight wait: many waits pending behind closed gates, with the poll strategy
