@@ -13,7 +13,8 @@
 #   bench-*    build/gpu/bench/evr-bench pool --json OUTDIR/pool.json, then latency, throughput and
 #              cpu when `evr-bench --help` names them (or as listed in EVR_BENCH_SUBCOMMANDS)
 #              (evr-bench idle, the work-length sweep, gets up to EVR_IDLE_TIMEOUT_S, default 420 s;
-#              the others 90 s each; EVR_BENCH_ARGS_<sub> adds arguments to one subcommand)
+#              throughput 150 s, the others 90 s each; EVR_BENCH_TIMEOUT_S_<sub> overrides one;
+#              EVR_BENCH_ARGS_<sub> adds arguments to one subcommand)
 #   example-*  every executable in build/gpu/examples, no arguments (EVR_SKIP_EXAMPLES="a b" skips
 #              some, EVR_SKIP_EXAMPLES=all every one)
 # Each step's output is tee'd into OUTDIR/<step>.log; a failing step is remembered and the run goes
@@ -141,7 +142,10 @@ if ((built)) && [[ -x "$bench" ]]; then
   fi
   for sub in "${subcommands[@]}"; do
     limit=90
+    [[ "$sub" == throughput ]] && limit=150
     [[ "$sub" == idle ]] && limit="${EVR_IDLE_TIMEOUT_S:-420}"
+    timeout_var="EVR_BENCH_TIMEOUT_S_${sub}"
+    limit="${!timeout_var:-$limit}"
     # Extra arguments per subcommand: EVR_BENCH_ARGS_<sub>, e.g. EVR_BENCH_ARGS_idle="--variant ...".
     extra_var="EVR_BENCH_ARGS_${sub}"
     read -r -a extra <<<"${!extra_var:-}"

@@ -137,6 +137,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   /// true when something was retired or failed.
   bool sweep_event_run(stream_state& st, std::size_t run);
   bool probe(stream_state& st, clock::time_point now);
+  /// (reactor) Sweeps skip `st` until `t`, or until its fault probe is due if that comes first.
+  void skip_until(stream_state& st, clock::time_point t) const noexcept;
   bool sweep_loose();
   void arm_doorbell(stream_state& st);
   void learn(stream_state& st, clock::time_point now);  // (reactor) a service-time sample

@@ -84,7 +84,7 @@ void reactor_core::idle_predictive(clock::time_point now) {
   for (stream_state* st : active_) {
     if (st->entries.empty()) continue;
     const clock::time_point start = service_start(*st);
-    const stream_outlook o = predict(idle_settings_, st->model, start, now, overshoot_);
+    stream_outlook o = predict(idle_settings_, st->model, start, now, overshoot_);
     if (o.where == phase::missed && !st->missed) {
       st->missed = true;
       bump(m_.prediction_misses);
@@ -97,10 +97,16 @@ void reactor_core::idle_predictive(clock::time_point now) {
     // holds 8 samples: a young model (3 samples, or 3 after the work changed) can look steady by
     // chance, and a skipped stream whose work ended early is found only when its window opens.
     st->query_after = {};
+    st->look_gap = {};
     if (o.where == phase::before_window && st->model.samples() >= service_time_model::window / 2) {
-      st->query_after = o.next_look;
-      if (traits_.fault_probes)
-        st->query_after = std::min(st->query_after, st->last_probe + options_.fault_probe_interval);
+      skip_until(*st, o.next_look);
+    } else if (o.where == phase::window_poll) {
+      // Irregular work: looked at every window_poll_period from its last look. Sweeps in between
+      // (other streams' completions and windows) skip it for half that; the other half lets the
+      // looks at many such streams gather into one sweep and one wake-up.
+      st->look_gap = idle_settings_.window_poll_period / 2;
+      skip_until(*st, st->last_look + st->look_gap);
+      o.next_look = st->last_look + idle_settings_.window_poll_period;
     }
     if (o.unpredicted()) {
       // Nothing learned yet, or the prediction failed: let the driver wake the reactor once the

@@ -155,6 +155,11 @@ bool reactor_core::probe(stream_state& st, clock::time_point now) {
   return progress;
 }
 
+void reactor_core::skip_until(stream_state& st, clock::time_point t) const noexcept {
+  st.query_after = traits_.fault_probes ? std::min(t, st.last_probe + options_.fault_probe_interval)
+                                        : t;
+}
+
 void reactor_core::arm_doorbell(stream_state& st) {
   if (backend_.stream_is_capturing(st.native)) return;  // never add work to a user's capture
   st.host_funcs_outstanding.fetch_add(1, std::memory_order_relaxed);
@@ -238,6 +243,7 @@ bool reactor_core::sweep(clock::time_point now) {
       st.waiting_since = now;
       st.missed = false;
       st.query_after = {};
+      st.look_gap = {};
       st.doorbell_armed = false;
       st.doorbell_rang.store(false, std::memory_order_relaxed);
     } else if (traits_.doorbells && options_.idle == idle_mode::ladder && !st.doorbell_armed &&
@@ -245,6 +251,10 @@ bool reactor_core::sweep(clock::time_point now) {
       arm_doorbell(st);  // (the predictive policy arms doorbells itself, in reactor_idle.cpp)
     }
     st.last_look = now;  // the oldest wait left, if any, was pending now
+    // Irregular work in its window is looked at on its own spacing, not on every sweep that
+    // another stream's completion or window asks for (64 streams of it: every completion's
+    // sweep queried all of them again, most of the reactor's CPU).
+    if (!moved && st.look_gap.count() > 0) skip_until(st, now + st.look_gap);
     progress |= moved;
   }
   // Drop streams with nothing left (swap-remove keeps this O(active)).
@@ -252,6 +262,7 @@ bool reactor_core::sweep(clock::time_point now) {
     if (active_[i]->entries.empty()) {
       active_[i]->active = false;
       active_[i]->query_after = {};
+      active_[i]->look_gap = {};
       active_[i] = active_.back();
       active_.pop_back();
     } else {

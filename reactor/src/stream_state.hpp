@@ -86,10 +86,15 @@ struct stream_state {
   idle_time retired_submit{};  // submission of the newest wait retired by the current sweep
   bool retired_in_sweep = false;
   bool missed = false;  // the oldest wait outlived its prediction (counted once)
-  /// Predictive: a stream whose oldest wait is before its window is not looked at by sweeps
-  /// before this (the reactor may be sweeping often for other streams' windows; each look at a
-  /// stream with event markers is a driver query). {}: every sweep looks.
+  /// Predictive: sweeps do not look at the stream before this (the reactor may be sweeping often
+  /// for other streams' windows or completions; each look at a stream with event markers is a
+  /// driver query). Set by the plan for a stream before its window, and by the sweep after each
+  /// look at irregular work (look_gap). {}: every sweep looks.
   idle_time query_after{};
+  /// Predictive, irregular work in its window (phase::window_poll): after a look that found the
+  /// stream pending, sweeps skip it for this long (half its look spacing: the other half lets the
+  /// looks at several streams fall into the same sweep). 0: no gap (every other phase).
+  std::chrono::nanoseconds look_gap{};
 
   // --- published for submitters (wakeup.hpp: may a new wait finish before the reactor looks?) -
   /// model.low() once ready (irregular work: plus the spacing of its looks), else 0
