@@ -439,7 +439,8 @@ series measure_floor(bench_device& dev, int samples) {
 /// "NAME:key=value,key=value": the default's options with some changed, as an extra method named
 /// "evr default, NAME" (tuning runs compare them with the default in one run). Keys: strategy,
 /// idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, spin_fraction, poll_budget,
-/// spin_window_us, max_sleep_us, doorbell_after_us, fence_streams (a number, or "unlimited").
+/// poll_looks (per second), spin_window_us, max_sleep_us, doorbell_after_us, fence_streams (a
+/// number, or "unlimited").
 /// Throws std::invalid_argument naming what is wrong.
 evr_method parse_variant(const std::string& spec) {
   const std::size_t colon = spec.find(':');
@@ -497,6 +498,8 @@ evr_method parse_variant(const std::string& spec) {
       o.spin_fraction = number();
     } else if (key == "poll_budget") {
       o.poll_budget = number();
+    } else if (key == "poll_looks") {
+      o.poll_looks_per_second = static_cast<std::size_t>(number());
     } else if (key == "fence_streams") {
       o.max_fence_streams = value == "unlimited" ? SIZE_MAX : static_cast<std::size_t>(number());
     } else {
@@ -512,6 +515,7 @@ struct idle_settings_cli {
   std::vector<int> lanes{1, 64};
   double jitter = 0.05;
   double scale = 1.0;
+  bool steady = true;
   bool irregular = true;
   bool idle_case = true;
   std::vector<std::string> methods{"default", "fence-spin",    "poll-spin",         "host_func",
@@ -535,7 +539,7 @@ int default_samples(const workload& w) {
 std::vector<workload> workloads(const idle_settings_cli& cfg) {
   std::vector<workload> out;
   for (int lanes : cfg.lanes) {
-    for (double d : cfg.lengths_us) {
+    for (double d : cfg.steady ? cfg.lengths_us : std::vector<double>{}) {
       workload w;
       w.kind = workload::shape::steady;
       w.d_us = d;
@@ -735,6 +739,7 @@ int idle_main(int argc, char** argv) {
                              "blocking-sync", "host-func-promise", "stream-sync"}))
       ->delimiter(',')
       ->capture_default_str();
+  app.add_flag("!--no-steady", cfg.steady, "skip the steady workloads (--lengths-us)");
   app.add_flag("!--no-irregular", cfg.irregular, "skip the uniform and bimodal workloads");
   app.add_flag("!--no-idle-case", cfg.idle_case, "skip 1000 waits on a 100 ms kernel + idle");
   app.add_flag("!--no-posted", cfg.posted, "evr rows: inline delivery only");
@@ -745,7 +750,7 @@ int idle_main(int argc, char** argv) {
   app.add_option("--variant", variants,
                  "NAME:key=value[,key=value]: also the default with these options changed (keys: "
                  "strategy, idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, "
-                 "spin_fraction, poll_budget, spin_window_us, "
+                 "spin_fraction, poll_budget, poll_looks, spin_window_us, "
                  "max_sleep_us, doorbell_after_us, fence_streams); repeatable");
   app.add_option("--json", cfg.json, "write the results here");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;

@@ -68,8 +68,11 @@ struct tp_settings {
   int streams = 64;
   int ops = 100000;
   int threads = 4;
-  int inflight_streams = 1024;
-  int inflight_waits = 100000;
+  int inflight_streams = 128;  // per memory row (2048 gated streams in all blocked the H100 run)
+  /// Per memory row. The five rows stay pending together behind closed gates: 100 000 in all, as
+  /// many as one row had when it was alone. With 100 000 per row (500 000 queued records) the
+  /// H100's driver blocked the enqueuing thread in the second row until the run timed out.
+  int inflight_waits = 20000;
   double coalesce_us = 100;   ///< the burst drain's extra rows with reactor_options::coalesce
   int max_fence_streams = 0;  ///< reactor_options::max_fence_streams of the evr rows (0: backend's)
   std::string json;

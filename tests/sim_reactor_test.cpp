@@ -516,11 +516,11 @@ TEST_CASE("predictive: another stream's windows do not make the reactor query a 
   CHECK(queries_per_sweep < 1.4);  // b alone (less while b has nothing pending)
 }
 
-TEST_CASE("predictive: irregular work in its window is looked at on its own spacing") {
+TEST_CASE("predictive: irregular work in its window is looked at on the poll tick only") {
   // Stream a's irregular work is in its window (polled, not spun) for 300 ms; meanwhile stream b
   // completes one quick wait after another, and each completion makes the reactor sweep again.
-  // Those sweeps skip a until its next look is due (poll_period 1 ms here): before, every one
-  // queried a too, and with 64 such streams that was most of the reactor's CPU.
+  // Those sweeps skip a: it is looked at on the poll tick (every poll_period, 1 ms here). Before,
+  // every sweep queried a too, and with 64 such streams that was most of the reactor's CPU.
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
   auto opts = quick_options(evr::strategy::poll);  // every look is a counted event query
   opts.idle = evr::idle_mode::predictive;
@@ -546,11 +546,53 @@ TEST_CASE("predictive: irregular work in its window is looked at on its own spac
   CAPTURE(elapsed_ms);
   // Each of b's waits costs a sweep that queries b and finds it done, and a sweep after that
   // progress in which b has nothing pending. Had every sweep queried a, the queries would be at
-  // least sweeps + n; with a looked at every 0.5-1 ms, a's queries number at most about
-  // elapsed / 0.5 ms, below n while b's round trips take under 1 ms each.
+  // least sweeps + n; with a looked at once per 1 ms tick, a's queries number about
+  // elapsed / 1 ms, below n while b's round trips take under 1 ms each.
   if (elapsed < n * 1ms) CHECK(queries < sweeps + n);
   REQUIRE(wait_until([&] { return a_done.load() != 0; }, 10s));
   CHECK(a_done.load() == 1);  // found, exactly once
+}
+
+TEST_CASE("predictive: poll_looks_per_second spaces the poll tick when many streams are on it") {
+  // Eight streams of irregular work, each in its window for 300 ms. Unlimited, the tick comes
+  // every poll_period (50 us): eight queries each time. At 4000 looks per second the eight
+  // streams are looked at every 2 ms.
+  std::uint64_t queries[2] = {};
+  for (std::size_t limit : {std::size_t{0}, std::size_t{4000}}) {
+    CAPTURE(limit);
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+    auto opts = quick_options(evr::strategy::poll);  // every look is a counted event query
+    opts.idle = evr::idle_mode::predictive;
+    opts.fault_probe_interval = 10s;
+    opts.poll_looks_per_second = limit;
+    evr::reactor r(sim, opts);
+    std::vector<evr::stream> streams;
+    for (int i = 0; i < 8; ++i) streams.emplace_back(sim, 0);
+    std::atomic<int> done{0};
+    auto round = [&](std::chrono::nanoseconds d) {  // one wait of length d on every stream
+      const int target = done.load() + 8;
+      for (auto& st : streams) {
+        sim.launch_kernel(st.native(), d);
+        REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += ec ? 100 : 1; }));
+      }
+      return target;
+    };
+    for (auto d : {5ms, 300ms, 5ms}) {  // spread 295 ms: irregular
+      const int target = round(d);
+      REQUIRE(wait_until([&] { return done.load() == target; }, 10s));
+    }
+    const int target = round(300ms);
+    std::this_thread::sleep_for(50ms);
+    const auto m0 = r.metrics();
+    std::this_thread::sleep_for(150ms);
+    const auto m1 = r.metrics();
+    queries[limit == 0 ? 0 : 1] = m1.event_queries - m0.event_queries;
+    REQUIRE(wait_until([&] { return done.load() == target; }, 10s));  // each exactly once
+  }
+  CAPTURE(queries[0]);
+  CAPTURE(queries[1]);
+  CHECK(queries[1] > 0);
+  CHECK(queries[1] * 4 < queries[0]);
 }
 
 TEST_CASE("a sticky fault fails every wait of that device; other devices go on") {

@@ -38,10 +38,12 @@
 //   window_spin     the work is steady (spread at most `spin_fraction` of high, or two poll
 //                   periods): busy-poll through the window. Cost: the width of the window on a
 //                   miss; margin + prespin + spread/4 + (actual - low) on a hit.
-//   window_poll     the work is irregular: look every `poll_period` through the window (which
-//                   opens a quarter of the spread before its shortest sample, often its start),
-//                   or less often when looks are expensive (many streams with event markers):
-//                   at most `poll_budget` of a core (budgeted_poll_period).
+//   window_poll     the work is irregular: look at it on the reactor's poll tick, every
+//                   `poll_period`, through the window (which opens a quarter of the spread before
+//                   its shortest sample, often its start); every stream in such a window is looked
+//                   at by the same sweep, and no other sweep looks at it. With `poll_budget` set,
+//                   the ticks are spaced so that their sweeps take at most that share of a core
+//                   (budgeted_poll_period).
 //   missed          past the window: the prediction failed (the work got longer): naps that grow
 //                   with the time since the miss, up to `max_sleep`; the adaptive strategy arms a
 //                   host-function doorbell so the driver wakes the reactor.
@@ -164,17 +166,18 @@ struct idle_settings {
   }
 };
 
-/// How often irregular work's windows are looked at when one look (a sweep of every pending
-/// stream, and planning) takes `look_cost`: every `poll_period`, or less often, so that the looks
-/// take at most `budget` of a core (reactor_options::poll_budget; 0: no limit).
+/// How often irregular work's windows are looked at (the poll tick) when one tick's sweep takes
+/// `look_cost`: every `poll_period`, or less often, so that the ticks take at most `budget` of a
+/// core (reactor_options::poll_budget; 0: no limit).
 nanoseconds budgeted_poll_period(nanoseconds poll_period, nanoseconds look_cost,
                                  double budget) noexcept;
 
-/// The average time of the reactor's looks that found nothing (a sweep and its planning), an
-/// exponentially weighted mean with weight 1/8 for the newest: what budgeted_poll_period needs.
-/// A sample counts at most twice the mean plus 2 us: a look is timed on the wall clock, and one
-/// during which the thread was preempted for a millisecond must not stretch the period tenfold;
-/// a real rise (64 streams became busy: 0.3 -> 11 us) is followed within a few dozen looks.
+/// The average time of the reactor's poll-tick sweeps (each looks at every stream whose
+/// irregular work is in its window), an exponentially weighted mean with weight 1/8 for the
+/// newest: what budgeted_poll_period needs. A sample counts at most twice the mean plus 2 us: a
+/// sweep is timed on the wall clock, and one during which the thread was preempted for a
+/// millisecond must not stretch the period tenfold; a real rise (64 streams became busy: 0.3 ->
+/// 11 us) is followed within a few dozen ticks.
 class look_cost {
  public:
   void add(nanoseconds sample) noexcept {

@@ -164,6 +164,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void idle(clock::time_point now, bool progress, bool took_new);
   void idle_ladder(clock::time_point now);
   void idle_predictive(clock::time_point now);
+  /// (reactor) Predicts `st` again: its skip (query_after, on_poll_tick), doorbell and plan_*.
+  void plan_stream(stream_state& st, clock::time_point now);
   void nap_until(clock::time_point until, bool learn_overshoot);
   clock::time_point service_start(const stream_state& st) const noexcept;
   bool has_inputs() const noexcept;
@@ -241,8 +243,10 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   idle_settings idle_settings_;    // window_poll_period is re-planned (poll_budget); the rest fixed
   ladder ladder_;                  // idle_mode::ladder
   sleep_overshoot overshoot_;      // idle_mode::predictive: how late timed sleeps end
-  look_cost look_cost_;            // predictive: what a look that found nothing costs
-  clock::time_point replan_at_{};  // predictive: while spinning, re-plan no sooner than this
+  look_cost look_cost_;            // predictive: what a poll tick's sweep costs (poll_budget)
+  clock::time_point poll_tick_{};  // predictive: when irregular work in its windows is looked at
+  std::chrono::nanoseconds tick_period_{};  // predictive: the last spacing of the ticks
+  clock::time_point replan_at_{};    // predictive: while spinning, re-plan no sooner than this
   clock::time_point loose_since_{};  // last progress of the loose waits (or the first one)
 };
 

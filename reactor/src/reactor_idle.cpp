@@ -72,53 +72,21 @@ void reactor_core::idle_ladder(clock::time_point now) {
 
 void reactor_core::idle_predictive(clock::time_point now) {
   if (now < replan_at_) return;  // spinning: the plan made at most replan_interval ago holds
-  using phase = stream_outlook::phase;
   clock::time_point wake = now + options_.fault_probe_interval;
   bool spin = false;
-  // Wide windows are looked at every poll_period, or less often when a look costs more than
-  // poll_budget of a core allows (many streams, each queried on every sweep).
-  const bool budgeted = idle_settings_.poll_budget > 0;
-  if (budgeted)
+  // Wide windows are looked at every poll_period (the poll tick), or less often when a tick's
+  // look costs more than poll_budget of a core allows (many streams, each queried on every tick).
+  if (idle_settings_.poll_budget > 0)
     idle_settings_.window_poll_period = budgeted_poll_period(
         idle_settings_.poll_period, look_cost_.mean(), idle_settings_.poll_budget);
   for (stream_state* st : active_) {
     if (st->entries.empty()) continue;
-    const clock::time_point start = service_start(*st);
-    stream_outlook o = predict(idle_settings_, st->model, start, now, overshoot_);
-    if (o.where == phase::missed && !st->missed) {
-      st->missed = true;
-      bump(m_.prediction_misses);
-    }
-    if (traits_.fault_probes) wake = std::min(wake, st->last_probe + options_.fault_probe_interval);
-    // Sweeps that other streams' windows ask for skip this stream until its own window opens
-    // (or its fault probe is due), as a reactor with this stream alone would sleep until then:
-    // with 64 streams and event markers every sweep was 64 driver queries, and the streams in
-    // their windows were found 15-40 us late at p50 instead of 9-15 (H100). Only once its model
-    // holds 8 samples: a young model (3 samples, or 3 after the work changed) can look steady by
-    // chance, and a skipped stream whose work ended early is found only when its window opens.
-    st->query_after = {};
-    st->look_gap = {};
-    if (o.where == phase::before_window && st->model.samples() >= service_time_model::window / 2) {
-      skip_until(*st, o.next_look);
-    } else if (o.where == phase::window_poll) {
-      // Irregular work: looked at every window_poll_period from its last look. Sweeps in between
-      // (other streams' completions and windows) skip it for half that; the other half lets the
-      // looks at many such streams gather into one sweep and one wake-up.
-      st->look_gap = idle_settings_.window_poll_period / 2;
-      skip_until(*st, st->last_look + st->look_gap);
-      o.next_look = st->last_look + idle_settings_.window_poll_period;
-    }
-    if (o.unpredicted()) {
-      // Nothing learned yet, or the prediction failed: let the driver wake the reactor once the
-      // wait is old (adaptive), and then rely on that doorbell and the probe rather than naps.
-      if (traits_.doorbells && !st->doorbell_armed && now - start >= options_.doorbell_after)
-        arm_doorbell(*st);
-      if (st->doorbell_armed) continue;
-    }
-    if (o.next_look <= now) {
+    // A stream's plan holds until it is looked at, gets a new wait, or the plan's time comes.
+    if (st->plan_stale || st->plan_wake <= now) plan_stream(*st, now);
+    if (st->plan_spin) {
       spin = true;
     } else {
-      wake = std::min(wake, o.next_look);
+      wake = std::min(wake, st->plan_wake);
     }
   }
   if (!loose_.empty()) {
@@ -138,10 +106,50 @@ void reactor_core::idle_predictive(clock::time_point now) {
     return;
   }
   replan_at_ = {};
-  // This pass found nothing and planned a nap: its time (from the sweep on) is one look's cost
-  // (a clock read per nap, only when there is a budget to keep).
-  if (budgeted) look_cost_.add(clock::now() - now);
   nap_until(wake, /*learn_overshoot=*/true);
+}
+
+void reactor_core::plan_stream(stream_state& st, clock::time_point now) {
+  using phase = stream_outlook::phase;
+  st.plan_stale = false;
+  const clock::time_point start = service_start(st);
+  stream_outlook o = predict(idle_settings_, st.model, start, now, overshoot_);
+  if (o.where == phase::missed && !st.missed) {
+    st.missed = true;
+    bump(m_.prediction_misses);
+  }
+  clock::time_point wake = clock::time_point::max();
+  if (traits_.fault_probes) wake = st.last_probe + options_.fault_probe_interval;
+  // Sweeps that other streams' windows ask for skip this stream until its own window opens
+  // (or its fault probe is due), as a reactor with this stream alone would sleep until then:
+  // with 64 streams and event markers every sweep was 64 driver queries, and the streams in
+  // their windows were found 15-40 us late at p50 instead of 9-15 (H100). Only once its model
+  // holds 8 samples: a young model (3 samples, or 3 after the work changed) can look steady by
+  // chance, and a skipped stream whose work ended early is found only when its window opens.
+  st.query_after = {};
+  st.on_poll_tick = false;
+  if (o.where == phase::before_window && st.model.samples() >= service_time_model::window / 2) {
+    skip_until(st, o.next_look);
+  } else if (o.where == phase::window_poll) {
+    // Irregular work: looked at on the poll tick, with every other stream in such a window, and
+    // not by the sweeps other streams' completions ask for (64 streams of it: each completion's
+    // sweep queried all of them again). A tick already due (no stream was on it) comes at once.
+    st.on_poll_tick = true;
+    o.next_look = std::max(now, poll_tick_);
+  }
+  if (o.unpredicted()) {
+    // Nothing learned yet, or the prediction failed: let the driver wake the reactor once the
+    // wait is old (adaptive), and then rely on that doorbell and the probe rather than naps.
+    if (traits_.doorbells && !st.doorbell_armed && now - start >= options_.doorbell_after)
+      arm_doorbell(st);
+    if (st.doorbell_armed) {
+      st.plan_spin = false;
+      st.plan_wake = wake;
+      return;
+    }
+  }
+  st.plan_spin = o.next_look <= now;
+  st.plan_wake = std::min(wake, o.next_look);
 }
 
 void reactor_core::nap_until(clock::time_point until, bool learn_overshoot) {

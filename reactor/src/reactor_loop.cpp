@@ -145,6 +145,7 @@ void reactor_core::accept(wait_op* op, clock::time_point now) {
     return;
   }
   st->entries.insert(timeline_entry{op->seq_, op->event_, op});
+  st->plan_stale = true;
   if (!st->active) {
     st->active = true;
     st->waiting_since = now;

@@ -156,8 +156,8 @@ bool reactor_core::probe(stream_state& st, clock::time_point now) {
 }
 
 void reactor_core::skip_until(stream_state& st, clock::time_point t) const noexcept {
-  st.query_after = traits_.fault_probes ? std::min(t, st.last_probe + options_.fault_probe_interval)
-                                        : t;
+  st.query_after =
+      traits_.fault_probes ? std::min(t, st.last_probe + options_.fault_probe_interval) : t;
 }
 
 void reactor_core::arm_doorbell(stream_state& st) {
@@ -208,6 +208,10 @@ bool reactor_core::sweep_loose() {
 bool reactor_core::sweep(clock::time_point now) {
   bump(m_.sweeps);
   bool progress = false;
+  // The poll tick: irregular work in its windows is looked at by this sweep if the tick has come
+  // (all of it at once: one sweep and one wake-up per window_poll_period, however many streams).
+  const bool poll_tick = now >= poll_tick_;
+  std::size_t polled = 0;  // streams looked at on the tick
   for (std::size_t i = 0; i < active_.size(); ++i) {
     stream_state& st = *active_[i];
     if (st.entries.empty()) continue;
@@ -219,6 +223,10 @@ bool reactor_core::sweep(clock::time_point now) {
     // Before its window (reactor_idle.cpp sets this): the stream's work is not expected to be
     // done, and looking would cost a driver query on every sweep that other streams' windows ask.
     if (now < st.query_after) continue;
+    if (st.on_poll_tick) {
+      if (!poll_tick && now < st.last_probe + options_.fault_probe_interval) continue;
+      ++polled;
+    }
     if (auto ec = select_device(st.device)) {
       fail_stream(st, ec);
       progress = true;
@@ -243,7 +251,7 @@ bool reactor_core::sweep(clock::time_point now) {
       st.waiting_since = now;
       st.missed = false;
       st.query_after = {};
-      st.look_gap = {};
+      st.on_poll_tick = false;
       st.doorbell_armed = false;
       st.doorbell_rang.store(false, std::memory_order_relaxed);
     } else if (traits_.doorbells && options_.idle == idle_mode::ladder && !st.doorbell_armed &&
@@ -251,10 +259,7 @@ bool reactor_core::sweep(clock::time_point now) {
       arm_doorbell(st);  // (the predictive policy arms doorbells itself, in reactor_idle.cpp)
     }
     st.last_look = now;  // the oldest wait left, if any, was pending now
-    // Irregular work in its window is looked at on its own spacing, not on every sweep that
-    // another stream's completion or window asks for (64 streams of it: every completion's
-    // sweep queried all of them again, most of the reactor's CPU).
-    if (!moved && st.look_gap.count() > 0) skip_until(st, now + st.look_gap);
+    st.plan_stale = true;
     progress |= moved;
   }
   // Drop streams with nothing left (swap-remove keeps this O(active)).
@@ -262,7 +267,7 @@ bool reactor_core::sweep(clock::time_point now) {
     if (active_[i]->entries.empty()) {
       active_[i]->active = false;
       active_[i]->query_after = {};
-      active_[i]->look_gap = {};
+      active_[i]->on_poll_tick = false;
       active_[i] = active_.back();
       active_.pop_back();
     } else {
@@ -272,6 +277,20 @@ bool reactor_core::sweep(clock::time_point now) {
   if (!loose_.empty() && sweep_loose()) {
     progress = true;
     loose_since_ = now;
+  }
+  if (poll_tick && polled > 0) {
+    // The next tick: poll_period (or poll_budget's spacing) from now, or later when that many
+    // looks would exceed poll_looks_per_second.
+    tick_period_ = idle_settings_.window_poll_period;
+    if (options_.poll_looks_per_second > 0)
+      tick_period_ = std::max(
+          tick_period_,
+          std::chrono::nanoseconds(static_cast<std::int64_t>(polled) * 1'000'000'000 /
+                                   static_cast<std::int64_t>(options_.poll_looks_per_second)));
+    poll_tick_ = now + tick_period_;
+    // What a tick's look costs (poll_budget spaces the ticks by it): the sweep, one clock read
+    // per tick, only when there is a budget to keep.
+    if (idle_settings_.poll_budget > 0) look_cost_.add(clock::now() - now);
   }
   return progress;
 }
@@ -299,7 +318,7 @@ void reactor_core::learn(stream_state& st, clock::time_point now) {
   if (st.model.ready()) {
     low = st.model.low().count();
     if (options_.idle == idle_mode::predictive && !is_steady(idle_settings_, st.model))
-      low += idle_settings_.window_poll_period.count();
+      low += std::max(idle_settings_.window_poll_period, tick_period_).count();
   }
   st.published_low_ns.store(low, std::memory_order_relaxed);
 }

@@ -72,7 +72,9 @@ struct stream_state {
   std::shared_ptr<wakeup> wake;  // shared: a host function may outlive the reactor
 
   // --- reactor side --------------------------------------------------------------------------
-  timeline entries;
+  // On cache lines of its own: submitters write the fields above on every submission, and the
+  // reactor reads these for every active stream on every sweep and plan.
+  alignas(64) timeline entries;
   bool active = false;
   bool doorbell_armed = false;
   std::uint64_t completed_seq = 0;
@@ -86,15 +88,20 @@ struct stream_state {
   idle_time retired_submit{};  // submission of the newest wait retired by the current sweep
   bool retired_in_sweep = false;
   bool missed = false;  // the oldest wait outlived its prediction (counted once)
-  /// Predictive: sweeps do not look at the stream before this (the reactor may be sweeping often
-  /// for other streams' windows or completions; each look at a stream with event markers is a
-  /// driver query). Set by the plan for a stream before its window, and by the sweep after each
-  /// look at irregular work (look_gap). {}: every sweep looks.
+  /// Predictive: a stream whose oldest wait is before its window is not looked at by sweeps
+  /// before this (the reactor may be sweeping often for other streams' windows or completions;
+  /// each look at a stream with event markers is a driver query). {}: every sweep looks.
   idle_time query_after{};
-  /// Predictive, irregular work in its window (phase::window_poll): after a look that found the
-  /// stream pending, sweeps skip it for this long (half its look spacing: the other half lets the
-  /// looks at several streams fall into the same sweep). 0: no gap (every other phase).
-  std::chrono::nanoseconds look_gap{};
+  /// Predictive, irregular work in its window (phase::window_poll): looked at only by the sweeps
+  /// of the reactor's poll tick (every window_poll_period, all such streams in one sweep), or
+  /// when its fault probe is due; not by the sweeps other streams' completions and windows ask.
+  bool on_poll_tick = false;
+  /// Predictive: the stream's last plan (reactor_core::plan_stream), kept until the stream is
+  /// looked at, gets a new wait, or the plan's time comes: planning every active stream before
+  /// every nap cost about as much as the looks themselves with 64 streams.
+  bool plan_stale = true;
+  bool plan_spin = false;  // the plan wants the reactor polling now
+  idle_time plan_wake{};   // when the plan wants the reactor awake (its next look, fault probe)
 
   // --- published for submitters (wakeup.hpp: may a new wait finish before the reactor looks?) -
   /// model.low() once ready (irregular work: plus the spacing of its looks), else 0

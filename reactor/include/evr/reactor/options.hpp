@@ -69,24 +69,32 @@ struct reactor_options {
   /// longest nap while a stream's model is learning or after a missed prediction.
   std::chrono::nanoseconds max_sleep = std::chrono::microseconds(1000);
   /// predictive: the nap between looks while a completion is expected but its time is too
-  /// uncertain to spin through (irregular work). Each nap costs the reactor a few us of CPU (a
-  /// futex wait and wake): 50 us is about 8 % of a core while such a window is open, and finds
-  /// the completion about 25 us late on average.
+  /// uncertain to spin through (irregular work): the period of the poll tick. Each nap costs the
+  /// reactor a few us of CPU (a futex wait and wake): 50 us is about 8 % of a core while such a
+  /// window is open, and finds the completion about 25 us late on average. Many streams on the
+  /// tick stretch it (poll_looks_per_second).
   std::chrono::nanoseconds poll_period = std::chrono::microseconds(50);
   /// predictive: spin through the window in which a completion is expected when the work is
   /// steady: the spread of its recent service times is at most this fraction of the longest (or
   /// at most two poll_periods); otherwise poll the window every poll_period. Spinning costs about
   /// the spread per completion. Higher: lower latency for jittery work, more CPU.
   double spin_fraction = 0.25;
-  /// predictive: the share of one core that looking at irregular work may take; 0 (default): no
-  /// limit. Each look is a sweep of the streams whose waits are in their windows (with event
-  /// markers, one driver query per stream: 0.2-1 us on the H100, more while other threads launch
-  /// work), and irregular work is looked at every poll_period, so 64 streams of it cost 46-69 % of
-  /// a core. With a budget, the period is stretched to the measured time of a look / poll_budget.
-  /// Measured on the H100 (64 streams of uniform 100 us-5 ms / bimodal 100 us-5 ms work), 0.1:
-  /// CPU 69 -> 40 % / 46 -> 37 %, but p50 37 -> 65 / 36 -> 42 us and p99 103 -> 331 / 147 ->
-  /// 372 us: a trade for users who prefer the CPU. One stream: a look takes well under 1 us and
-  /// the period stays poll_period.
+  /// predictive: streams looked at per second, at most, on the poll tick (the one sweep, every
+  /// poll_period, that looks at every stream whose irregular work is in its window); 0: no limit.
+  /// With more streams on the tick than poll_period allows at this rate, the ticks are spaced
+  /// further apart: 64 streams at the default are looked at every 160 us instead of 50. Why: with
+  /// event markers (more busy streams than hardware queues) a look is a driver query, about
+  /// 0.5 us of the reactor's CPU on the H100 with 64 busy streams, and 64 streams of irregular work
+  /// looked at every 50 us took 47-80 % of a core; every 150 us, 20-32 %, with the work found
+  /// 53-107 us late at p50 instead of 48-53 (docs/benchmarks.md). Up to 20 streams on the tick,
+  /// the default changes nothing. Higher: lower latency for many streams of irregular work, more
+  /// CPU.
+  std::size_t poll_looks_per_second = 400000;
+  /// predictive: the share of one core that the poll tick's sweeps may take, measured (each
+  /// tick's sweep is timed); 0 (default): no limit. The ticks are then spaced by the sweep's mean
+  /// time / poll_budget. On the H100 a tick's sweep with 64 busy streams takes tens of us (its
+  /// queries, the completions it finds), so 0.1 spaced them about 1 ms apart: 14 % of a core,
+  /// but p50 0.5-0.7 ms. For users who must bound the CPU whatever the latency.
   double poll_budget = 0.0;
   /// predictive: how long before the earliest predicted completion the reactor is awake and
   /// polling. A thread that has just woken runs its first microseconds slower (cold caches, a
