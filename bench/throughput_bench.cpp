@@ -637,10 +637,12 @@ int throughput_main(int argc, char** argv) {
   std::vector<memory_row> memory_rows;
   {
     const int n = cfg.inflight_waits;
-    auto gated_streams = [&] {
+    // Every row's streams and reactors exist before the first gate kernel is launched: on the
+    // H100, creating them while other streams' gate kernels were held closed blocked the run
+    // (the first version of these rows never finished there).
+    auto make_streams = [&] {
       std::vector<evr::stream> ss;
       for (int i = 0; i < cfg.inflight_streams; ++i) ss.emplace_back(be, 0);
-      for (auto& st : ss) dev->launch_gate(st.native(), false);
       return ss;
     };
     // Measures RSS and heap around `submit(i)` for i in [0, n), once `settled()` (everything
@@ -662,17 +664,43 @@ int throughput_main(int argc, char** argv) {
     reactor_options opts;
     opts.strategy = strategy::poll;
     const auto total = static_cast<std::uint64_t>(n);
-    dev->close_gate();
 
     // The device's own share, measured first and last (a device's tables that grow by doubling
     // charge their growth to whichever row crosses the boundary: the two bracket it).
     std::vector<std::vector<evr::stream>> raw_streams;
-    std::vector<std::vector<evr::device::native_event>> raw_events;
-    auto measure_device_alone = [&](const std::string& name) {
-      raw_streams.push_back(gated_streams());
-      raw_events.emplace_back(static_cast<std::size_t>(n));
-      auto& ss = raw_streams.back();
-      auto& evs = raw_events.back();
+    raw_streams.push_back(make_streams());
+    raw_streams.push_back(make_streams());
+    std::vector<std::vector<evr::device::native_event>> raw_events(
+        2, std::vector<evr::device::native_event>(static_cast<std::size_t>(n)));
+    std::vector<evr::stream> cb_streams = make_streams();
+    reactor cb_reactor(be, opts);
+    // gpu_waiter, a one-pointer handler, posting to an io_context whose handlers run on this
+    // thread (io.run() once the gates open): the operations' memory goes back to this thread's
+    // recycling cache, as in a server's steady state. With the io_context's own executor type,
+    // and with the default any_io_executor.
+    struct one_pointer_handler {
+      std::uint64_t* done;
+      void operator()(evr::asio_error_code) const { ++*done; }
+    };
+    asio::io_context io;
+    std::uint64_t waiter_done = 0;
+    std::vector<evr::stream> io_waiter_streams = make_streams();
+    std::vector<evr::stream> any_waiter_streams = make_streams();
+    reactor io_waiter_reactor(be, opts);
+    reactor any_waiter_reactor(be, opts);
+    basic_gpu_waiter<asio::io_context::executor_type> io_waiter(io.get_executor(),
+                                                                io_waiter_reactor);
+    gpu_waiter any_waiter(io.get_executor(), any_waiter_reactor);
+
+    dev->close_gate();
+    for (auto* ss :
+         {&raw_streams[0], &raw_streams[1], &cb_streams, &io_waiter_streams, &any_waiter_streams}) {
+      for (auto& st : *ss) dev->launch_gate(st.native(), false);
+    }
+
+    auto measure_device_alone = [&](const std::string& name, std::size_t k) {
+      auto& ss = raw_streams[k];
+      auto& evs = raw_events[k];
       measure(
           name + " (event created + recorded)",
           [&](int i) {
@@ -683,10 +711,8 @@ int throughput_main(int argc, char** argv) {
           },
           [] { return true; });
     };
-    measure_device_alone("device alone, before");
+    measure_device_alone("device alone, before", 0);
 
-    std::vector<evr::stream> cb_streams = gated_streams();
-    reactor cb_reactor(be, opts);
     std::atomic<std::uint64_t> cb_done{0};
     auto cb = [&cb_done](std::error_code) { cb_done.fetch_add(1); };
     measure(
@@ -699,18 +725,6 @@ int throughput_main(int argc, char** argv) {
         },
         [&] { return cb_reactor.metrics().submitted >= total; });
 
-    // gpu_waiter, a one-pointer handler, posting to an io_context whose handlers run on this
-    // thread (io.run() once the gates open): the operations' memory goes back to this thread's
-    // recycling cache, as in a server's steady state. With the io_context's own executor type,
-    // and with the default any_io_executor.
-    struct one_pointer_handler {
-      std::uint64_t* done;
-      void operator()(evr::asio_error_code) const { ++*done; }
-    };
-    asio::io_context io;
-    std::uint64_t waiter_done = 0;
-    std::vector<std::unique_ptr<reactor>> waiter_reactors;
-    std::vector<std::vector<evr::stream>> waiter_streams;
     auto measure_waiter = [&](const std::string& name, auto& waiter, reactor& r,
                               std::vector<evr::stream>& ss) {
       measure(
@@ -721,19 +735,12 @@ int throughput_main(int argc, char** argv) {
           },
           [&] { return r.metrics().submitted >= total; });
     };
-    waiter_streams.push_back(gated_streams());
-    waiter_reactors.push_back(std::make_unique<reactor>(be, opts));
-    basic_gpu_waiter<asio::io_context::executor_type> io_waiter(io.get_executor(),
-                                                                *waiter_reactors.back());
-    measure_waiter("evr gpu_waiter (io_context executor)", io_waiter, *waiter_reactors.back(),
-                   waiter_streams.back());
-    waiter_streams.push_back(gated_streams());
-    waiter_reactors.push_back(std::make_unique<reactor>(be, opts));
-    gpu_waiter any_waiter(io.get_executor(), *waiter_reactors.back());
-    measure_waiter("evr gpu_waiter (any_io_executor)", any_waiter, *waiter_reactors.back(),
-                   waiter_streams.back());
+    measure_waiter("evr gpu_waiter (io_context executor)", io_waiter, io_waiter_reactor,
+                   io_waiter_streams);
+    measure_waiter("evr gpu_waiter (any_io_executor)", any_waiter, any_waiter_reactor,
+                   any_waiter_streams);
 
-    measure_device_alone("device alone, after");
+    measure_device_alone("device alone, after", 1);
 
     dev->open_gate();
     for (auto& ss : raw_streams) {
