@@ -52,7 +52,33 @@ def throughput(doc):
     for r in doc["drain_rows"]:
         print(f"| {r['name']} | {r['completions_per_second']:.0f} | "
               f"{r['poller_cpu_ns_per_completion']:.1f} |")
-    print(f"\nMemory per in-flight wait (RSS delta): {doc['bytes_per_inflight_wait']:.0f} bytes.\n")
+    if doc.get("ready_rows"):
+        print("\nReady drain (every marker done before the held reactor is released; the reactor's CPU "
+              "from the release to the last completion):\n")
+        print("| method | streams | waits per round | completions/s | reactor CPU ns per completion "
+              "| event queries per completion |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for r in doc["ready_rows"]:
+            print(f"| {r['name']} | {r['streams']} | {r['waits_per_round']} | "
+                  f"{r['completions_per_second']:.0f} | {r['reactor_cpu_ns_per_completion']:.1f} | "
+                  f"{r['event_queries_per_completion']:.3f} |")
+    rows = doc.get("memory_rows") or []
+    if len(rows) >= 3:
+        # The device's own share is measured first and last; what evr adds is the difference.
+        device_rss = (rows[0]["rss_bytes_per_inflight_wait"] + rows[-1]["rss_bytes_per_inflight_wait"]) / 2
+        device_heap = (rows[0]["heap_bytes_per_inflight_wait"] + rows[-1]["heap_bytes_per_inflight_wait"]) / 2
+        print("\nMemory per in-flight wait (poll: an event each), bytes:\n")
+        print("| row | RSS delta | heap in use | evr's own RSS | evr's own heap |")
+        print("|---|---:|---:|---:|---:|")
+        for i, r in enumerate(rows):
+            own = 0 < i < len(rows) - 1
+            print(f"| {r['name']} | {r['rss_bytes_per_inflight_wait']:.0f} | "
+                  f"{r['heap_bytes_per_inflight_wait']:.0f} | "
+                  + (f"{r['rss_bytes_per_inflight_wait'] - device_rss:.0f} | "
+                     f"{r['heap_bytes_per_inflight_wait'] - device_heap:.0f} |" if own else " |  |"))
+        print()
+    else:
+        print(f"\nMemory per in-flight wait (RSS delta): {doc['bytes_per_inflight_wait']:.0f} bytes.\n")
 
 
 def pool(doc):
@@ -89,13 +115,48 @@ def cpu(doc):
     print()
 
 
+def idle(doc):
+    """evr-bench idle: per stream count, a row per method and a column per workload (p50 / p99 in
+    us, the p50's ratio to the workload's floor, CPU in % of one core); then the goals."""
+    scenarios = doc["scenarios"]
+    for streams in sorted({s["streams"] for s in scenarios}):
+        cols = [s for s in scenarios if s["streams"] == streams]
+        methods = []
+        for s in cols:
+            for r in s["rows"]:
+                key = (r["name"], r["delivery"])
+                if key not in methods:
+                    methods.append(key)
+        label = "1 stream" if streams == 1 else f"{streams} streams"
+        print(f"\n**{label}**: p50 / p99 in us (p50 over the workload's floor), CPU in % of one core\n")
+        print("| method | " + " | ".join(c["name"].split(",")[0] for c in cols) + " |")
+        print("|---|" + "---:|" * len(cols))
+        for name, delivery in methods:
+            cells = []
+            for c in cols:
+                r = next((r for r in c["rows"] if r["name"] == name and r["delivery"] == delivery), None)
+                if r is None:
+                    cells.append("")
+                elif r["group"] == "floor":
+                    cells.append(f"{r['p50_ns'] / 1e3:.1f} / {r['p99_ns'] / 1e3:.0f}")
+                else:
+                    cells.append(f"{r['p50_ns'] / 1e3:.1f} / {r['p99_ns'] / 1e3:.0f} "
+                                 f"({r['p50_over_floor']:.2f}x), {r['cpu_percent']:.0f}%")
+            shown = name if delivery in ("inline", "spin", "thread") else f"{name}, {delivery}"
+            print(f"| {shown} | " + " | ".join(cells) + " |")
+    print("\nGoals, as `evr-bench idle` evaluated them in this run:\n")
+    for g in doc.get("goals", []):
+        print(f"- {'met' if g['met'] else '**missed**'}: {g['goal']}: {g['figures']}")
+    print()
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     folder = sys.argv[1]
     for name, fn in (("latency.json", latency), ("throughput.json", throughput),
-                     ("pool.json", pool), ("cpu.json", cpu)):
+                     ("pool.json", pool), ("cpu.json", cpu), ("idle.json", idle)):
         doc = load(folder, name)
         if doc:
             fn(doc)

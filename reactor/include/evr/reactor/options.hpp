@@ -85,10 +85,10 @@ struct reactor_options {
   /// further apart: 64 streams at the default are looked at every 160 us instead of 50. Why: with
   /// event markers (more busy streams than hardware queues) a look is a driver query, about
   /// 0.5 us of the reactor's CPU on the H100 with 64 busy streams, and 64 streams of irregular work
-  /// looked at every 50 us took 47-80 % of a core; every 150 us, 20-32 %, with the work found
-  /// 53-107 us late at p50 instead of 48-53 (docs/benchmarks.md). Up to 20 streams on the tick,
-  /// the default changes nothing. Higher: lower latency for many streams of irregular work, more
-  /// CPU.
+  /// looked at every 50 us took 47-80 % of a core (p50 41-54 us); at the default, 27-42 % (p50
+  /// 61-107 us); at 200 000, 24-26 % (p50 163-193 us, p99 up to 2.5 ms) (docs/benchmarks.md). Up
+  /// to 20 streams on the tick, the default changes nothing. Higher: lower latency for many
+  /// streams of irregular work, more CPU.
   std::size_t poll_looks_per_second = 400000;
   /// predictive: the share of one core that the poll tick's sweeps may take, measured (each
   /// tick's sweep is timed); 0 (default): no limit. The ticks are then spaced by the sweep's mean
