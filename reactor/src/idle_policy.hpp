@@ -41,8 +41,9 @@
 //   window_poll     the work is irregular: look at it on the reactor's poll tick, every
 //                   `poll_period`, through the window (which opens a quarter of the spread before
 //                   its shortest sample, often its start); every stream in such a window is looked
-//                   at by the same sweep, and no other sweep looks at it. With `poll_budget` set,
-//                   the ticks are spaced so that their sweeps take at most that share of a core
+//                   at by the same sweep, and no other sweep looks at it. More streams on the
+//                   tick than `poll_looks_per_second` allows space the ticks further apart; with
+//                   `poll_budget` set, so that their sweeps take at most that share of a core
 //                   (budgeted_poll_period).
 //   missed          past the window: the prediction failed (the work got longer): naps that grow
 //                   with the time since the miss, up to `max_sleep`; the adaptive strategy arms a
