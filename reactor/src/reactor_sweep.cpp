@@ -224,7 +224,10 @@ bool reactor_core::sweep(clock::time_point now) {
     // done, and looking would cost a driver query on every sweep that other streams' windows ask.
     if (now < st.query_after) continue;
     if (st.on_poll_tick) {
-      if (!poll_tick && now < st.last_probe + options_.fault_probe_interval) continue;
+      // Off the tick, only a due fault probe (strategies that have one) makes this sweep look.
+      const bool probe_due =
+          traits_.fault_probes && now >= st.last_probe + options_.fault_probe_interval;
+      if (!poll_tick && !probe_due) continue;
       ++polled;
     }
     if (auto ec = select_device(st.device)) {
