@@ -422,6 +422,18 @@ class cuda_backend_impl final : public backend {
     (void)check(cudaThreadExchangeStreamCaptureMode(&mode));
   }
 
+  int begin_borrowed_polling() noexcept override {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (check(cudaThreadExchangeStreamCaptureMode(&mode))) return -1;
+    return static_cast<int>(mode);
+  }
+
+  void end_borrowed_polling(int previous_mode) noexcept override {
+    if (previous_mode < 0) return;  // the switch failed: nothing to put back
+    auto mode = static_cast<cudaStreamCaptureMode>(previous_mode);
+    (void)check(cudaThreadExchangeStreamCaptureMode(&mode));
+  }
+
   bool in_host_func() const noexcept override { return t_in_host_func; }
 };
 

@@ -116,6 +116,13 @@ bool is_steady(const idle_settings& settings, const service_time_model& model) n
                   2 * settings.poll_period);
 }
 
+nanoseconds window_open_offset(const idle_settings& settings,
+                               const service_time_model& model) noexcept {
+  const nanoseconds spread = model.high() - model.low();
+  const nanoseconds earliest = (is_steady(settings, model) ? model.low() : model.shortest());
+  return earliest - spread / 4 - settings.prespin;
+}
+
 stream_outlook predict(const idle_settings& settings, const service_time_model& model,
                        idle_time start, idle_time now, const sleep_overshoot& overshoot) noexcept {
   using phase = stream_outlook::phase;
@@ -148,10 +155,12 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   // shortest, as polling early costs little: its second shortest says little about how short it
   // can be (uniform 100 us-5 ms: over 1 ms for about a fifth of the waits, and the work shorter
   // than the window's opening was found when it opened: 1-stream p99 376 us on the H100).
-  const idle_time earliest = start + (narrow ? low : model.shortest()) - spread / 4;
-  const idle_time awake_by = earliest - settings.prespin;
+  const idle_time awake_by = start + window_open_offset(settings, model);
   const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), awake_by - start));
   const idle_time close = start + high + std::max(margin, spread / 2);
+  o.window_open = awake_by;
+  o.window_close = close;
+  o.steady = narrow;
   // Sleep until `awake_by`, early by the margin of a sleep of the time left: a long sleep ends
   // with a wide margin (the large overshoots of long sleeps), and if it ended early, the rest is
   // slept again with the narrower margin of a shorter sleep, instead of spun.

@@ -141,6 +141,12 @@ struct stream_outlook {
   phase where = phase::learning;
   /// When the reactor should look at the stream again; <= now means "keep polling" (spin).
   idle_time next_look{};
+  /// Once the model is ready (every phase but learning): when a looker must be awake and polling
+  /// (the earliest expected end less prespin, without the reactor's sleep margin: a host applies
+  /// its own), and when the window closes.
+  idle_time window_open{}, window_close{};
+  /// Once the model is ready: the work is steady (spun through) rather than irregular (polled).
+  bool steady = false;
   /// The prediction is not helping (learning, missed): a doorbell may be armed once the wait is
   /// old enough (adaptive strategy).
   bool unpredicted() const noexcept { return where == phase::learning || where == phase::missed; }
@@ -200,6 +206,12 @@ bool is_steady(const idle_settings& settings, const service_time_model& model) n
 /// service start (see the file comment); `overshoot` what this machine's sleeps have shown.
 stream_outlook predict(const idle_settings& settings, const service_time_model& model,
                        idle_time start, idle_time now, const sleep_overshoot& overshoot) noexcept;
+
+/// When a wait's window opens, measured from its service start: what predict() computes for
+/// `window_open`, for a submitter that wants to know before the reactor has seen the wait (a
+/// host arming its timer). Meaningful once model.ready().
+nanoseconds window_open_offset(const idle_settings& settings,
+                               const service_time_model& model) noexcept;
 
 /// The older, non-predictive policy (idle_mode::ladder), kept for comparison: busy-poll
 /// spin_window after the last progress, yield yield_window, then naps doubling from 10 us to

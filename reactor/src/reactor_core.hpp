@@ -22,6 +22,7 @@
 
 #include <evr/pool/pool_set.hpp>
 #include <evr/reactor/detail/deferred_posts.hpp>
+#include <evr/reactor/detail/poll_host.hpp>
 #include <evr/reactor/detail/wait_op.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
@@ -36,11 +37,12 @@
 namespace evr::detail {
 
 /// Cumulative counters (relaxed: they are statistics, read racily). Every one but `rejected` is
-/// written by the reactor thread alone, with bump(): no locked read-modify-write on the hot path.
+/// written under the pass lock only (the reactor thread, or a host's pass), with bump(): no
+/// locked read-modify-write on the hot path.
 struct atomic_metrics {
   std::atomic<std::uint64_t> submitted{0}, completed{0}, cancelled{0}, failed{0}, rejected{0},
       sweeps{0}, event_queries{0}, stream_queries{0}, doorbells{0}, parks{0}, device_faults{0},
-      prediction_misses{0}, detached{0}, busy_ns{0};
+      prediction_misses{0}, detached{0}, busy_ns{0}, host_passes{0}, host_completions{0};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> detect_to_deliver{};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> submit_to_deliver{};
   std::array<std::atomic<std::uint64_t>, latency_histogram::buckets> nap_overshoot{};
@@ -51,7 +53,7 @@ struct atomic_metrics {
 /// its flavour's asio::error::operation_aborted; the core is Asio-free).
 inline std::error_code aborted_error() noexcept { return make_error_code(errc::operation_aborted); }
 
-/// Adds `n` to a counter that only the calling thread (the reactor) writes: a plain add published
+/// Adds `n` to a counter that only the holder of the pass lock writes: a plain add published
 /// with a relaxed store, readable from any thread with a relaxed load. Not for shared counters.
 inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
   c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
@@ -71,7 +73,12 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   ~reactor_core();
 
   void start();  // launches the thread (needs shared_from_this)
-  std::error_code submit(wait_op* op, const wait_target& target) noexcept;
+  /// `window_open_ns`: for a hosted wait (op->host_), when its window is expected to open
+  /// (reactor_access::submit_hosted); left alone otherwise.
+  std::error_code submit(wait_op* op, const wait_target& target,
+                         std::int64_t* window_open_ns = nullptr) noexcept;
+  /// See detail::poll_here (reactor.hpp). Any thread but the reactor's.
+  poll_result poll_here(poll_host& host) noexcept;
   bool cancel(wait_op* op) noexcept;  ///< true: this call moved op from pending to cancelled
   /// The two halves of cancel(): the CAS pending -> cancel_requested (touches only `op`), and,
   /// for the winner only, the push onto the cancellation stack.
@@ -104,6 +111,32 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   static void host_func_done(void* state) noexcept;  // host_func strategy marker
   static void doorbell_rang(void* state) noexcept;   // adaptive doorbell
 
+  // --- the pass lock ---------------------------------------------------------------------------
+  // Everything named "(reactor)" below runs under it: on the reactor thread, or in a host's pass
+  // (poll_here) on the host's thread. acquire/release: a pass sees every field the previous one
+  // wrote, whichever thread ran it. The reactor thread holds it for each pass of its loop and
+  // never while it sleeps or runs user code (an inline handler may call poll_here's front end).
+  bool try_begin_pass() noexcept {
+    return !in_pass_.load(std::memory_order_relaxed) &&
+           !in_pass_.exchange(true, std::memory_order_acquire);
+  }
+  void begin_pass() noexcept {
+    while (!try_begin_pass()) {
+      // A host's pass is a sweep of its streams: microseconds.
+    }
+  }
+  void end_pass() noexcept { in_pass_.store(false, std::memory_order_release); }
+  /// (reactor thread) Takes the pass lock unless it holds it; leave_pass gives it up before the
+  /// thread blocks (while it sleeps, hosts may run passes).
+  void enter_pass() noexcept {
+    if (!holds_pass_) begin_pass();
+    holds_pass_ = true;
+  }
+  void leave_pass() noexcept {
+    if (holds_pass_) end_pass();
+    holds_pass_ = false;
+  }
+
   // --- reactor thread ------------------------------------------------------------------------
   void run(std::shared_ptr<reactor_core> self);
   bool take_inputs(clock::time_point now);                     // (reactor) controls + submissions
@@ -127,6 +160,22 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void close_detach_requests() noexcept;                // (reactor) at the end of the thread
   std::vector<wait_op*> detach_here(std::uintptr_t g);  // (reactor) from an inline handler
   bool sweep(clock::time_point now);                    // (reactor) all active streams + loose
+  /// (reactor) Looks at `st` once (its strategy's markers, then a due fault probe when
+  /// `may_probe`); learns from what retired. Returns true when something retired or failed.
+  bool look_at(stream_state& st, clock::time_point now, bool may_probe);
+  void drop_idle_streams() noexcept;  // (reactor) active_ keeps only streams with entries
+  /// (reactor, a host's pass) Looks at the streams whose oldest wait is `host`'s and whose host
+  /// plan is due; then plans them and says when the host should look next.
+  void sweep_for_host(poll_host& host, clock::time_point now, poll_result& out);
+  /// (reactor) The host of `st`'s oldest wait (nullptr: none, or a cancelled wait's ghost).
+  static poll_host* host_of(const stream_state& st) noexcept;
+  /// (reactor) plan_stream's part for a stream whose oldest wait has a host; true when the host
+  /// covers the window and the reactor only looks after it (the plan is then complete).
+  /// Sets the host's plan (stream_state::host_look, host_spin) and tells the host when it does
+  /// not know; for a host that polls also the reactor's (skip, plan_wake: the window's end). For
+  /// a host to be woken, `wake_host` is when the reactor must wake it, if not yet.
+  bool plan_hosted(stream_state& st, poll_host& host, const stream_outlook& o,
+                   clock::time_point now, clock::time_point& wake_host);
   bool sweep_poll(stream_state& st);
   bool sweep_word(stream_state& st, std::uint64_t word);
   bool sweep_event_front(stream_state& st);  // fence strategies: event markers at the front
@@ -170,6 +219,9 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   clock::time_point service_start(const stream_state& st) const noexcept;
   bool has_inputs() const noexcept;
   std::error_code select_device(int device) noexcept;
+  /// (a host's pass) Undoes what select_device changed on the host's thread: its current device
+  /// and stream-capture mode are the user's.
+  void end_borrowed_thread() noexcept;
 
   std::shared_ptr<wakeup> wake_ = std::make_shared<wakeup>();
   stream_table streams_;
@@ -214,6 +266,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   int device_count_ = 0;  // at construction; names the device of a fault when only one exists
   std::atomic<bool> fault_reported_{false};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> in_pass_{false};  // the pass lock (try_begin_pass)
+  bool holds_pass_ = false;           // (reactor thread) it holds the pass lock now
   std::mutex stop_mutex_;  // serializes stop() callers (join once)
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_{};
@@ -235,7 +289,13 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::array<std::error_code, max_devices> device_fault_{};
   std::size_t pending_ops_ = 0;      // ops in timelines or loose_ (not ghosts)
   std::size_t awaiting_cancel_ = 0;  // retired while a cancel request is in flight
-  int current_device_ = -1;
+  int current_device_ = -1;  // the reactor thread's (select_device caches it)
+  // A host's pass (poll_here) runs on the host's thread: select_device saves what it changes.
+  bool borrowed_ = false;           // the pass under way is a host's
+  bool borrowed_changed_ = false;   // ... and it changed the thread's device or capture mode
+  int borrowed_device_ = -1;        // the device it made current (-1: none yet)
+  int borrowed_saved_device_ = -1;  // the thread's own, to restore
+  int borrowed_capture_mode_ = 0;   // the thread's own capture mode, to restore
   bool closed_ = false;
   bool aborted_fences_ = false;
   clock::time_point drain_deadline_{};

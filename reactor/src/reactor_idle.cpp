@@ -28,7 +28,9 @@ void reactor_core::idle(clock::time_point now, bool progress, bool took_new) {
   const bool nothing_pending = active_.empty() && loose_.empty() && pending_ops_ == 0;
   if (nothing_pending && !closed_) {
     bump(m_.parks);
-    wake_->park([this] { return has_inputs(); });  // zero wake-ups until a submission
+    // Zero wake-ups until a submission; hosts may run passes meanwhile.
+    wake_->park([this] { return has_inputs(); }, [this] { leave_pass(); });
+    enter_pass();
     ladder_.progress(clock::now());
     return;
   }
@@ -120,6 +122,19 @@ void reactor_core::plan_stream(stream_state& st, clock::time_point now) {
   }
   clock::time_point wake = clock::time_point::max();
   if (traits_.fault_probes) wake = st.last_probe + options_.fault_probe_interval;
+  // A wait with a host (poll_host.hpp): a host that polls covers the window itself; the reactor
+  // wakes one that must be woken, at `wake_host` (reactor_hosts.cpp).
+  clock::time_point wake_host = clock::time_point::max();
+  if (poll_host* host = host_of(st)) {
+    if (plan_hosted(st, *host, o, now, wake_host)) {
+      st.plan_wake = std::min(wake, st.plan_wake);  // plan_hosted set the look after the window
+      return;
+    }
+    wake = std::min(wake, wake_host);
+  } else {
+    st.host_look = clock::time_point::max();
+    st.host_spin = false;
+  }
   // Sweeps that other streams' windows ask for skip this stream until its own window opens
   // (or its fault probe is due), as a reactor with this stream alone would sleep until then:
   // with 64 streams and event markers every sweep was 64 driver queries, and the streams in
@@ -155,10 +170,12 @@ void reactor_core::plan_stream(stream_state& st, clock::time_point now) {
 void reactor_core::nap_until(clock::time_point until, bool learn_overshoot) {
   bump(m_.parks);
   const clock::time_point asked_at = clock::now();
-  const bool timed_out = wake_->nap_until(until, [this] { return has_inputs(); });
+  const bool timed_out =
+      wake_->nap_until(until, [this] { return has_inputs(); }, [this] { leave_pass(); });
+  const clock::time_point woke = clock::now();  // before a host's pass may delay it
+  enter_pass();
   // Only a nap that ran its course says how late this machine's timers fire.
   if (!timed_out) return;
-  const clock::time_point woke = clock::now();
   add_sample(m_.nap_overshoot, woke - until);
   if (learn_overshoot) overshoot_.add(until - asked_at, woke - until);
 }

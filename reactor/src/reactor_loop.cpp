@@ -31,6 +31,7 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
   backend_.prepare_polling_thread();  // relaxed capture mode: never invalidate a user's capture
   ladder_.progress(clock::now());
   for (;;) {
+    enter_pass();  // given up only while the thread sleeps (nap_until, park)
     clock::time_point now = clock::now();
     if (!closed_ && stopping_.load(std::memory_order_acquire)) {
       // Refuse further submissions (the sentinel makes a racing push fail) and keep what came.
@@ -73,6 +74,7 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
   }
   // Every wait has completed: later detach_group calls find nothing to detach.
   close_detach_requests();
+  leave_pass();
   thread_id_.store(std::thread::id{}, std::memory_order_release);
   (void)self;  // dropping the last reference (self-stop case) frees the core on this thread
 }
@@ -337,13 +339,6 @@ std::vector<wait_op*> reactor_core::detach_group(std::uintptr_t group) {
   std::unique_lock<std::mutex> lock(detach_mutex_);
   detach_cv_.wait(lock, [&] { return req.done; });
   return std::move(req.detached);
-}
-
-std::error_code reactor_core::select_device(int device) noexcept {
-  if (device == current_device_ || device < 0) return {};
-  if (auto ec = backend_.set_current_device(device)) return ec;
-  current_device_ = device;
-  return {};
 }
 
 namespace {

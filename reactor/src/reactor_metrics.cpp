@@ -52,6 +52,8 @@ reactor_metrics reactor_core::metrics() const noexcept {
   r.device_faults = get(m_.device_faults);
   r.prediction_misses = get(m_.prediction_misses);
   r.busy_time = std::chrono::nanoseconds(static_cast<std::int64_t>(get(m_.busy_ns)));
+  r.host_passes = get(m_.host_passes);
+  r.host_completions = get(m_.host_completions);
   for (int i = 0; i < latency_histogram::buckets; ++i) {
     r.detect_to_deliver.counts[i] = get(m_.detect_to_deliver[i]);
     r.submit_to_deliver.counts[i] = get(m_.submit_to_deliver[i]);

@@ -113,7 +113,8 @@ std::error_code reactor_core::put_marker(stream_state& st, wait_op& op) noexcept
   return {};
 }
 
-std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noexcept {
+std::error_code reactor_core::submit(wait_op* op, const wait_target& target,
+                                     std::int64_t* window_open_ns) noexcept {
   auto refuse = [this](std::error_code ec) {
     m_.rejected.fetch_add(1, std::memory_order_relaxed);
     return ec;
@@ -163,6 +164,13 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target) noe
   // Read before the push: from then on the reactor may complete and free `op` at any moment.
   stream_state* const st = op->stream_;
   const std::uint64_t seq = op->seq_;
+  if (window_open_ns != nullptr && st != nullptr) {
+    // A host arms its timer from this (poll_host.hpp): the wait's work starts now when nothing
+    // of its stream is pending before it; otherwise the reactor tells the host once it knows.
+    const std::int64_t offset = st->published_open_ns.load(std::memory_order_relaxed);
+    if (offset > 0 && seq == st->published_completed_seq.load(std::memory_order_relaxed) + 1)
+      *window_open_ns = op->submitted_at_.time_since_epoch().count() + offset;
+  }
   const stack::push_result pushed = submissions_.push(op);
   if (pushed != stack::push_result::closed) {
     // A parked reactor is woken by the push that makes the stack non-empty. A napping one only

@@ -66,6 +66,10 @@ void reactor_core::retire_front(stream_state& st, std::size_t count, std::error_
 }
 
 bool reactor_core::sweep_event_run(stream_state& st, std::size_t run) {
+  if (auto ec = select_device(st.device)) {
+    fail_stream(st, ec);
+    return true;
+  }
   // Oldest first: a pending stream costs one cheap query (~0.17 us on the H100).
   auto query = [&](std::size_t i) {
     bump(m_.event_queries);
@@ -135,6 +139,10 @@ bool reactor_core::sweep_event_front(stream_state& st) {
 bool reactor_core::probe(stream_state& st, clock::time_point now) {
   if (now - st.last_probe < options_.fault_probe_interval) return false;
   st.last_probe = now;
+  if (auto ec = select_device(st.device)) {
+    fail_stream(st, ec);
+    return true;
+  }
   bump(m_.stream_queries);
   const clock::time_point asked = clock::now();
   std::error_code ec = backend_.query_stream(st.native);
@@ -230,53 +238,9 @@ bool reactor_core::sweep(clock::time_point now) {
       if (!poll_tick && !probe_due) continue;
       ++polled;
     }
-    if (auto ec = select_device(st.device)) {
-      fail_stream(st, ec);
-      progress = true;
-      continue;
-    }
-    bool moved = false;
-    if (traits_.event_markers) {
-      moved = sweep_poll(st);
-    } else if (traits_.fence_markers) {
-      moved = sweep_word(st, load_fence(st.fence_host));
-      // Events retired at the front may uncover fence entries the word already vouches for.
-      if (sweep_event_front(st)) {
-        moved = true;
-        sweep_word(st, load_fence(st.fence_host));
-      }
-    } else {  // host_func markers
-      moved = sweep_word(st, st.host_done.load(std::memory_order_acquire));
-    }
-    if (traits_.fault_probes && !moved) moved = probe(st, now);
-    if (moved) {
-      learn(st, now);
-      st.waiting_since = now;
-      st.missed = false;
-      st.query_after = {};
-      st.on_poll_tick = false;
-      st.doorbell_armed = false;
-      st.doorbell_rang.store(false, std::memory_order_relaxed);
-    } else if (traits_.doorbells && options_.idle == idle_mode::ladder && !st.doorbell_armed &&
-               now - st.waiting_since >= options_.doorbell_after) {
-      arm_doorbell(st);  // (the predictive policy arms doorbells itself, in reactor_idle.cpp)
-    }
-    st.last_look = now;  // the oldest wait left, if any, was pending now
-    st.plan_stale = true;
-    progress |= moved;
+    progress |= look_at(st, now, /*may_probe=*/true);
   }
-  // Drop streams with nothing left (swap-remove keeps this O(active)).
-  for (std::size_t i = 0; i < active_.size();) {
-    if (active_[i]->entries.empty()) {
-      active_[i]->active = false;
-      active_[i]->query_after = {};
-      active_[i]->on_poll_tick = false;
-      active_[i] = active_.back();
-      active_.pop_back();
-    } else {
-      ++i;
-    }
-  }
+  drop_idle_streams();
   if (!loose_.empty() && sweep_loose()) {
     progress = true;
     loose_since_ = now;
@@ -296,6 +260,56 @@ bool reactor_core::sweep(clock::time_point now) {
     if (idle_settings_.poll_budget > 0) look_cost_.add(clock::now() - now);
   }
   return progress;
+}
+
+bool reactor_core::look_at(stream_state& st, clock::time_point now, bool may_probe) {
+  bool moved = false;
+  if (traits_.event_markers) {
+    moved = sweep_poll(st);
+  } else if (traits_.fence_markers) {
+    moved = sweep_word(st, load_fence(st.fence_host));
+    // Events retired at the front may uncover fence entries the word already vouches for.
+    if (sweep_event_front(st)) {
+      moved = true;
+      sweep_word(st, load_fence(st.fence_host));
+    }
+  } else {  // host_func markers
+    moved = sweep_word(st, st.host_done.load(std::memory_order_acquire));
+  }
+  if (may_probe && traits_.fault_probes && !moved) moved = probe(st, now);
+  if (moved) {
+    learn(st, now);
+    st.waiting_since = now;
+    st.missed = false;
+    st.query_after = {};
+    st.on_poll_tick = false;
+    st.doorbell_armed = false;
+    st.doorbell_rang.store(false, std::memory_order_relaxed);
+  } else if (traits_.doorbells && options_.idle == idle_mode::ladder && !st.doorbell_armed &&
+             now - st.waiting_since >= options_.doorbell_after) {
+    arm_doorbell(st);  // (the predictive policy arms doorbells itself, in reactor_idle.cpp)
+  }
+  st.last_look = now;  // the oldest wait left, if any, was pending now
+  st.plan_stale = true;
+  return moved;
+}
+
+void reactor_core::drop_idle_streams() noexcept {
+  // Swap-remove keeps this O(active).
+  for (std::size_t i = 0; i < active_.size();) {
+    stream_state& st = *active_[i];
+    if (st.entries.empty()) {
+      st.active = false;
+      st.query_after = {};
+      st.on_poll_tick = false;
+      st.host_look = clock::time_point::max();
+      st.host_spin = false;
+      active_[i] = active_.back();
+      active_.pop_back();
+    } else {
+      ++i;
+    }
+  }
 }
 
 void reactor_core::learn(stream_state& st, clock::time_point now) {
@@ -324,6 +338,11 @@ void reactor_core::learn(stream_state& st, clock::time_point now) {
       low += std::max(idle_settings_.window_poll_period, tick_period_).count();
   }
   st.published_low_ns.store(low, std::memory_order_relaxed);
+  st.published_open_ns.store(
+      st.model.ready()
+          ? std::max<std::int64_t>(1, window_open_offset(idle_settings_, st.model).count())
+          : 0,
+      std::memory_order_relaxed);
 }
 
 void reactor_core::fail_stream(stream_state& st, std::error_code ec) {

@@ -5,12 +5,13 @@
 // allocation and fence-word allocation never happen on the reactor thread) and lives as long as
 // the reactor (a stream's identity is its handle; see docs/architecture.md). Fields:
 //   * submit side, any thread: marker_lock_ orders markers; next_seq_ is guarded by it.
-//   * device side: fence_host_ is written by the GPU (fence strategy); host_done_, doorbell_rang_
-//     and host_funcs_outstanding_ by host functions on a driver thread.
-//   * reactor side (reactor thread only): the timeline, the sweep's bookkeeping and the idle
-//     policy's model of the stream; two values of it are published for submitters (relaxed
-//     atomics: a submission reads them only after seeing the reactor napping, and the reactor
-//     stores them before announcing the nap, see wakeup.hpp).
+//   * device side: fence_host is written by the GPU (fence strategy); host_done, doorbell_rang
+//     and host_funcs_outstanding by host functions on a driver thread.
+//   * reactor side (under the reactor's pass lock: its thread, or a host's pass): the timeline,
+//     the sweep's bookkeeping and the idle policy's model of the stream; a few values of it are
+//     published for submitters (relaxed atomics: a submission reads them only after seeing the
+//     reactor napping, and the reactor stores them before announcing the nap, see wakeup.hpp; a
+//     host's submit-time estimate is a hint either way).
 #pragma once
 
 #include <atomic>
@@ -102,11 +103,20 @@ struct stream_state {
   bool plan_stale = true;
   bool plan_spin = false;  // the plan wants the reactor polling now
   idle_time plan_wake{};   // when the plan wants the reactor awake (its next look, fault probe)
+  /// When the oldest wait has a host (poll_host.hpp), the plan for it: when the host should look
+  /// (idle_time::max(): not its business now) and whether it should spin from then on; and the
+  /// last wait the host was told of (look_by, wake_until), so that it is told once.
+  idle_time host_look = idle_time::max();
+  bool host_spin = false;
+  std::uint64_t host_told_seq = 0;
 
   // --- published for submitters (wakeup.hpp: may a new wait finish before the reactor looks?) -
   /// model.low() once ready (irregular work: plus the spacing of its looks), else 0
   std::atomic<std::int64_t> published_low_ns{0};
   std::atomic<std::uint64_t> published_completed_seq{0};  // = completed_seq
+  /// When a wait's window opens, from its service start (window_open_offset), once the model is
+  /// ready, else 0: a host arms its timer from it when it submits (reactor_access::submit_hosted).
+  std::atomic<std::int64_t> published_open_ns{0};
 };
 
 /// Keeps `st` alive, and reachable, for the rest of the process: for a state that a host function

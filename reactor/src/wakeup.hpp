@@ -55,29 +55,37 @@ class wakeup {
   }
 
   /// Reactor thread: sleeps until woken, unless has_work() is true after announcing the sleep.
-  template <typename HasWork>
-  void park(HasWork has_work) {
+  /// `blocking()` runs right before it blocks (under this object's mutex: it must not take a
+  /// lock a waker holds while waking).
+  template <typename HasWork, typename Blocking>
+  void park(HasWork has_work, Blocking blocking) {
     std::unique_lock<std::mutex> lock(mutex_);
     signaled_ = false;  // a stale signal's work is found by has_work() below
     wake_requested_.store(false, std::memory_order_relaxed);
     state_.store(parked, std::memory_order_seq_cst);
-    if (!has_work()) condition_.wait(lock, [this] { return signaled_; });
+    if (!has_work()) {
+      blocking();
+      condition_.wait(lock, [this] { return signaled_; });
+    }
     state_.store(awake, std::memory_order_relaxed);
   }
 
   /// Reactor thread: sleeps until `deadline` or a wake-up, unless has_work() is true after
-  /// announcing the nap. Returns true when the nap ended because the deadline passed (the
-  /// caller may learn the timer's overshoot from it).
-  template <typename HasWork>
-  bool nap_until(std::chrono::steady_clock::time_point deadline, HasWork has_work) {
+  /// announcing the nap; `blocking` as for park. Returns true when the nap ended because the
+  /// deadline passed (the caller may learn the timer's overshoot from it).
+  template <typename HasWork, typename Blocking>
+  bool nap_until(std::chrono::steady_clock::time_point deadline, HasWork has_work,
+                 Blocking blocking) {
     std::unique_lock<std::mutex> lock(mutex_);
     signaled_ = false;
     wake_requested_.store(false, std::memory_order_relaxed);
     deadline_ns_.store(deadline.time_since_epoch().count(), std::memory_order_relaxed);
     state_.store(napping, std::memory_order_seq_cst);
     bool timed_out = false;
-    if (!has_work())
+    if (!has_work()) {
+      blocking();
       timed_out = !condition_.wait_until(lock, deadline, [this] { return signaled_; });
+    }
     state_.store(awake, std::memory_order_relaxed);
     return timed_out;
   }

@@ -84,6 +84,8 @@ class forwarding_backend : public device::backend {
   }
   std::error_code current_device(int& d) noexcept override { return inner_.current_device(d); }
   void prepare_polling_thread() noexcept override { inner_.prepare_polling_thread(); }
+  int begin_borrowed_polling() noexcept override { return inner_.begin_borrowed_polling(); }
+  void end_borrowed_polling(int mode) noexcept override { inner_.end_borrowed_polling(mode); }
   bool in_host_func() const noexcept override { return inner_.in_host_func(); }
 
  protected:

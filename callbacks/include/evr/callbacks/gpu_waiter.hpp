@@ -27,11 +27,17 @@
 // use cancel() there instead of a slot.
 //
 // Delivery: posted to the handler's associated executor (default: the waiter's executor), never
-// run inside async_wait. set_delivery(delivery::inline_on_reactor) runs handlers on the reactor
-// thread instead: the lowest latency, but the handler must be short and must never block (it
-// holds up every other completion), and a coroutine would resume on the reactor thread. An
-// exception thrown by a posted handler leaves the executor's run(), as with any Asio handler; one
-// thrown by an inline handler is reported on stderr and dropped (detail/callback_exception.hpp).
+// run inside async_wait. By default (delivery::post), when that executor runs on the waiter's
+// io_context, a thread of the context wakes itself shortly before the wait's predicted completion
+// and looks for it in place of the reactor (detail/io_context_host.hpp), so the handler runs
+// microseconds after the GPU finished rather than after a parked thread's wake-up; it costs that
+// thread the polling through the prediction's window. delivery::post_woken has the reactor wake
+// the thread instead; delivery::post_plain only posts. set_delivery(delivery::inline_on_reactor)
+// runs handlers on the reactor thread: the lowest latency, but the handler must be short and must
+// never block (it holds up every other completion), and a coroutine would resume on the reactor
+// thread. An exception thrown by a posted handler leaves the executor's run(), as with any Asio
+// handler; one thrown by an inline handler is reported on stderr and dropped
+// (detail/callback_exception.hpp).
 //
 // Memory: each wait's operation is allocated with the handler's associated allocator (default:
 // Asio's recycling allocator) and given back to it before the handler runs, also when the wait is
@@ -69,32 +75,20 @@ class basic_gpu_waiter {
     using other = basic_gpu_waiter<OtherExecutor>;
   };
 
-  basic_gpu_waiter(const executor_type& ex, reactor& r)
-      : executor_(ex), reactor_(&r), group_(register_with_context(ex, r)) {}
+  basic_gpu_waiter(const executor_type& ex, reactor& r) : impl_(ex, r) {}
   /// Finds the reactor through the executor's context (evr::reactor_service; attach one with
   /// evr::use_reactor). Throws evr::error when none is attached and CUDA is not compiled in.
   explicit basic_gpu_waiter(const executor_type& ex)
-      : executor_(ex),
-        reactor_(&reactor_service::of(asio::query(ex, asio::execution::context)).get()),
-        group_(register_with_context(ex, *reactor_)) {}
+      : impl_(ex, reactor_service::of(asio::query(ex, asio::execution::context)).get()) {}
   template <typename ExecutionContext, typename = std::enable_if_t<std::is_convertible_v<
                                            ExecutionContext&, asio::execution_context&>>>
   explicit basic_gpu_waiter(ExecutionContext& context) : basic_gpu_waiter(context.get_executor()) {}
 
-  basic_gpu_waiter(basic_gpu_waiter&& other) noexcept
-      : executor_(other.executor_),
-        reactor_(other.reactor_),
-        group_(other.group_),
-        owner_(std::exchange(other.owner_, 0)),
-        delivery_(other.delivery_) {}
+  basic_gpu_waiter(basic_gpu_waiter&&) noexcept = default;
   basic_gpu_waiter& operator=(basic_gpu_waiter&& other) noexcept {
     if (this != &other) {
       cancel();
-      executor_ = other.executor_;
-      reactor_ = other.reactor_;
-      group_ = other.group_;
-      owner_ = std::exchange(other.owner_, 0);
-      delivery_ = other.delivery_;
+      impl_ = std::move(other.impl_);
     }
     return *this;
   }
@@ -104,11 +98,15 @@ class basic_gpu_waiter {
   /// Cancels every pending wait of this waiter.
   ~basic_gpu_waiter() { cancel(); }
 
-  executor_type get_executor() const noexcept { return executor_; }
-  reactor& get_reactor() const noexcept { return *reactor_; }
+  executor_type get_executor() const noexcept { return impl_.executor; }
+  reactor& get_reactor() const noexcept { return *impl_.reactor_ptr; }
 
-  void set_delivery(delivery how) noexcept { delivery_ = how; }
-  delivery get_delivery() const noexcept { return delivery_; }
+  /// How later waits reach their handlers (evr::delivery). Not thread-safe against async_wait.
+  void set_delivery(delivery how) {
+    impl_.how = how;
+    impl_.host = host_for(impl_.executor, *impl_.reactor_ptr, how);
+  }
+  delivery get_delivery() const noexcept { return impl_.how; }
 
   /// Starts a wait for `target`: a stream (the work queued on it so far), an evr::event, or a raw
   /// cudaStream_t / cudaEvent_t on the CUDA backend. See the file comment for the completion.
@@ -122,30 +120,79 @@ class basic_gpu_waiter {
   /// Cancels every pending wait of this waiter (each completes with operation_aborted). Safe from
   /// any thread, at any time.
   void cancel() noexcept {
-    if (owner_ != 0) detail::reactor_access::cancel_owner(*reactor_, owner_);
+    if (impl_.owner.value != 0)
+      detail::reactor_access::cancel_owner(*impl_.reactor_ptr, impl_.owner.value);
   }
 
  private:
+  /// An owner id that moves (a moved-from waiter cancels nothing).
+  struct owner_id {
+    std::uintptr_t value = next();
+    owner_id() = default;
+    owner_id(owner_id&& o) noexcept : value(std::exchange(o.value, 0)) {}
+    owner_id& operator=(owner_id&& o) noexcept {
+      value = std::exchange(o.value, 0);
+      return *this;
+    }
+    static std::uintptr_t next() noexcept {
+      static std::atomic<std::uintptr_t> counter{0};
+      return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+    }
+  };
+
+  /// Everything a waiter is; moved as one value.
+  struct impl_type {
+    impl_type(const executor_type& ex, reactor& r)
+        : executor(ex),
+          reactor_ptr(&r),
+          group(register_with_context(ex, r)),
+          host(host_for(ex, r, delivery::post)) {}
+    executor_type executor;
+    evr::reactor* reactor_ptr;
+    std::uintptr_t group;  ///< its context (reactor_service::group)
+    owner_id owner;        ///< its waits (cancel-all)
+    delivery how = delivery::post;
+    detail::io_context_host* host;  ///< the last hop for `how` on its context, or nullptr
+  };
+
   struct initiate_wait {
     basic_gpu_waiter* self;
     using executor_type = Executor;
-    executor_type get_executor() const noexcept { return self->executor_; }
+    executor_type get_executor() const noexcept { return self->impl_.executor; }
 
     template <typename Handler>
     void operator()(Handler&& handler, const wait_target& target) const {
       using op_type = detail::asio_wait_op<std::decay_t<Handler>, Executor>;
+      const impl_type& w = self->impl_;
       // A decayed copy: a handler passed as an lvalue (a named function object) is copied, as
       // Asio's own operations do; an rvalue is moved.
-      op_type* op = op_type::create(std::decay_t<Handler>(std::forward<Handler>(handler)),
-                                    self->executor_, *self->reactor_);
-      op->owner_ = self->owner_;
-      op->group_ = self->group_;
-      op->how_ = self->delivery_;
+      op_type* op =
+          op_type::create(std::decay_t<Handler>(std::forward<Handler>(handler)), w.executor,
+                          *w.reactor_ptr);
+      op->owner_ = w.owner.value;
+      op->group_ = w.group;
+      op->how_ = w.how;
       // Connected before submit: once submitted, the operation may complete (and be freed) on
       // another thread at any moment. A signal is only emitted after initiation returns.
       op->connect_cancellation();
-      if (std::error_code ec = detail::reactor_access::submit(*self->reactor_, op, target))
+      detail::io_context_host* host =
+          w.host != nullptr && op->delivered_on(&w.host->context()) ? w.host : nullptr;
+      if (host == nullptr) {
+        if (std::error_code ec = detail::reactor_access::submit(*w.reactor_ptr, op, target))
+          op_type::reject(op, ec);
+        return;
+      }
+      op->host_ = host;
+      host->wait_started();
+      std::int64_t window_open = 0;
+      if (std::error_code ec =
+              detail::reactor_access::submit_hosted(*w.reactor_ptr, op, target, window_open)) {
+        op->host_ = nullptr;
+        host->wait_finished();
         op_type::reject(op, ec);
+        return;
+      }
+      host->wait_submitted(window_open);  // `op` may be gone already
     }
   };
 
@@ -157,16 +204,17 @@ class basic_gpu_waiter {
     return service.group();
   }
 
-  static std::uintptr_t next_owner() noexcept {
-    static std::atomic<std::uintptr_t> counter{0};
-    return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+  /// The host of `ex`'s context for `how` (nullptr: plain delivery).
+  static detail::io_context_host* host_for(const executor_type& ex, reactor& r, delivery how) {
+    if (how != delivery::post && how != delivery::post_woken) return nullptr;
+    asio::io_context* io = detail::io_context_of(ex);
+    if (io == nullptr) return nullptr;
+    return reactor_service::of(*io).host(r, *io,
+                                         how == delivery::post ? detail::poll_host::role::polls
+                                                               : detail::poll_host::role::woken);
   }
 
-  executor_type executor_;
-  reactor* reactor_;
-  std::uintptr_t group_;  ///< its context (reactor_service::group)
-  std::uintptr_t owner_ = next_owner();
-  delivery delivery_ = delivery::post;
+  impl_type impl_;
 };
 
 using gpu_waiter = basic_gpu_waiter<>;

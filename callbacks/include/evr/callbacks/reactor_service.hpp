@@ -35,6 +35,8 @@
 #include <vector>
 
 #include <evr/callbacks/detail/asio_forward.hpp>
+#include <evr/callbacks/detail/io_context_host.hpp>
+#include <evr/callbacks/detail/io_context_posts.hpp>
 #include <evr/reactor/reactor.hpp>
 
 namespace evr {
@@ -98,15 +100,33 @@ class reactor_service : public asio::execution_context::service {
   /// The group of this context's waits (detail::wait_op::group_).
   std::uintptr_t group() noexcept { return reinterpret_cast<std::uintptr_t>(&context()); }
 
+  /// The poll host of this context, which is `io`, for `r` in role `role`
+  /// (detail/io_context_host.hpp: the last hop of delivery::post and post_woken), created on first
+  /// use; nullptr when hosting is not available here (the waits are then delivered plainly). It
+  /// lives until the context shuts down.
+  detail::io_context_host* host(reactor& r, asio::io_context& io, detail::poll_host::role role) {
+    if (!detail::io_context_host::available()) return nullptr;
+    detail::reactor_core* core = detail::reactor_access::core(r);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& h : hosts_)
+      if (h.core == core && h.role == role && !h.weak.expired()) return h.host.get();
+    hosts_.push_back(host_entry{core, role, detail::reactor_access::weak_core(r),
+                                std::make_unique<detail::io_context_host>(
+                                    io, detail::reactor_access::weak_core(r), role)});
+    return hosts_.back().host.get();
+  }
+
  private:
   void shutdown() override {
     std::vector<std::pair<detail::reactor_core*, std::weak_ptr<detail::reactor_core>>> tracked;
     std::unique_ptr<reactor> owned;
+    std::vector<host_entry> hosts;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       tracked.swap(tracked_);
       owned = std::move(owned_);
       current_ = nullptr;
+      hosts.swap(hosts_);
     }
     for (auto& entry : tracked) {
       std::shared_ptr<detail::reactor_core> core = entry.second.lock();
@@ -115,13 +135,24 @@ class reactor_service : public asio::execution_context::service {
       // handler, a coroutine's frames included) here, without running it.
       for (detail::wait_op* op : detail::detach_group(*core, group())) op->complete({});
     }
+    // No wait of this context is left with a reactor, so no reactor calls a host any more.
+    for (auto& h : hosts) h.host->close();
+    hosts.clear();
     owned.reset();  // stop + join; its waits of this context were detached above
   }
+
+  struct host_entry {
+    detail::reactor_core* core;
+    detail::poll_host::role role;
+    std::weak_ptr<detail::reactor_core> weak;  // a reactor destroyed since: its slot is stale
+    std::unique_ptr<detail::io_context_host> host;
+  };
 
   std::mutex mutex_;
   reactor* current_ = nullptr;
   std::unique_ptr<reactor> owned_;
   std::vector<std::pair<detail::reactor_core*, std::weak_ptr<detail::reactor_core>>> tracked_;
+  std::vector<host_entry> hosts_;
 };
 
 /// Attaches `r` to `context`: waiters constructed from the context's executors use it.

@@ -137,6 +137,12 @@ class backend {
   /// Called once by a thread that will poll: switches it to the relaxed stream-capture mode so
   /// that its queries never invalidate a graph capture running on another thread.
   virtual void prepare_polling_thread() noexcept = 0;
+  /// For a thread that polls for a while and then goes back to its owner's work (an io_context
+  /// thread in a pass of its own, detail::poll_host): switches it to the relaxed capture mode as
+  /// prepare_polling_thread does, and returns its previous mode, which end_borrowed_polling puts
+  /// back. The default (no capture modes) does nothing.
+  virtual int begin_borrowed_polling() noexcept { return 0; }
+  virtual void end_borrowed_polling(int previous_mode) noexcept { (void)previous_mode; }
   /// True when the calling thread is running one of this backend's host functions.
   virtual bool in_host_func() const noexcept = 0;
 };

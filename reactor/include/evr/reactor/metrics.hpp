@@ -44,6 +44,11 @@ struct reactor_metrics {
   /// completions, without the polling and sleeping between them (cpu_time() counts those too).
   /// busy_time / completions is the reactor's cost per completion under load.
   std::chrono::nanoseconds busy_time{0};
+  /// Passes run on the threads that completions are delivered to, near a predicted completion
+  /// (delivery::post to an io_context, Python's event loops: the last hop), and the completions
+  /// those passes found. The reactor thread sleeps through such windows.
+  std::uint64_t host_passes = 0;
+  std::uint64_t host_completions = 0;
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;
   /// Time from submission to the handler being posted / run inline (includes GPU time).

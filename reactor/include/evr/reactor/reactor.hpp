@@ -39,6 +39,7 @@
 #include <evr/device/backend.hpp>
 #include <evr/pool/pool_set.hpp>
 #include <evr/reactor/delivery.hpp>
+#include <evr/reactor/detail/poll_host.hpp>
 #include <evr/reactor/detail/wait_op.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
@@ -67,6 +68,14 @@ bool cancel_wait(reactor_core* core, wait_op* op) noexcept;
 /// when called on the reactor thread itself; returns nothing once the thread has finished (every
 /// wait completed). Thread-safe.
 std::vector<wait_op*> detach_group(reactor_core& core, std::uintptr_t group);
+
+/// One pass of the reactor on the calling thread, for `host` (poll_host.hpp): under the reactor's
+/// pass lock it looks at the streams whose oldest wait is the host's, retires what is done and
+/// hands the completions over (posted: it runs no user code; a batch with an inline completion is
+/// left to the reactor thread), then says when the host should look next. Returns at once with
+/// outcome::busy when another pass is under way. Thread-safe; never blocks. `core` must be alive
+/// (hold the shared_ptr from reactor_access::weak_core while calling).
+poll_result poll_here(reactor_core& core, poll_host& host) noexcept;
 }  // namespace detail
 
 class reactor {
@@ -131,6 +140,11 @@ struct reactor_access {
   static std::error_code submit(reactor& r, wait_op* op, const wait_target& target) noexcept {
     return r.submit(op, target);
   }
+  /// submit() for a wait with a host (op->host_ set): also says when the wait's window is
+  /// expected to open (steady clock ns), so that the host can arm its timer now; 0 when the
+  /// reactor cannot tell yet (it then tells the host through poll_host::look_by).
+  static std::error_code submit_hosted(reactor& r, wait_op* op, const wait_target& target,
+                                       std::int64_t& window_open_ns) noexcept;
   static void cancel(reactor& r, wait_op* op) noexcept { r.cancel(op); }
   static void cancel_owner(reactor& r, std::uintptr_t owner) noexcept { r.cancel_owner(owner); }
   /// Blocks until the GPU is past `t` (errors ignored); nothing for an empty target.

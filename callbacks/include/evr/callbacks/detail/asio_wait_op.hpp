@@ -39,6 +39,7 @@
 
 #include <evr/callbacks/detail/asio_forward.hpp>
 #include <evr/callbacks/detail/callback_exception.hpp>
+#include <evr/callbacks/detail/io_context_host.hpp>
 #include <evr/callbacks/detail/io_context_posts.hpp>
 #include <evr/reactor/reactor.hpp>
 
@@ -165,6 +166,12 @@ class asio_wait_op final : public wait_op {
     if (slot.is_connected()) slot.clear();
   }
 
+  /// True when the handler runs on a thread of `io` (directly or through a strand): a poll host
+  /// of `io` can then be the one that finds its completion.
+  bool delivered_on(const asio::io_context* io) const noexcept {
+    return io != nullptr && io_context_of(delivery_executor()) == io;
+  }
+
   /// Completes a refused operation: posted, never inline.
   static void reject(asio_wait_op* self, std::error_code ec) noexcept {
     // done: a cancellation signal arriving before the posted completion runs is a no-op.
@@ -258,6 +265,7 @@ class asio_wait_op final : public wait_op {
 
   static void finish(asio_wait_op* self, std::error_code ec) {
     self->disconnect_cancellation();
+    self->host_finished();
     allocator alloc(
         asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
     Handler handler(std::move(self->handler_));
@@ -275,10 +283,16 @@ class asio_wait_op final : public wait_op {
     // runs where the context is being shut down (its handlers no longer run) or, after a failed
     // post, on the reactor thread.
     self->disconnect_cancellation();
+    self->host_finished();
     allocator alloc(
         asio::get_associated_allocator(self->handler_, asio::recycling_allocator<void>()));
     self->~asio_wait_op();
     std::allocator_traits<allocator>::deallocate(alloc, self, 1);
+  }
+
+  /// Tells the wait's poll host (gpu_waiter set it) that it is done with the wait.
+  void host_finished() noexcept {
+    if (host_ != nullptr) static_cast<io_context_host*>(host_)->wait_finished();
   }
 
   Handler handler_;

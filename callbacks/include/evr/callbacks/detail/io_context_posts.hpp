@@ -70,6 +70,27 @@ asio::io_context* plain_io_context(const Executor& ex) noexcept {
   }
 }
 
+template <typename Executor>
+struct is_strand : std::false_type {};
+template <typename Inner>
+struct is_strand<asio::strand<Inner>> : std::true_type {};
+
+/// The io_context whose threads run what is posted to `ex`: a plain io_context executor, a strand
+/// of one, or either behind an any_io_executor; nullptr for every other executor.
+template <typename Executor>
+asio::io_context* io_context_of(const Executor& ex) noexcept {
+  if constexpr (is_strand<Executor>::value) {
+    return io_context_of(ex.get_inner_executor());
+  } else if constexpr (std::is_same_v<Executor, asio::any_io_executor>) {
+    if (asio::io_context* io = plain_io_context(ex)) return io;
+    using strand = asio::strand<asio::io_context::executor_type>;
+    if (const auto* s = ex.template target<strand>()) return io_context_of(*s);
+    return nullptr;
+  } else {
+    return plain_io_context(ex);
+  }
+}
+
 class io_context_posts final : public deferred_posts {
  public:
   /// The calling thread's object.
@@ -103,8 +124,11 @@ class io_context_posts final : public deferred_posts {
     for (std::size_t i = 0; i < count_; ++i) {
       held& h = held_[i];
       // Counts the work of the n operations and queues them under one lock (the scheduler's
-      // run loop finishes one unit of work per operation it runs, as after post()).
-      h.scheduler->post_immediate_completions(h.count, h.ops, false);  // empties h.ops
+      // run loop finishes one unit of work per operation it runs, as after post()). On a thread
+      // of that context (a poll host's pass: the last hop) as continuations: into the thread's
+      // private queue, run right after the pass, with no lock and no wake-up.
+      const bool here = h.context->get_executor().running_in_this_thread();
+      h.scheduler->post_immediate_completions(h.count, h.ops, here);  // empties h.ops
       h.context = nullptr;
       h.scheduler = nullptr;
       h.count = 0;

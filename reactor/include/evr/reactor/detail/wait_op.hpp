@@ -28,6 +28,7 @@
 namespace evr {
 namespace detail {
 struct stream_state;
+class poll_host;
 
 class wait_op {
  public:
@@ -51,7 +52,7 @@ class wait_op {
   }
 
   // Layout (docs/architecture.md, "Where a wait's bytes and time go"): the small fields share
-  // the first 8 bytes; 80 bytes in all on a 64-bit target. Every member is public, so that the
+  // the first 8 bytes; 88 bytes in all on a 64-bit target. Every member is public, so that the
   // class is standard-layout and the reusable bytes' place can be checked (below).
   enum : std::uint8_t { pending = 0, cancel_requested = 1, done = 2 };
   std::atomic<std::uint8_t> state_{pending};
@@ -85,6 +86,10 @@ class wait_op {
   std::chrono::steady_clock::time_point submitted_at_{};
 
   complete_fn complete_;  ///< called through complete(), exactly once
+  /// Set by the front end before submit, never written by the reactor: the thread this wait is
+  /// delivered to, when it lends itself to the reactor near the wait's predicted completion
+  /// (poll_host.hpp); nullptr: a plain delivery. It outlives the wait.
+  poll_host* host_ = nullptr;
 };
 
 static_assert(std::is_standard_layout_v<wait_op>);

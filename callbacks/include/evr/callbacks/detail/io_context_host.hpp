@@ -1,0 +1,320 @@
+// evr/callbacks/detail/io_context_host.hpp — an io_context's threads as the reactor's poll_host
+// (evr/reactor/detail/poll_host.hpp): the last hop of delivery::post and delivery::post_woken.
+//
+// Why: a completion posted to an io_context whose thread is parked in epoll_wait runs 20-70 us
+// after the reactor found it (H100 host), 5-15 times what finding it took. A thread that wakes
+// itself with a timer it armed is awake within a few us of the time it asked for.
+//
+// Role polls (delivery::post, the default):
+//   * when a wait is submitted, the reactor estimates when its window opens (its stream's model:
+//     reactor_access::submit_hosted); the host arms a timerfd for that time less its margin (how
+//     late its timer has fired lately), from one of the context's threads (a timer armed on
+//     another core wakes this one as slowly as a post would: that case posts the arming);
+//   * when the timer fires (an Asio wait on the timerfd), the host polls: each poll is a pass of
+//     the reactor on this thread (detail::poll_here), which retires the host's waits that are done
+//     and posts their completions to this thread's private queue (run right after the poll); the
+//     poll re-posts itself (a continuation: no lock, no wake-up) while a window of its waits is
+//     open, so the context's other handlers run between polls; when the next window is far, it
+//     arms the timer again and stops;
+//   * the reactor thread sleeps through such windows and looks only after a window closed (a
+//     safety net); when it learns of a window this host does not know of (a wait submitted from
+//     another thread, queued behind others), it calls look_by, which posts the arming here.
+// Role woken (delivery::post_woken): the reactor calls wake_until shortly before a window (lead_ns,
+// learned from how late its wake-ups ran here); the posted keep-awake re-posts itself until a
+// completion of a hosted wait ran on this context or the window closed. The reactor finds the
+// completion itself, so two threads spin through the window.
+//
+// Work: the timer's wait keeps run() from returning (an Asio I/O operation); it is kept only while
+// hosted waits are pending, which keep run() going anyway, and cancelled when the last finishes.
+//
+// Threads: every member may be called from any thread; the state is under `mutex_`, polls run on
+// one thread at a time (`polling_`). Lifetime: owned by reactor_service (one per reactor and role
+// on an io_context), destroyed by its shutdown after the context's waits were detached; what it
+// posted and what is queued on the timerfd is destroyed with the context's queues unrun.
+// Linux only (timerfd); elsewhere waits are not hosted.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include <evr/callbacks/detail/asio_forward.hpp>
+#include <evr/reactor/reactor.hpp>
+
+#if defined(__linux__)
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(EVR_ASIO_BOOST)
+#include <boost/asio/posix/stream_descriptor.hpp>
+#else
+#include <asio/posix/stream_descriptor.hpp>
+#endif
+#define EVR_HAS_IO_CONTEXT_HOST 1
+#else
+#define EVR_HAS_IO_CONTEXT_HOST 0
+#endif
+
+namespace evr::detail {
+inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
+
+/// The largest of the last 32 samples (about the 97th percentile), clamped: how late a timer or a
+/// wake-up has been here lately.
+class lateness {
+ public:
+  lateness(std::int64_t initial, std::int64_t lo, std::int64_t hi) noexcept
+      : high_(initial), lo_(lo), hi_(hi) {}
+  void add(std::int64_t sample) noexcept {
+    ring_[next_] = std::clamp(sample, lo_, hi_);
+    next_ = (next_ + 1) % ring_.size();
+    count_ = std::min(count_ + 1, ring_.size());
+    high_ = *std::max_element(ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(count_));
+  }
+  std::int64_t high() const noexcept { return high_; }
+
+ private:
+  std::array<std::int64_t, 32> ring_{};
+  std::size_t next_ = 0, count_ = 0;
+  std::int64_t high_, lo_, hi_;
+};
+
+class io_context_host final : public poll_host {
+ public:
+  io_context_host(asio::io_context& io, std::weak_ptr<reactor_core> core, role r)
+      : poll_host(r), io_(io), core_(std::move(core)) {
+    timer_margin_ns.store(margin_.high(), std::memory_order_relaxed);
+    lead_ns.store(lead_.high(), std::memory_order_relaxed);
+  }
+  ~io_context_host() { close(); }
+
+  asio::io_context& context() const noexcept { return io_; }
+
+  /// Whether hosting works here (a timerfd could be made); false: deliver plainly.
+  static constexpr bool available() noexcept { return EVR_HAS_IO_CONTEXT_HOST != 0; }
+
+  /// A hosted wait is about to be submitted (before reactor_access::submit_hosted).
+  void wait_started() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++pending_;
+  }
+  /// The wait was submitted; its window opens at `open_ns` (0: the reactor will say).
+  void wait_submitted(std::int64_t open_ns) {
+    if (open_ns == 0 || host_role() != role::polls) return;
+    if (io_.get_executor().running_in_this_thread()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      arm(open_ns, now_ns());
+    } else {
+      look_by(open_ns);  // armed from the context's thread (see the file comment)
+    }
+  }
+  /// A hosted wait finished (its handler is about to run on this context, it was destroyed with
+  /// the context, or it was refused). The last one ends the timer's wait, so run() may return.
+  void wait_finished() noexcept {
+    delivered_.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--pending_ == 0) disarm();
+  }
+
+  void look_by(std::int64_t open_ns) noexcept override {
+    try {
+      asio::post(io_, [this, open_ns] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (pending_ > 0) arm(open_ns, now_ns());
+      });
+    } catch (...) {
+      // Out of memory: the reactor's look after the window finds the wait.
+    }
+  }
+
+  void wake_until(std::int64_t until_ns) noexcept override {
+    try {
+      const std::int64_t posted = now_ns();
+      asio::post(io_, [this, until_ns, posted] { keep_awake(until_ns, posted); });
+    } catch (...) {
+      // Out of memory: the completion is posted as usual, only later.
+    }
+  }
+
+  /// Closes the timerfd: no more timer waits. reactor_service's shutdown.
+  void close() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+#if EVR_HAS_IO_CONTEXT_HOST
+    if (timer_) {
+      asio_error_code ignored;
+      timer_->close(ignored);  // closes the timerfd too (the descriptor owns it)
+      timer_.reset();
+    }
+#endif
+    closed_ = true;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  static std::int64_t now_ns() noexcept { return clock::now().time_since_epoch().count(); }
+  /// Below this far ahead a timer costs more than spinning to the look (a wake-up, its margin).
+  static constexpr std::int64_t min_sleep_ns = 5'000;
+
+  auto continuation() const {
+    return asio::prefer(io_.get_executor(), asio::execution::relationship.continuation);
+  }
+
+  /// (mutex_) Looks from `look_ns` on: arms the timer for it less the margin, unless the host
+  /// polls now or its timer fires before that anyway; starts polling if that is now.
+  void arm(std::int64_t look_ns, std::int64_t now) {
+    if (polling_ || closed_) return;
+    const std::int64_t at = look_ns - margin_.high();
+    if (at - now < min_sleep_ns) {
+      start_polling();
+      return;
+    }
+    if (at >= armed_for_) return;
+#if EVR_HAS_IO_CONTEXT_HOST
+    if (!timer_ && !open_timer()) return;
+    itimerspec spec{};
+    spec.it_value.tv_sec = static_cast<time_t>(at / 1'000'000'000);
+    spec.it_value.tv_nsec = static_cast<long>(at % 1'000'000'000);
+    if (::timerfd_settime(timer_->native_handle(), TFD_TIMER_ABSTIME, &spec, nullptr) != 0) return;
+    armed_for_ = at;
+    looks_at_ns.store(at, std::memory_order_relaxed);
+    if (!waiting_) {
+      waiting_ = true;
+      timer_->async_wait(asio::posix::stream_descriptor::wait_read,
+                         [this](const asio_error_code& ec) { timer_fired(ec); });
+    }
+#endif
+  }
+
+  /// (mutex_) No hosted wait is left: the timer's wait ends (run() may return).
+  void disarm() noexcept {
+#if EVR_HAS_IO_CONTEXT_HOST
+    armed_for_ = never;
+    if (!polling_) looks_at_ns.store(never, std::memory_order_relaxed);
+    if (timer_ && waiting_) {
+      itimerspec off{};
+      (void)::timerfd_settime(timer_->native_handle(), TFD_TIMER_ABSTIME, &off, nullptr);
+      asio_error_code ignored;
+      timer_->cancel(ignored);
+    }
+#endif
+  }
+
+#if EVR_HAS_IO_CONTEXT_HOST
+  bool open_timer() noexcept {
+    const int fd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (fd < 0) return false;
+    try {
+      timer_.emplace(io_, fd);
+    } catch (...) {
+      ::close(fd);
+      return false;
+    }
+    return true;
+  }
+
+  void timer_fired(const asio_error_code& ec) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_ = false;
+    if (ec || !timer_) return;  // cancelled (no hosted wait left) or closed
+    std::uint64_t expirations = 0;
+    if (::read(timer_->native_handle(), &expirations, sizeof expirations) < 0) expirations = 0;
+    const std::int64_t now = now_ns();
+    if (expirations > 0 && armed_for_ != never) {
+      margin_.add(now - armed_for_);
+      timer_margin_ns.store(margin_.high(), std::memory_order_relaxed);
+    }
+    armed_for_ = never;
+    if (pending_ > 0) start_polling();
+  }
+#endif
+
+  /// (mutex_) Posts the first poll (a continuation: run after what is queued on this thread).
+  void start_polling() noexcept { polling_ = post_poll(); }
+
+  /// (mutex_) Posts a poll; false when posting failed (out of memory: the reactor's look after
+  /// the window finds the waits instead).
+  bool post_poll() noexcept {
+    try {
+      asio::post(continuation(), [this] { poll(); });
+    } catch (...) {
+      looks_at_ns.store(never, std::memory_order_relaxed);
+      return false;
+    }
+    looks_at_ns.store(now_ns(), std::memory_order_relaxed);
+    return true;
+  }
+
+  void poll() {
+    poll_result r;
+    r.what = poll_result::outcome::stopped;
+    if (std::shared_ptr<reactor_core> core = core_.lock()) r = poll_here(*core, *this);
+    const std::int64_t now = now_ns();
+    std::lock_guard<std::mutex> lock(mutex_);
+    const bool again =
+        !closed_ && pending_ > 0 &&
+        (r.what == poll_result::outcome::busy ||
+         (r.what == poll_result::outcome::swept &&
+          (r.spin || r.next_look_ns - margin_.high() - now < min_sleep_ns)));
+    if (again && post_poll()) return;
+    polling_ = false;
+    if (r.what == poll_result::outcome::swept && r.next_look_ns != never && pending_ > 0) {
+      arm(r.next_look_ns, now);
+    } else {
+      looks_at_ns.store(never, std::memory_order_relaxed);
+    }
+  }
+
+  /// Role woken: keeps this thread awake (re-posting itself) until `until` or a hosted wait's
+  /// completion ran here; learns how late the wake-up was (the lead the reactor gives).
+  void keep_awake(std::int64_t until, std::int64_t posted) {
+    std::uint64_t seen = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lead_.add(now_ns() - posted);
+      lead_ns.store(lead_.high(), std::memory_order_relaxed);
+      if (awake_until_ != 0) {  // one keeping awake already: extend it
+        awake_until_ = std::max(awake_until_, until);
+        return;
+      }
+      awake_until_ = until;
+      seen = delivered_.load(std::memory_order_relaxed);
+    }
+    stay_awake(seen);
+  }
+
+  void stay_awake(std::uint64_t seen) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!closed_ && now_ns() < awake_until_ &&
+        delivered_.load(std::memory_order_relaxed) == seen) {
+      try {
+        asio::post(continuation(), [this, seen] { stay_awake(seen); });
+        return;
+      } catch (...) {
+        // Out of memory: stop keeping awake; the completion comes as a plain post.
+      }
+    }
+    awake_until_ = 0;
+  }
+
+  asio::io_context& io_;
+  const std::weak_ptr<reactor_core> core_;
+  std::mutex mutex_;
+#if EVR_HAS_IO_CONTEXT_HOST
+  std::optional<asio::posix::stream_descriptor> timer_;  // owns the timerfd
+#endif
+  std::int64_t armed_for_ = never;  // the timerfd's expiry (steady clock ns); never: disarmed
+  std::size_t pending_ = 0;         // hosted waits not finished
+  bool waiting_ = false;            // an async_wait on the timerfd is pending
+  bool polling_ = false;            // a poll is posted or running
+  bool closed_ = false;
+  std::int64_t awake_until_ = 0;             // role woken: a keep-awake runs until then (0: none)
+  std::atomic<std::uint64_t> delivered_{0};  // hosted waits finished here
+  lateness margin_{20'000, 2'000, 200'000};  // timer wake-ups: how late (ns)
+  lateness lead_{50'000, 10'000, 500'000};   // role woken: post to run (ns)
+};
+
+}  // namespace EVR_ASIO_FLAVOUR_NAMESPACE
+}  // namespace evr::detail

@@ -1,0 +1,91 @@
+// evr/reactor/detail/poll_host.hpp — a thread that completions are delivered to (an io_context's,
+// an asyncio loop's) and that is awake when they land. Not public: the in-repo front ends
+// (callbacks/, python/) implement it; docs/architecture.md, "The last hop", has the why.
+//
+// The reactor finds GPU work near the floor, but a handler posted to a thread parked in
+// epoll_wait runs 20-70 us later (H100 host): the kernel wakes a thread that sleeps on an
+// unpredictable event slowly, and slower the longer it slept. A thread that wakes itself with a
+// timer it armed (the idle governor knows when) wakes within a few us. So a host comes in two
+// roles, one per wait (wait_op::host_), chosen by the front end:
+//   * polls (the default): the host arms its own timer for the window in which the reactor
+//     predicts the wait's completion, and through the window it sweeps the reactor's streams of
+//     its own waits itself (reactor_access::poll_here: a pass under the reactor's pass lock that
+//     runs no user code); completions it finds are posted to its own thread and run next. The
+//     reactor thread sleeps through such a window and looks only after it closed (a safety net
+//     for a host that is late or busy).
+//   * woken: the reactor wakes the host's thread shortly before the window (wake_until, learned
+//     lead) and the host keeps itself awake until a completion of its arrives; the reactor finds
+//     the completion as for any wait. Two threads spin through the window: more CPU, no timer of
+//     the host's own.
+// A wait without a host (other executors, delivery::post_plain, inline delivery) is delivered
+// as before.
+//
+// Threads: the reactor calls look_by and wake_until from its thread or from a host's pass (under
+// the pass lock), only while it holds a pending wait of that host (so the host is alive: a host
+// dies with its execution context, whose shutdown first detaches its waits from the reactor).
+// Both must be quick, must not block and must not run user code (they post to the host's thread).
+// looks_at_ns and lead_ns are read by the reactor (relaxed: a hint, never a guarantee).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+
+namespace evr::detail {
+
+class poll_host {
+ public:
+  enum class role : std::uint8_t { polls, woken };
+
+  explicit poll_host(role r) noexcept : role_(r) {}
+  poll_host(const poll_host&) = delete;
+  poll_host& operator=(const poll_host&) = delete;
+
+  role host_role() const noexcept { return role_; }
+
+  /// (role polls) A window of this host's waits opens at `open_ns` (steady clock, ns since its
+  /// epoch), and `looks_at_ns` says the host will not be looking by then: the host must arrange
+  /// to look from then on (typically: post to its thread, which arms its timer).
+  virtual void look_by(std::int64_t open_ns) noexcept = 0;
+  /// (role woken) Wake the host's thread now and keep it awake until `until_ns`, or until a
+  /// completion of its has run there.
+  virtual void wake_until(std::int64_t until_ns) noexcept = 0;
+
+  /// When the host will next look at its waits by itself (its timer, or now while it polls);
+  /// `never` when it has nothing planned. Written by the host, read by the reactor.
+  std::atomic<std::int64_t> looks_at_ns{never};
+  /// (role woken) How long before a window opens the host's thread must be woken to be awake
+  /// when it opens: the host's measured wake-up latency. Written by the host.
+  std::atomic<std::int64_t> lead_ns{50'000};
+  /// (role polls) How early the host's timer must be asked to fire to be awake by a time: how
+  /// late its timer wake-ups have been. Written by the host; poll_here publishes looks_at_ns
+  /// from it.
+  std::atomic<std::int64_t> timer_margin_ns{20'000};
+
+  static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
+
+ protected:
+  ~poll_host() = default;
+
+ private:
+  const role role_;
+};
+
+/// What a host learns from one pass of its own (reactor_access::poll_here).
+struct poll_result {
+  enum class outcome : std::uint8_t {
+    swept,    ///< the pass ran
+    busy,     ///< the reactor thread (or another host) was in a pass: try again soon
+    stopped,  ///< the reactor is stopping: nothing more to poll for
+  };
+  outcome what = outcome::busy;
+  /// A window of this host's waits is open now and its work is steady: poll again at once.
+  bool spin = false;
+  /// Completions were found and handed over (posted) by this pass.
+  std::uint32_t delivered = 0;
+  /// When the host should look next (steady clock ns): the earliest window of its waits, or the
+  /// next poll tick of irregular work in its window; poll_host::never when it has none pending.
+  std::int64_t next_look_ns = poll_host::never;
+};
+
+}  // namespace evr::detail
