@@ -142,6 +142,7 @@ TEST_CASE(
                                    std::end(evr::test::all_strategies));
   std::uint64_t grand_ok = 0, grand_aborted = 0, grand_refused = 0, grand_cancels = 0;
   std::uint64_t grand_lost = 0, grand_duplicated = 0;
+  std::uint64_t grand_host_passes = 0, grand_host_completions = 0;  // the last hop (io threads)
   std::array<std::uint64_t, 8> rounds_of{};  // lifetimes per strategy (indexed by its value)  //
                                              // waits completed 0 times, or more than once
   std::vector<std::uint64_t> heap_after, rss_after;
@@ -308,6 +309,8 @@ TEST_CASE(
       grand_aborted += rec.aborted;
       grand_refused += rec.refused;
       grand_cancels += rec.cancel_requests;
+      grand_host_passes += m.host_passes;
+      grand_host_completions += m.host_completions;
       for (auto& s : state) s.waiter.reset();  // before the reactor (cancels nothing: all done)
     }  // ~reactor: destroys the abandoned markers and the cached ones
     // Every event created this round (the reactor's markers, the users' events) was destroyed.
@@ -334,14 +337,15 @@ TEST_CASE(
   const std::uint64_t waits = rounds * (attempts + tail_waits);
   std::printf(
       "soak summary: %llu waits, %llu completed exactly once, lost %llu, duplicated %llu, in %.1f "
-      "s; %llu reactor lifetimes (%s) x %d threads x %d streams, stop() at random points; seed "
-      "%llu\n",
+      "s; %llu reactor lifetimes (%s) x %d threads x %d streams, stop() at random points; "
+      "%llu found by the io threads' own passes (%llu passes); seed %llu\n",
       static_cast<unsigned long long>(waits),
       static_cast<unsigned long long>(waits - grand_lost - grand_duplicated),
       static_cast<unsigned long long>(grand_lost),
       static_cast<unsigned long long>(grand_duplicated), seconds,
       static_cast<unsigned long long>(rounds), per_strategy.c_str(), threads, streams,
-      static_cast<unsigned long long>(seed));
+      static_cast<unsigned long long>(grand_host_completions),
+      static_cast<unsigned long long>(grand_host_passes), static_cast<unsigned long long>(seed));
   std::fflush(stdout);
   CHECK(grand_lost == 0);
   CHECK(grand_duplicated == 0);

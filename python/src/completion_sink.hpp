@@ -61,7 +61,9 @@ class completion_sink {
 
   /// Pushes `c`. Writes the eventfd only when the stack was empty. On a closed sink forwards `c`
   /// to the resolver sink (see the file comment). Thread-safe, lock-free, never takes the GIL.
-  void push(completion* c) noexcept;
+  /// `notify_reader` false: the caller is the consumer's own thread and takes the stack right
+  /// after (a poll host's pass on the loop: loop_host), so the eventfd need not be written.
+  void push(completion* c, bool notify_reader = true) noexcept;
 
   /// Consumer: clears the eventfd, then takes every node, oldest first (nullptr when none). The
   /// eventfd is read before the exchange: a push after the exchange writes it again, so no wake-up

@@ -23,6 +23,7 @@
 #include <evr/pool/pool_set.hpp>
 #include <evr/reactor/detail/deferred_posts.hpp>
 #include <evr/reactor/detail/poll_host.hpp>
+#include <evr/reactor/detail/window_duty.hpp>
 #include <evr/reactor/detail/wait_op.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
@@ -304,6 +305,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   ladder ladder_;                  // idle_mode::ladder
   sleep_overshoot overshoot_;      // idle_mode::predictive: how late timed sleeps end
   look_cost look_cost_;            // predictive: what a poll tick's sweep costs (poll_budget)
+  window_duty duty_;               // predictive: how much of the time steady windows are open
   clock::time_point poll_tick_{};  // predictive: when irregular work in its windows is looked at
   std::chrono::nanoseconds tick_period_{};  // predictive: the last spacing of the ticks
   clock::time_point replan_at_{};    // predictive: while spinning, re-plan no sooner than this

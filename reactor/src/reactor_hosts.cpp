@@ -75,6 +75,7 @@ void reactor_core::sweep_for_host(poll_host& host, clock::time_point now, poll_r
     if (st->host_look == clock::time_point::max()) continue;
     if (st->host_spin && st->host_look <= now) {
       out.spin = true;
+      ++out.spinning_streams;
     } else {
       out.next_look_ns = std::min(out.next_look_ns, ns_of(std::max(st->host_look, now)));
     }

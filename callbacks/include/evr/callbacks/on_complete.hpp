@@ -100,19 +100,29 @@ std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn) {
   return {};
 }
 
-/// As above, and `handle` can cancel the wait (see wait_handle.hpp). On success `handle` holds
-/// the wait; on refusal it is empty and the callback is neither called nor kept.
+namespace detail {
+/// on_complete with a wait_handle; with `host`, the callback hands the completion over without
+/// running user code (it may run in `host`'s own pass: poll_host.hpp) and `window_open_ns` is set
+/// as reactor_access::submit_hosted says.
 template <typename Fn>
-std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn, wait_handle& handle) {
+std::error_code start_shared(reactor& r, const wait_target& target, Fn&& fn, wait_handle& handle,
+                             poll_host* host, std::int64_t* window_open_ns) {
   static_assert(std::is_invocable_v<std::decay_t<Fn>&, std::error_code>,
                 "on_complete needs a callable taking std::error_code");
   using op_type = detail::shared_callback_op<std::decay_t<Fn>>;
   handle.reset();
   auto* op = new op_type(std::forward<Fn>(fn), detail::reactor_access::core(r));
+  if (host != nullptr) {
+    op->how_ = delivery::post;  // the callback runs no user code
+    op->host_ = host;
+  }
   // Into the handle before the wait starts: the callback may run at once (on the reactor thread)
   // and may use the handle; submit's push (release) publishes this write to it.
   detail::wait_handle_access::adopt(handle, op);
-  if (std::error_code ec = detail::reactor_access::submit(r, op, target)) {
+  std::error_code ec = host != nullptr
+                           ? detail::reactor_access::submit_hosted(r, op, target, *window_open_ns)
+                           : detail::reactor_access::submit(r, op, target);
+  if (ec) {
     detail::wait_handle_access::forget(handle);
     delete op;  // refused: never shared, fn destroyed here
     return ec;
@@ -120,6 +130,23 @@ std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn, wait
   // Both references are live from here: the reactor's (its completion drops it, possibly already
   // under way on the reactor thread) and the handle's.
   return {};
+}
+
+/// For the Python binding: a wait whose callback only hands the completion to an event loop's
+/// queue (no user code, no GIL), on a loop that polls for it near its predicted end as `host`.
+template <typename Fn>
+std::error_code on_complete_hosted(reactor& r, const wait_target& target, Fn&& fn,
+                                   wait_handle& handle, poll_host& host,
+                                   std::int64_t& window_open_ns) {
+  return start_shared(r, target, std::forward<Fn>(fn), handle, &host, &window_open_ns);
+}
+}  // namespace detail
+
+/// As above, and `handle` can cancel the wait (see wait_handle.hpp). On success `handle` holds
+/// the wait; on refusal it is empty and the callback is neither called nor kept.
+template <typename Fn>
+std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn, wait_handle& handle) {
+  return detail::start_shared(r, target, std::forward<Fn>(fn), handle, nullptr, nullptr);
 }
 
 }  // namespace evr

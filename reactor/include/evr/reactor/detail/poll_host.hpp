@@ -81,6 +81,9 @@ struct poll_result {
   outcome what = outcome::busy;
   /// A window of this host's waits is open now and its work is steady: poll again at once.
   bool spin = false;
+  /// How many of the host's streams are in such a window now (their windows overlap when more
+  /// than one: the host may then poll on a tick instead of spinning through their union).
+  std::uint32_t spinning_streams = 0;
   /// Completions were found and handed over (posted) by this pass.
   std::uint32_t delivered = 0;
   /// When the host should look next (steady clock ns): the earliest window of its waits, or the
