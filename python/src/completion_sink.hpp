@@ -47,6 +47,9 @@ struct completion {
   std::int64_t wake_at = 0;       ///< the schedule entry (wake_ticket 0: none)
   std::uint64_t wake_ticket = 0;
   std::int64_t spin_until = 0;
+  /// Its window is the reactor's, which sleeps through it (a hosted wait): polled to its end,
+  /// not cut at max_spin.
+  bool hosted = false;
 };
 
 class completion_sink {

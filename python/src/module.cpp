@@ -251,8 +251,6 @@ class py_reactor {
     auto* c = new completion;
     c->what = what;
     c->obj = fut.inc_ref().ptr();
-    // Before the reactor can see the node (it may be drained and freed right after on_complete).
-    const std::int64_t wake_at = waker != nullptr ? waker->on_submit(c, key) : 0;
     auto canceller = std::make_unique<wait_canceller>();
     std::shared_ptr<completion_sink> keep = sink;  // the sink outlives the pending wait
     auto push = [c, keep = std::move(keep)](std::error_code e) {
@@ -261,20 +259,27 @@ class py_reactor {
       keep->push(c, t_polling_sink != keep.get());
     };
     std::error_code ec;
-    if (host != nullptr && wake_at != 0) {
-      // The loop will poll for it near its predicted end: hosted (the reactor sleeps through it).
-      std::int64_t window_open = 0;
+    evr::detail::host_window window;
+    if (host != nullptr && waker != nullptr && waker->predictable(key)) {
+      // A wait the loop will poll for (evr.wait made its polling future: predictable()) is
+      // hosted when the reactor can tell its window now: the loop polls through that window (its
+      // coroutine runs the reactor's passes) and the reactor sleeps through it, looking after it
+      // closed. Otherwise a plain wait, polled in the loop's own predicted window.
+      window.only_if_known = true;
       // The callback keeps the host alive while the reactor may look at it (the loop's sink may
       // be dropped with waits pending).
       ec = evr::detail::on_complete_hosted(
           *r_, t, [push = std::move(push), keep_host = host](std::error_code e) { push(e); },
-          canceller->handle, *host, window_open);
-      if (!ec) host->add(evr::detail::reactor_access::weak_core(*r_));
+          canceller->handle, *host, window);
+      if (!ec && window.open_ns != 0) host->add(evr::detail::reactor_access::weak_core(*r_));
     } else {
       ec = evr::on_complete(*r_, t, std::move(push), canceller->handle);
     }
+    // The node is drained on this thread only, after this returns: its schedule entry may come
+    // after the reactor pushed it.
+    const std::int64_t wake_at =
+        !ec && waker != nullptr ? waker->on_submit(c, key, window.open_ns, window.close_ns) : 0;
     if (ec) {
-      if (waker != nullptr) waker->forget(c);
       Py_DECREF(c->obj);
       delete c;
       raise(ec);

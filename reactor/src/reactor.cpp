@@ -159,8 +159,8 @@ std::vector<wait_op*> detach_group(reactor_core& core, std::uintptr_t group) {
 }
 
 std::error_code reactor_access::submit_hosted(reactor& r, wait_op* op, const wait_target& target,
-                                              std::int64_t& window_open_ns) noexcept {
-  return r.core_->submit(op, target, &window_open_ns);
+                                              host_window& window) noexcept {
+  return r.core_->submit(op, target, &window);
 }
 
 }  // namespace detail

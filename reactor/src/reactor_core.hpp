@@ -23,7 +23,6 @@
 #include <evr/pool/pool_set.hpp>
 #include <evr/reactor/detail/deferred_posts.hpp>
 #include <evr/reactor/detail/poll_host.hpp>
-#include <evr/reactor/detail/window_duty.hpp>
 #include <evr/reactor/detail/wait_op.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
@@ -74,10 +73,9 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   ~reactor_core();
 
   void start();  // launches the thread (needs shared_from_this)
-  /// `window_open_ns`: for a hosted wait (op->host_), when its window is expected to open
-  /// (reactor_access::submit_hosted); left alone otherwise.
+  /// `window`: for a hosted wait (op->host_), its expected window (reactor_access::submit_hosted).
   std::error_code submit(wait_op* op, const wait_target& target,
-                         std::int64_t* window_open_ns = nullptr) noexcept;
+                         host_window* window = nullptr) noexcept;
   /// See detail::poll_here (reactor.hpp). Any thread but the reactor's.
   poll_result poll_here(poll_host& host) noexcept;
   bool cancel(wait_op* op) noexcept;  ///< true: this call moved op from pending to cancelled
@@ -305,7 +303,6 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   ladder ladder_;                  // idle_mode::ladder
   sleep_overshoot overshoot_;      // idle_mode::predictive: how late timed sleeps end
   look_cost look_cost_;            // predictive: what a poll tick's sweep costs (poll_budget)
-  window_duty duty_;               // predictive: how much of the time steady windows are open
   clock::time_point poll_tick_{};  // predictive: when irregular work in its windows is looked at
   std::chrono::nanoseconds tick_period_{};  // predictive: the last spacing of the ticks
   clock::time_point replan_at_{};    // predictive: while spinning, re-plan no sooner than this

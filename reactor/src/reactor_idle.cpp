@@ -81,24 +81,15 @@ void reactor_core::idle_predictive(clock::time_point now) {
   if (idle_settings_.poll_budget > 0)
     idle_settings_.window_poll_period = budgeted_poll_period(
         idle_settings_.poll_period, look_cost_.mean(), idle_settings_.poll_budget);
-  std::size_t spinning = 0;  // streams whose window the plan wants spun through now
   for (stream_state* st : active_) {
     if (st->entries.empty()) continue;
     // A stream's plan holds until it is looked at, gets a new wait, or the plan's time comes.
     if (st->plan_stale || st->plan_wake <= now) plan_stream(*st, now);
     if (st->plan_spin) {
       spin = true;
-      ++spinning;
     } else {
       wake = std::min(wake, st->plan_wake);
     }
-  }
-  duty_.account(spin, now.time_since_epoch().count());
-  if (spin && spinning > 1 && duty_.dense()) {
-    // Overlapping windows that spinning through would take much of the thread for
-    // (window_duty.hpp: 64 streams of steady 5-20 ms work kept it 70-90 % busy): look on a tick.
-    spin = false;
-    wake = std::min(wake, now + std::chrono::nanoseconds(window_duty::tick_ns));
   }
   if (!loose_.empty()) {
     // Waits on a user's event: no stream, no model. Spin briefly, then naps of a quarter of the

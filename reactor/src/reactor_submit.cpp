@@ -114,7 +114,7 @@ std::error_code reactor_core::put_marker(stream_state& st, wait_op& op) noexcept
 }
 
 std::error_code reactor_core::submit(wait_op* op, const wait_target& target,
-                                     std::int64_t* window_open_ns) noexcept {
+                                     host_window* window) noexcept {
   auto refuse = [this](std::error_code ec) {
     m_.rejected.fetch_add(1, std::memory_order_relaxed);
     return ec;
@@ -164,12 +164,20 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target,
   // Read before the push: from then on the reactor may complete and free `op` at any moment.
   stream_state* const st = op->stream_;
   const std::uint64_t seq = op->seq_;
-  if (window_open_ns != nullptr && st != nullptr) {
+  if (window != nullptr) {
     // A host arms its timer from this (poll_host.hpp): the wait's work starts now when nothing
     // of its stream is pending before it; otherwise the reactor tells the host once it knows.
-    const std::int64_t offset = st->published_open_ns.load(std::memory_order_relaxed);
-    if (offset > 0 && seq == st->published_completed_seq.load(std::memory_order_relaxed) + 1)
-      *window_open_ns = op->submitted_at_.time_since_epoch().count() + offset;
+    // Only for a fence-word marker (reactor_core::host_of says why).
+    const std::int64_t open = st != nullptr && op->event_ == nullptr
+                                  ? st->published_open_ns.load(std::memory_order_relaxed)
+                                  : 0;
+    if (open > 0 && seq == st->published_completed_seq.load(std::memory_order_relaxed) + 1) {
+      const std::int64_t start = op->submitted_at_.time_since_epoch().count();
+      window->open_ns = start + open;
+      window->close_ns = start + st->published_close_ns.load(std::memory_order_relaxed);
+    } else if (window->only_if_known) {
+      op->host_ = nullptr;  // still ours: the reactor has not seen it
+    }
   }
   const stack::push_result pushed = submissions_.push(op);
   if (pushed != stack::push_result::closed) {

@@ -338,10 +338,12 @@ void reactor_core::learn(stream_state& st, clock::time_point now) {
       low += std::max(idle_settings_.window_poll_period, tick_period_).count();
   }
   st.published_low_ns.store(low, std::memory_order_relaxed);
+  const bool ready = st.model.ready();
+  st.published_close_ns.store(
+      ready ? (st.model.high() + (st.model.high() - st.model.low()) / 2).count() : 0,
+      std::memory_order_relaxed);
   st.published_open_ns.store(
-      st.model.ready()
-          ? std::max<std::int64_t>(1, window_open_offset(idle_settings_, st.model).count())
-          : 0,
+      ready ? std::max<std::int64_t>(1, window_open_offset(idle_settings_, st.model).count()) : 0,
       std::memory_order_relaxed);
 }
 

@@ -184,15 +184,15 @@ class basic_gpu_waiter {
       }
       op->host_ = host;
       host->wait_started();
-      std::int64_t window_open = 0;
+      detail::host_window window;
       if (std::error_code ec =
-              detail::reactor_access::submit_hosted(*w.reactor_ptr, op, target, window_open)) {
+              detail::reactor_access::submit_hosted(*w.reactor_ptr, op, target, window)) {
         op->host_ = nullptr;
         host->wait_finished();
         op_type::reject(op, ec);
         return;
       }
-      host->wait_submitted(window_open);  // `op` may be gone already
+      host->wait_submitted(window.open_ns);  // `op` may be gone already
     }
   };
 

@@ -102,11 +102,11 @@ std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn) {
 
 namespace detail {
 /// on_complete with a wait_handle; with `host`, the callback hands the completion over without
-/// running user code (it may run in `host`'s own pass: poll_host.hpp) and `window_open_ns` is set
-/// as reactor_access::submit_hosted says.
+/// running user code (it may run in `host`'s own pass: poll_host.hpp) and `window` is filled as
+/// reactor_access::submit_hosted says.
 template <typename Fn>
 std::error_code start_shared(reactor& r, const wait_target& target, Fn&& fn, wait_handle& handle,
-                             poll_host* host, std::int64_t* window_open_ns) {
+                             poll_host* host, host_window* window) {
   static_assert(std::is_invocable_v<std::decay_t<Fn>&, std::error_code>,
                 "on_complete needs a callable taking std::error_code");
   using op_type = detail::shared_callback_op<std::decay_t<Fn>>;
@@ -120,7 +120,7 @@ std::error_code start_shared(reactor& r, const wait_target& target, Fn&& fn, wai
   // and may use the handle; submit's push (release) publishes this write to it.
   detail::wait_handle_access::adopt(handle, op);
   std::error_code ec = host != nullptr
-                           ? detail::reactor_access::submit_hosted(r, op, target, *window_open_ns)
+                           ? detail::reactor_access::submit_hosted(r, op, target, *window)
                            : detail::reactor_access::submit(r, op, target);
   if (ec) {
     detail::wait_handle_access::forget(handle);
@@ -134,11 +134,12 @@ std::error_code start_shared(reactor& r, const wait_target& target, Fn&& fn, wai
 
 /// For the Python binding: a wait whose callback only hands the completion to an event loop's
 /// queue (no user code, no GIL), on a loop that polls for it near its predicted end as `host`.
+/// Whether it got the host is op->host_'s business: with window.only_if_known, it has none when
+/// window.open_ns comes back 0.
 template <typename Fn>
 std::error_code on_complete_hosted(reactor& r, const wait_target& target, Fn&& fn,
-                                   wait_handle& handle, poll_host& host,
-                                   std::int64_t& window_open_ns) {
-  return start_shared(r, target, std::forward<Fn>(fn), handle, &host, &window_open_ns);
+                                   wait_handle& handle, poll_host& host, host_window& window) {
+  return start_shared(r, target, std::forward<Fn>(fn), handle, &host, &window);
 }
 }  // namespace detail
 

@@ -120,13 +120,11 @@ class reactor_service : public asio::execution_context::service {
   void shutdown() override {
     std::vector<std::pair<detail::reactor_core*, std::weak_ptr<detail::reactor_core>>> tracked;
     std::unique_ptr<reactor> owned;
-    std::vector<host_entry> hosts;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       tracked.swap(tracked_);
       owned = std::move(owned_);
       current_ = nullptr;
-      hosts.swap(hosts_);
     }
     for (auto& entry : tracked) {
       std::shared_ptr<detail::reactor_core> core = entry.second.lock();
@@ -135,9 +133,14 @@ class reactor_service : public asio::execution_context::service {
       // handler, a coroutine's frames included) here, without running it.
       for (detail::wait_op* op : detail::detach_group(*core, group())) op->complete({});
     }
-    // No wait of this context is left with a reactor, so no reactor calls a host any more.
-    for (auto& h : hosts) h.host->close();
-    hosts.clear();
+    // No wait of this context is left with a reactor, so no reactor calls a host any more. The
+    // hosts themselves live on until this service is destroyed: completions already posted to
+    // the context tell their host they are done when the scheduler's shutdown destroys them,
+    // after this one (services shut down in the reverse order of their creation).
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& h : hosts_) h.host->close();
+    }
     owned.reset();  // stop + join; its waits of this context were detached above
   }
 

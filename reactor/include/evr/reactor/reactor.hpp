@@ -141,10 +141,9 @@ struct reactor_access {
     return r.submit(op, target);
   }
   /// submit() for a wait with a host (op->host_ set): also says when the wait's window is
-  /// expected to open (steady clock ns), so that the host can arm its timer now; 0 when the
-  /// reactor cannot tell yet (it then tells the host through poll_host::look_by).
+  /// expected to open and close, so that the host can arm its timer now (host_window).
   static std::error_code submit_hosted(reactor& r, wait_op* op, const wait_target& target,
-                                       std::int64_t& window_open_ns) noexcept;
+                                       host_window& window) noexcept;
   static void cancel(reactor& r, wait_op* op) noexcept { r.cancel(op); }
   static void cancel_owner(reactor& r, std::uintptr_t owner) noexcept { r.cancel_owner(owner); }
   /// Blocks until the GPU is past `t` (errors ignored); nothing for an empty target.

@@ -71,6 +71,16 @@ class poll_host {
   const role role_;
 };
 
+/// What a hosted submission learns (reactor_access::submit_hosted).
+struct host_window {
+  /// In: when the reactor cannot tell the wait's window now (its stream's model is not ready, or
+  /// waits of the stream are pending before it), submit it without its host (delivered plainly).
+  bool only_if_known = false;
+  /// Out: when the wait's window opens and closes (steady clock ns); 0: not known now (the
+  /// reactor tells the host when it knows, through look_by; with only_if_known: no host).
+  std::int64_t open_ns = 0, close_ns = 0;
+};
+
 /// What a host learns from one pass of its own (reactor_access::poll_here).
 struct poll_result {
   enum class outcome : std::uint8_t {
