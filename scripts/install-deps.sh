@@ -4,6 +4,8 @@
 #   scripts/install-deps.sh            # the build + test set
 #   scripts/install-deps.sh --extras   # also the extras (wrk, python3-matplotlib: benchmarks, plots)
 #   scripts/install-deps.sh --boost    # also Boost (libboost1.81-dev: the Boost.Asio front end)
+#   scripts/install-deps.sh --packaging  # also what building the Python sdist/wheel offline needs
+#                                        # (scripts/check-python-package.sh)
 #   scripts/install-deps.sh --check    # only report what is missing; exit 1 if anything is
 #
 # Environment:
@@ -27,17 +29,22 @@ readonly extra_packages=(wrk python3-matplotlib)
 # Debian 12 has Boost 1.74 (libboost-dev) and 1.81; 1.74's Asio (1.18) is older than evr needs.
 # One libboost*-dev at a time (see --no-remove below).
 readonly boost_packages=(libboost1.81-dev)
+# The Python package built and installed the way users do, offline (python/README.md): build
+# (python3 -m build), venv, and the build requirements of python/pyproject.toml from Debian.
+readonly packaging_packages=(python3-build python3-venv python3-wheel python3-setuptools python3-pybind11)
 
 want_extras="${EVR_DEPS_EXTRAS:-0}"
 want_boost=0
+want_packaging=0
 check_only=0
 for arg in "$@"; do
   case "$arg" in
     --extras) want_extras=1 ;;
     --boost) want_boost=1 ;;
+    --packaging) want_packaging=1 ;;
     --check) check_only=1 ;;
     -h | --help)
-      sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -58,6 +65,9 @@ if [[ "$want_extras" == 1 ]]; then
 fi
 if [[ "$want_boost" == 1 ]]; then
   packages+=("${boost_packages[@]}")
+fi
+if [[ "$want_packaging" == 1 ]]; then
+  packages+=("${packaging_packages[@]}")
 fi
 
 if ! command -v dpkg-query >/dev/null 2>&1; then

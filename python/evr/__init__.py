@@ -33,13 +33,19 @@ from typing import Any, Optional
 from . import _evr
 from ._errors import CudaError, EvrError, EvrValueError, ReactorStopped, cuda_error_name
 
+# evr.sim is part of the API (`evr.sim.Device()` after a plain `import evr`, as the stub says):
+# imported here. It needs nothing of this module at import time (only _evr), so the order is safe.
+from . import sim as sim
+
 __all__ = [
     "wait", "wait_future", "release_after", "Reactor", "shutdown", "default_reactor",
     "set_default_reactor", "event_handle", "cuda_available", "set_loop_spin", "loop_stats",
-    "CudaError", "EvrError", "EvrValueError", "ReactorStopped", "cuda_error_name",
+    "CudaError", "EvrError", "EvrValueError", "ReactorStopped", "cuda_error_name", "sim",
 ]
 
-__version__ = "0.1.0"
+# The C++ library's version, compiled into the module (project(evr VERSION) in CMakeLists.txt);
+# the wheel's metadata carries the same (setup.py reads that line).
+__version__: str = _evr.__version__
 
 _STREAM = 0
 _EVENT = 1

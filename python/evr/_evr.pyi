@@ -1,6 +1,7 @@
 # evr._evr: the C++ engine of the evr package (not a public API).
 from typing import Any, Optional
 
+__version__: str
 ERRC: dict[str, int]
 CUDA_CATEGORY: str
 EVR_CATEGORY: str

@@ -33,6 +33,10 @@
 
 namespace py = pybind11;
 
+#ifndef EVR_PYTHON_VERSION
+#error "EVR_PYTHON_VERSION (evr's version) is set by python/CMakeLists.txt"
+#endif
+
 namespace evr_py {
 namespace {
 
@@ -477,6 +481,9 @@ struct loop_sink {
 PYBIND11_MODULE(_evr, m) {
   using namespace evr_py;
   m.doc() = "evr's engine (use the evr package, not this module)";
+  // The C++ library's version (project(evr VERSION) of the top CMakeLists.txt, passed by
+  // python/CMakeLists.txt): evr.__version__, and the wheel's version through setup.py.
+  m.attr("__version__") = EVR_PYTHON_VERSION;
 
   m.def("_set_error_factory", [](py::object f) { set_error_factory(f.ptr()); });
   m.def("cuda_compiled_in", &evr::device::cuda_compiled_in,

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The Python package the way Python users get it (issue 28), offline, with Debian's tools:
+#
+#   1. python3 -m build --no-isolation ./python: the sdist, then the wheel built from the unpacked
+#      sdist (so the sdist is shown to carry what the build needs: the C++ tree in cpp/);
+#   2. the names (evr-<version>.tar.gz, evr-<version>-<cpXY>-<cpXY>-linux_x86_64.whl: the
+#      version of CMakeLists.txt's project(VERSION), the platform tag as built, no manylinux
+#      claim) and what each archive holds (the wheel: the extension, the stubs, py.typed);
+#   3. the wheel installed into a fresh venv and python/tests run against it, from outside the
+#      repository (EVR_EXPECT_INSTALLED=1: evr must come from the installed wheel);
+#   4. the documented offline command in another fresh venv: pip install --no-build-isolation
+#      ./python, then `import evr; evr.sim.Device()` and the version.
+#
+#   scripts/check-python-package.sh
+#
+# The venvs are made with --system-site-packages over Debian's Python: setuptools, wheel and
+# pybind11 for the build, pytest, aiohttp and uvloop for the tests (python/README.md). evr itself
+# is in no system folder: the script checks that the fresh venv cannot import it before install.
+#
+# Environment:
+#   EVR_PYTHON=P       the Python to build and test with (default /usr/bin/python3, Debian's)
+#   EVR_JOBS=N         parallel build jobs (default: nproc)
+#   EVR_CMAKE_ARGS=..  CMake options of the extension's build (default none: the CUDA backend
+#                      when the toolkit is found, as pip install does; -DEVR_WITH_CUDA=OFF: sim only)
+#   EVR_PKG_DIR=D      where the sdist, the wheel and the venvs go (default build/python-package;
+#                      emptied first)
+#   EVR_PKG_SKIP_OFFLINE=1  skip step 4 (it compiles the extension a second time)
+#   EVR_SKIP_DEPS=1    do not run scripts/install-deps.sh
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo="$PWD"
+start=$SECONDS
+step() { echo "==> [check-python-package] $*"; }
+fail() {
+  echo "check-python-package: FAILED: $*" >&2
+  exit 1
+}
+
+step "dependencies (scripts/install-deps.sh --packaging)"
+bash scripts/install-deps.sh --packaging
+
+py="${EVR_PYTHON:-/usr/bin/python3}"
+out="${EVR_PKG_DIR:-build/python-package}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+rm -rf "${out:?}"/*
+export EVR_JOBS="${EVR_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+unset PYTHONPATH
+
+version="$(sed -n 's/^project(evr VERSION \([0-9][0-9.]*\).*/\1/p' CMakeLists.txt)"
+[[ -n "$version" ]] || fail "no project(evr VERSION ...) line in CMakeLists.txt"
+# The tag the wheel must carry: this interpreter's, and the platform as built (linux_x86_64, not
+# a manylinux tag: that is auditwheel's to give when publishing, python/README.md).
+tag="$("$py" -c 'import sys, sysconfig; v = "cp%d%d" % sys.version_info[:2]; print(f"{v}-{v}-" + sysconfig.get_platform().replace("-", "_").replace(".", "_"))')"
+sdist="$out/dist/evr-$version.tar.gz"
+wheel="$out/dist/evr-$version-$tag.whl"
+step "evr $version, $("$py" --version) ($py), wheel tag $tag, EVR_CMAKE_ARGS='${EVR_CMAKE_ARGS:-}'"
+
+step "1. sdist, then the wheel from the sdist: python3 -m build --no-isolation python"
+(cd python && "$py" -m build --no-isolation --outdir "$out/dist" .) > "$out/build.log" 2>&1 ||
+  { tail -n 60 "$out/build.log"; fail "python3 -m build (log: $out/build.log)"; }
+grep -E '^-- evr: (CUDA backend|Python binding)|^evr: sdist|^Successfully built' "$out/build.log" || true
+
+step "2. names and contents"
+built=("$out"/dist/*)
+[[ ${#built[@]} -eq 2 && -f "$sdist" && -f "$wheel" ]] ||
+  fail "expected $(basename "$sdist") and $(basename "$wheel") in $out/dist, found: ${built[*]##*/}"
+"$py" - "$sdist" "$wheel" "$version" "$tag" <<'EOF' || fail "the archives' names or contents (above)"
+import sys, tarfile, zipfile
+sdist, wheel, version, tag = sys.argv[1:]
+errors = []
+
+root = f"evr-{version}/"
+with tarfile.open(sdist) as t:
+    names = {n[len(root):] for n in t.getnames() if n.startswith(root)}
+need = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "PKG-INFO",
+        "build_backend/evr_build_backend.py", "evr/__init__.py", "evr/sim.py", "evr/_errors.py",
+        "evr/__init__.pyi", "evr/_evr.pyi", "evr/py.typed", "tests/conftest.py",
+        "tests/test_package.py", "cpp/CMakeLists.txt", "cpp/cmake/evrPython.cmake",
+        "cpp/third_party/CMakeLists.txt", "cpp/include/evr/evr.hpp", "cpp/reactor/CMakeLists.txt",
+        "cpp/device/sim/CMakeLists.txt", "cpp/pool/CMakeLists.txt", "cpp/callbacks/CMakeLists.txt",
+        "cpp/python/CMakeLists.txt", "cpp/python/src/module.cpp"]
+errors += [f"sdist lacks {n}" for n in need if n not in names]
+errors += [f"sdist carries {n}" for n in sorted(names)
+           if n.endswith((".so", ".pyc", ".whl")) or "/build/" in "/" + n
+           or n.startswith(("cpp/tests/", "cpp/bench/", "cpp/examples/", "cpp/docs/"))]
+print(f"sdist: {len(names)} entries, {sum(n.startswith('cpp/') for n in names)} of them in cpp/")
+
+import sysconfig
+ext = "_evr" + sysconfig.get_config_var("EXT_SUFFIX")
+with zipfile.ZipFile(wheel) as z:
+    files = set(z.namelist())
+    info = f"evr-{version}.dist-info/"
+    meta = z.read(info + "METADATA").decode()
+    wheel_file = z.read(info + "WHEEL").decode()
+package = {f"evr/{n}" for n in ["__init__.py", "sim.py", "_errors.py", "__init__.pyi",
+                                "_evr.pyi", "py.typed", ext]}
+errors += [f"wheel lacks {n}" for n in sorted(package - files)]
+errors += [f"wheel carries {n}" for n in sorted(files - package) if not n.startswith(info)]
+if f"\nVersion: {version}\n" not in meta:
+    errors.append(f"wheel METADATA has no 'Version: {version}'")
+if f"\nTag: {tag}\n" not in "\n" + wheel_file or "Root-Is-Purelib: false" not in wheel_file:
+    errors.append(f"wheel WHEEL file: {wheel_file!r}")
+print(f"wheel: {sorted(files)}")
+for e in errors:
+    print("  " + e)
+sys.exit(1 if errors else 0)
+EOF
+
+step "3. the wheel in a fresh venv, python/tests against it"
+venv="$out/venv-wheel"
+"$py" -m venv --system-site-packages "$venv"
+if (cd "$out" && "$venv/bin/python" -c 'import evr' 2>/dev/null); then
+  fail "a fresh venv imports evr before the wheel is installed (an evr in a system folder?)"
+fi
+"$venv/bin/python" -m pip install --no-index --no-deps --disable-pip-version-check -q "$wheel"
+(cd "$out" && "$venv/bin/python" -c 'import evr, sys; d = evr.sim.Device(); print("installed:", evr.__file__, evr.__version__, d)')
+(cd "$out" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
+  -p no:cacheprovider -rs "$repo/python/tests") || fail "pytest against the installed wheel"
+
+if [[ "${EVR_PKG_SKIP_OFFLINE:-0}" == 1 ]]; then
+  step "4. skipped (EVR_PKG_SKIP_OFFLINE=1)"
+else
+  step "4. the documented offline command: pip install --no-build-isolation ./python (fresh venv)"
+  venv="$out/venv-offline"
+  "$py" -m venv --system-site-packages "$venv"
+  (
+    # shellcheck disable=SC1091
+    . "$venv/bin/activate"
+    pip install --no-build-isolation --disable-pip-version-check ./python > "$out/pip-offline.log" 2>&1 ||
+      { tail -n 60 "$out/pip-offline.log"; exit 1; }
+    tail -n 1 "$out/pip-offline.log"
+    cd "$out"
+    python -c 'import evr, sys; d = evr.sim.Device(); v = evr.__version__; print("import evr; evr.sim.Device():", d, v); sys.exit(v != sys.argv[1])' "$version"
+    python -m pip show evr | grep -E '^(Name|Version|Location):'
+  ) || fail "pip install --no-build-isolation ./python (log: $out/pip-offline.log)"
+fi
+
+step "all passed in $((SECONDS - start)) s: $(basename "$sdist"), $(basename "$wheel")"
