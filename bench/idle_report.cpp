@@ -69,8 +69,7 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0, double d = 
 
 /// The goals of the default's inline row (the reactor's own latency, issue 10).
 template <typename Ratio>
-void inline_goals(std::string& json, const scenario_result& sc, const row_result& d,
-                  Ratio ratio) {
+void inline_goals(std::string& json, const scenario_result& sc, const row_result& d, Ratio ratio) {
   const workload& w = sc.w;
   const std::string where = w.name();
   if (w.kind == workload::shape::steady && w.lanes == 1 && w.d_us >= 200) {
@@ -152,8 +151,9 @@ std::string evaluate_goals(const std::vector<scenario_result>& results, const se
       if (b == nullptr || b->samples.empty()) continue;
       const series s{"", "", p->samples}, bs{"", "", b->samples};
       goal(json,
-           where + ", posted: p50 <= 1/3 and p99 <= 1/2 of blocking-sync (thread per stream), "
-                   "CPU <= 30%",
+           where +
+               ", posted: p50 <= 1/3 and p99 <= 1/2 of blocking-sync (thread per stream), "
+               "CPU <= 30%",
            s.p50() * 3 <= bs.p50() && s.p99() * 2 <= bs.p99() && p->cpu_percent() <= 30,
            fmt("p50 %.1f us vs %.1f, p99 %.1f us vs %.1f", s.p50() / 1000, bs.p50() / 1000,
                s.p99() / 1000, bs.p99() / 1000) +
@@ -219,26 +219,26 @@ void print_tables(const std::string& device, const series& floor,
 void write_json(const std::string& path, const std::string& device, const std::string& backend,
                 const series& floor, const std::vector<scenario_result>& results,
                 const std::vector<cpu_case_row>& cpu_rows, const std::string& goals) {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    if (f == nullptr) throw std::runtime_error("cannot write " + path);
-    json_writer j(f);
-    j.raw("{\"subcommand\":\"idle\",\"device\":" + json_writer::quote(device) +
-          ",\"backend\":" + json_writer::quote(backend) + ",\"floor\":{\"p50_ns\":" +
-          json_writer::number(floor.p50()) + ",\"p90_ns\":" + json_writer::number(floor.p90()) +
-          ",\"p99_ns\":" + json_writer::number(floor.p99()) + "},\"scenarios\":[");
-    for (std::size_t i = 0; i < results.size(); ++i) {
-      const auto& sc = results[i];
-      j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(sc.w.name()) +
-            ",\"kind\":" + json_writer::quote(sc.w.kind_name()) + ",\"length_us\":" +
-            json_writer::number(sc.w.kind == workload::shape::steady ? sc.w.d_us : sc.w.mean_us()) +
-            ",\"streams\":" + std::to_string(sc.w.lanes) +
-            ",\"seconds\":" + json_writer::number(sc.seconds) + ",\"rows\":[");
-      for (std::size_t k = 0; k < sc.rows.size(); ++k)
-        j.raw(std::string(k ? "," : "") + row_json(sc.rows[k], floor_of(sc, floor)));
-      j.raw("]}");
-    }
-    j.raw("],\"cpu_case\":" + cpu_case_json(cpu_rows) + ",\"goals\":" + goals + "}\n");
-    std::fclose(f);
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) throw std::runtime_error("cannot write " + path);
+  json_writer j(f);
+  j.raw("{\"subcommand\":\"idle\",\"device\":" + json_writer::quote(device) + ",\"backend\":" +
+        json_writer::quote(backend) + ",\"floor\":{\"p50_ns\":" + json_writer::number(floor.p50()) +
+        ",\"p90_ns\":" + json_writer::number(floor.p90()) +
+        ",\"p99_ns\":" + json_writer::number(floor.p99()) + "},\"scenarios\":[");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto& sc = results[i];
+    j.raw(std::string(i ? "," : "") + "{\"name\":" + json_writer::quote(sc.w.name()) +
+          ",\"kind\":" + json_writer::quote(sc.w.kind_name()) + ",\"length_us\":" +
+          json_writer::number(sc.w.kind == workload::shape::steady ? sc.w.d_us : sc.w.mean_us()) +
+          ",\"streams\":" + std::to_string(sc.w.lanes) +
+          ",\"seconds\":" + json_writer::number(sc.seconds) + ",\"rows\":[");
+    for (std::size_t k = 0; k < sc.rows.size(); ++k)
+      j.raw(std::string(k ? "," : "") + row_json(sc.rows[k], floor_of(sc, floor)));
+    j.raw("]}");
   }
+  j.raw("],\"cpu_case\":" + cpu_case_json(cpu_rows) + ",\"goals\":" + goals + "}\n");
+  std::fclose(f);
+}
 
 }  // namespace evr::bench

@@ -67,7 +67,6 @@ void drive(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes, const w
   for (auto& l : lanes) out.failed |= l->failed.exchange(false);
 }
 
-
 /// Copies the reactor's counters over the measured part of a row into `out`.
 void take_metrics(row_result& out, const reactor_metrics& m0, const reactor_metrics& m1) {
   out.misses = m1.prediction_misses - m0.prediction_misses;
@@ -253,8 +252,8 @@ row_result run_evr_posted(bench_device& dev, std::vector<std::unique_ptr<lane>>&
     out.samples = std::move(loops.samples);
     out.wall_ns = static_cast<double>(loops.wall_ns);
     // Every thread evr adds or wakes: the reactor, and the io thread outside the user's work.
-    out.cpu_ns = static_cast<double>(loops.reactor_cpu.count() + loops.io_cpu_ns -
-                                     loops.user_cpu_ns);
+    out.cpu_ns =
+        static_cast<double>(loops.reactor_cpu.count() + loops.io_cpu_ns - loops.user_cpu_ns);
     take_metrics(out, loops.m0, loops.m1);
   }
   stop.store(true);

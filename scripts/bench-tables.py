@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Prints the evr-bench JSON files of a folder as Markdown tables (for docs/benchmarks.md).
 
-usage: scripts/bench-tables.py DIR
+usage: scripts/bench-tables.py DIR [FILE.json ...]   (only the named files, e.g. idle-last-hop.json)
 """
 import json
 import os
@@ -151,12 +151,22 @@ def idle(doc):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
     folder = sys.argv[1]
-    for name, fn in (("latency.json", latency), ("throughput.json", throughput),
-                     ("pool.json", pool), ("cpu.json", cpu), ("idle.json", idle)):
+    tables = (("latency.json", latency), ("throughput.json", throughput), ("pool.json", pool),
+              ("cpu.json", cpu), ("idle.json", idle))
+    # Named files only (e.g. idle-last-hop.json: the subcommand is read from the file).
+    if len(sys.argv) > 2:
+        by_sub = {"latency": latency, "throughput": throughput, "pool": pool, "cpu": cpu,
+                  "idle": idle}
+        for name in sys.argv[2:]:
+            doc = load(folder, name)
+            if doc and doc.get("subcommand") in by_sub:
+                by_sub[doc["subcommand"]](doc)
+        return
+    for name, fn in tables:
         doc = load(folder, name)
         if doc:
             fn(doc)

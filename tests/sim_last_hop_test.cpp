@@ -8,8 +8,8 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
-#include <functional>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <random>
 #include <system_error>
@@ -75,7 +75,8 @@ TEST_CASE("last hop: the context's own thread finds its waits' completions (deli
   const int jobs = 40;
   closed_loop lane(sim, waiter, 3ms, jobs);
   lane.start();
-  REQUIRE(run_until(io, [&] { return lane.done + lane.failed == jobs; }, 30s));
+  REQUIRE(run_until(
+      io, [&] { return lane.done + lane.failed == jobs; }, 30s));
   CHECK(lane.done.load() == jobs);
   CHECK(lane.wrong_thread.load() == 0);
   const evr::reactor_metrics m = r.metrics();
@@ -99,7 +100,8 @@ TEST_CASE("last hop: delivery::post_plain and post_woken deliver every wait, and
     const int jobs = 20;
     closed_loop lane(sim, waiter, 2ms, jobs);
     lane.start();
-    REQUIRE(run_until(io, [&] { return lane.done + lane.failed == jobs; }, 30s));
+    REQUIRE(run_until(
+        io, [&] { return lane.done + lane.failed == jobs; }, 30s));
     CHECK(lane.done.load() == jobs);
     CHECK(lane.wrong_thread.load() == 0);
     CHECK(r.metrics().host_passes == 0);  // post_woken: the reactor finds them, the thread waits
@@ -160,9 +162,11 @@ TEST_CASE("last hop: cancellation racing the host's window completes each wait e
     });
   };
   next();
-  REQUIRE(run_until(io, [&] { return calls.load() == rounds; }, 60s));
+  REQUIRE(run_until(
+      io, [&] { return calls.load() == rounds; }, 60s));
   // Let anything duplicated show up.
-  run_until(io, [] { return false; }, 50ms);
+  run_until(
+      io, [] { return false; }, 50ms);
   CHECK(calls.load() == rounds);
   CHECK(other.load() == 0);
   CHECK(ok.load() + aborted.load() == rounds);
@@ -196,14 +200,14 @@ TEST_CASE("last hop: an io_context run by four threads, and handlers bound to st
     sim.launch_kernel(l.s->native(), 2ms);
     const int me = l.expected;
     waiter.async_wait(*l.s, asio::bind_executor(l.strand, [&, me](evr::asio_error_code ec) {
-                        if (l.busy.fetch_add(1) != 0) ++l.overlap;
-                        if (me != l.done.load()) ++l.out_of_order;
-                        l.busy.fetch_sub(1);
-                        if (!ec && ++l.done < jobs) {
-                          ++l.expected;
-                          next(l);
-                        }
-                      }));
+      if (l.busy.fetch_add(1) != 0) ++l.overlap;
+      if (me != l.done.load()) ++l.out_of_order;
+      l.busy.fetch_sub(1);
+      if (!ec && ++l.done < jobs) {
+        ++l.expected;
+        next(l);
+      }
+    }));
   };
   for (auto& l : lanes) asio::post(l->strand, [&, p = l.get()] { next(*p); });
   const bool finished = wait_until(
@@ -236,8 +240,10 @@ TEST_CASE("last hop: a context destroyed while its host polls a window") {
     closed_loop lane(sim, waiter, 4ms, 1000);
     lane.start();
     // Learn, then stop somewhere inside a job (several offsets over the rounds).
-    REQUIRE(run_until(*io, [&] { return lane.done.load() >= 5; }, 30s));
-    run_until(*io, [] { return false; }, std::chrono::milliseconds(1 + round));
+    REQUIRE(run_until(
+        *io, [&] { return lane.done.load() >= 5; }, 30s));
+    run_until(
+        *io, [] { return false; }, std::chrono::milliseconds(1 + round));
     io.reset();  // destroys the context with a hosted wait pending
     CHECK(lane.failed.load() == 0);
   }
@@ -247,7 +253,8 @@ TEST_CASE("last hop: a context destroyed while its host polls a window") {
   evr::gpu_waiter waiter2(io2.get_executor(), r);
   closed_loop lane2(sim, waiter2, 1ms, 5);
   lane2.start();
-  REQUIRE(run_until(io2, [&] { return lane2.done + lane2.failed == 5; }, 30s));
+  REQUIRE(run_until(
+      io2, [&] { return lane2.done + lane2.failed == 5; }, 30s));
   CHECK(lane2.done.load() == 5);
 }
 
@@ -262,7 +269,8 @@ TEST_CASE("last hop: a missed prediction falls back to the reactor's plain post"
     sim.launch_kernel(st.native(), d);
     waiter.async_wait(st, [&](evr::asio_error_code ec) { ++(ec ? failed : done); });
     const int want = done + failed + 1;
-    REQUIRE(run_until(io, [&] { return done + failed == want; }, 20s));
+    REQUIRE(run_until(
+        io, [&] { return done + failed == want; }, 20s));
   };
   for (int i = 0; i < 6; ++i) one(3ms);
   const auto before = r.metrics();

@@ -118,7 +118,7 @@ completion_sink::~completion_sink() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void completion_sink::push(completion* c, bool notify_reader) noexcept {
+void completion_sink::push(completion* c) noexcept {
   // relaxed load: the CAS below re-reads it; release on success publishes c's fields (ec, next)
   // to the consumer's acquire exchange.
   completion* prev = head_.load(std::memory_order_relaxed);
@@ -131,8 +131,7 @@ void completion_sink::push(completion* c, bool notify_reader) noexcept {
     c->next = prev;
   } while (
       !head_.compare_exchange_weak(prev, c, std::memory_order_release, std::memory_order_relaxed));
-  // Only the push that makes the stack non-empty pays; none from the loop's own poller.
-  if (prev == nullptr && notify_reader) notify();
+  if (prev == nullptr) notify();  // only the push that makes the stack non-empty pays
 }
 
 void completion_sink::notify() const noexcept {

@@ -47,9 +47,6 @@ struct completion {
   std::int64_t wake_at = 0;       ///< the schedule entry (wake_ticket 0: none)
   std::uint64_t wake_ticket = 0;
   std::int64_t spin_until = 0;
-  /// Its window is the reactor's, which sleeps through it (a hosted wait): polled to its end,
-  /// not cut at max_spin.
-  bool hosted = false;
 };
 
 class completion_sink {
@@ -64,9 +61,7 @@ class completion_sink {
 
   /// Pushes `c`. Writes the eventfd only when the stack was empty. On a closed sink forwards `c`
   /// to the resolver sink (see the file comment). Thread-safe, lock-free, never takes the GIL.
-  /// `notify_reader` false: the caller is the consumer's own thread and takes the stack right
-  /// after (a poll host's pass on the loop: loop_host), so the eventfd need not be written.
-  void push(completion* c, bool notify_reader = true) noexcept;
+  void push(completion* c) noexcept;
 
   /// Consumer: clears the eventfd, then takes every node, oldest first (nullptr when none). The
   /// eventfd is read before the exchange: a push after the exchange writes it again, so no wake-up

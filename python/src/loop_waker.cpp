@@ -56,25 +56,17 @@ void loop_waker::set_max_spin_ns(std::int64_t ns) noexcept {
   if (max_spin_ns_ == 0) clear();
 }
 
-std::int64_t loop_waker::on_submit(completion* c, std::uintptr_t key, std::int64_t open_ns,
-                                   std::int64_t close_ns) noexcept {
+std::int64_t loop_waker::on_submit(completion* c, std::uintptr_t key) noexcept {
   const std::int64_t now = monotonic_ns();
   c->submitted_ns = now;
   c->key = key;
   c->wake_ticket = 0;
-  if (!predictable(key)) return 0;  // the polling future of evr.wait is made for these only
+  if (!predictable(key)) return 0;
   model& m = models_.find(key)->second;
-  c->hosted = open_ns != 0;
-  if (c->hosted) {
-    // Hosted: the reactor's window, which it sleeps through.
-    c->wake_at = std::max(now, open_ns - stats_.lead_ns);
-    c->spin_until = std::max(close_ns, open_ns) + window_margin_ns;
-  } else {
-    const auto predicted_end = now + static_cast<std::int64_t>(m.mean_ns);
-    const auto dev = static_cast<std::int64_t>(m.dev_ns);
-    c->wake_at = std::max(now, predicted_end - 2 * dev - stats_.lead_ns);
-    c->spin_until = predicted_end + 3 * dev + window_margin_ns;
-  }
+  const auto predicted_end = now + static_cast<std::int64_t>(m.mean_ns);
+  const auto dev = static_cast<std::int64_t>(m.dev_ns);
+  c->wake_at = std::max(now, predicted_end - 2 * dev - stats_.lead_ns);
+  c->spin_until = predicted_end + 3 * dev + window_margin_ns;
   c->wake_ticket = next_ticket_++;
   const bool earliest = schedule_.empty() || c->wake_at < schedule_.begin()->wake_at;
   schedule_.insert(slot{c->wake_at, c->wake_ticket, c->spin_until, c});
@@ -158,9 +150,7 @@ completion* loop_waker::open_next(std::int64_t now, std::int64_t& until,
   drop(schedule_.begin());
   window = open_window_ = ++windows_;
   arm();  // disarmed while the window is open (the drain before may have armed it for this entry)
-  // A hosted wait's window is the reactor's, which sleeps through it: polled to its end.
-  until = std::max(s.node->hosted ? s.spin_until : std::min(s.spin_until, now + max_spin_ns_),
-                   now + 1'000);
+  until = std::max(std::min(s.spin_until, now + max_spin_ns_), now + 1'000);
   return s.node;
 }
 

@@ -86,12 +86,9 @@ class loop_waker {
   /// Whether a wait on `key` submitted now would get a wake-up time (evr.wait makes its polling
   /// future only for those; the others are plain asyncio futures, at no extra cost).
   bool predictable(std::uintptr_t key) const noexcept;
-  /// A wait on `key` was submitted (before this thread drains it). `open_ns`, `close_ns`: the
-  /// reactor's window for it when the wait is hosted (the reactor sleeps through that window:
-  /// the loop polls it, early by its lead), 0 when not: the loop's own predictor may give it one.
-  /// Returns its wake-up time (CLOCK_MONOTONIC ns), 0 when it gets none.
-  std::int64_t on_submit(completion* c, std::uintptr_t key, std::int64_t open_ns = 0,
-                         std::int64_t close_ns = 0) noexcept;
+  /// A wait on `key` was submitted (its node not yet pushed: call before the reactor can run it).
+  /// Returns its wake-up time (CLOCK_MONOTONIC ns), 0 when it gets none (as predictable() said).
+  std::int64_t on_submit(completion* c, std::uintptr_t key) noexcept;
   /// Every node of a drained batch, before it is resolved and freed.
   void on_drained(const completion* c, std::int64_t now) noexcept;
   /// The timerfd is readable: consumes it and learns how late it fired. The caller drains, then

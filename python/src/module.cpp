@@ -7,7 +7,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -16,7 +15,6 @@
 #include <optional>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include <evr/callbacks/on_complete.hpp>
 #include <evr/callbacks/wait_handle.hpp>
@@ -107,44 +105,6 @@ struct wait_canceller {
 };
 
 // --- the reactor -------------------------------------------------------------------------------
-/// The sink whose loop is polling on this thread (loop_sink::poll): its completions found by
-/// that poll are taken right after, so pushing them writes no eventfd.
-thread_local const completion_sink* t_polling_sink = nullptr;
-
-/// An event loop as the reactor's poll host (evr/reactor/detail/poll_host.hpp): the coroutine
-/// that polls a wait's window (loop_waker.hpp, _GpuWait in evr/__init__.py) runs passes of the
-/// reactor itself (poll_here) between its yields, and the reactor thread sleeps through such a
-/// window, looking only after it closed. The loop's own predictor (loop_waker) decides when it
-/// looks, so the reactor's requests (look_by) are not needed: a window the loop does not poll is
-/// found by the reactor after it. Loop thread only (GIL held), but for what the reactor calls.
-class loop_host final : public evr::detail::poll_host {
- public:
-  loop_host() : poll_host(role::polls) {}
-  void look_by(std::int64_t) noexcept override {}
-  void wake_until(std::int64_t) noexcept override {}
-
-  /// A hosted wait was submitted to `core`: poll() covers that reactor from now on.
-  void add(const std::weak_ptr<evr::detail::reactor_core>& core) {
-    for (auto& c : cores_)
-      if (!c.owner_before(core) && !core.owner_before(c)) return;
-    cores_.erase(std::remove_if(cores_.begin(), cores_.end(), [](auto& c) { return c.expired(); }),
-                 cores_.end());
-    cores_.push_back(core);
-  }
-  /// One pass of each reactor this loop has waits with: their completions are pushed onto the
-  /// loop's queue by this thread (no user code runs). Returns how many were found.
-  std::uint32_t poll() noexcept {
-    std::uint32_t found = 0;
-    for (auto& c : cores_)
-      if (std::shared_ptr<evr::detail::reactor_core> core = c.lock())
-        found += evr::detail::poll_here(*core, *this).delivered;
-    return found;
-  }
-
- private:
-  std::vector<std::weak_ptr<evr::detail::reactor_core>> cores_;
-};
-
 class py_reactor {
  public:
   py_reactor(std::optional<std::string> strategy, py::object sim, py::dict options) {
@@ -251,39 +211,24 @@ class py_reactor {
   /// the drain skips for a cancelled future). Raises on refusal.
   std::int64_t submit(const std::shared_ptr<completion_sink>& sink, py::handle fut,
                       completion::kind what, const evr::wait_target& t, loop_waker* waker = nullptr,
-                      std::uintptr_t key = 0, const std::shared_ptr<loop_host>& host = {}) {
+                      std::uintptr_t key = 0) {
     auto* c = new completion;
     c->what = what;
     c->obj = fut.inc_ref().ptr();
+    // Before the reactor can see the node (it may be drained and freed right after on_complete).
+    const std::int64_t wake_at = waker != nullptr ? waker->on_submit(c, key) : 0;
     auto canceller = std::make_unique<wait_canceller>();
     std::shared_ptr<completion_sink> keep = sink;  // the sink outlives the pending wait
-    auto push = [c, keep = std::move(keep)](std::error_code e) {
-      c->ec = e;
-      c->pushed_ns = monotonic_ns();
-      keep->push(c, t_polling_sink != keep.get());
-    };
-    std::error_code ec;
-    evr::detail::host_window window;
-    if (host != nullptr && waker != nullptr && waker->predictable(key)) {
-      // A wait the loop will poll for (evr.wait made its polling future: predictable()) is
-      // hosted when the reactor can tell its window now: the loop polls through that window (its
-      // coroutine runs the reactor's passes) and the reactor sleeps through it, looking after it
-      // closed. Otherwise a plain wait, polled in the loop's own predicted window.
-      window.only_if_known = true;
-      // The callback keeps the host alive while the reactor may look at it (the loop's sink may
-      // be dropped with waits pending).
-      ec = evr::detail::on_complete_hosted(
-          *r_, t, [push = std::move(push), keep_host = host](std::error_code e) { push(e); },
-          canceller->handle, *host, window);
-      if (!ec && window.open_ns != 0) host->add(evr::detail::reactor_access::weak_core(*r_));
-    } else {
-      ec = evr::on_complete(*r_, t, std::move(push), canceller->handle);
-    }
-    // The node is drained on this thread only, after this returns: its schedule entry may come
-    // after the reactor pushed it.
-    const std::int64_t wake_at =
-        !ec && waker != nullptr ? waker->on_submit(c, key, window.open_ns, window.close_ns) : 0;
+    std::error_code ec = evr::on_complete(
+        *r_, t,
+        [c, keep = std::move(keep)](std::error_code e) {
+          c->ec = e;
+          c->pushed_ns = monotonic_ns();
+          keep->push(c);
+        },
+        canceller->handle);
     if (ec) {
+      if (waker != nullptr) waker->forget(c);
       Py_DECREF(c->obj);
       delete c;
       raise(ec);
@@ -296,10 +241,9 @@ class py_reactor {
 
   /// Returns the wait's wake-up time (see loop_waker), 0 when it has none.
   std::int64_t wait_async(const std::shared_ptr<completion_sink>& sink, loop_waker& waker,
-                          const std::shared_ptr<loop_host>& host, py::handle fut, int kind,
-                          std::uintptr_t handle, int device) {
+                          py::handle fut, int kind, std::uintptr_t handle, int device) {
     return submit(sink, fut, completion::kind::asyncio_future, target(kind, handle, device), &waker,
-                  handle, host);
+                  handle);
   }
 
   void wait_future(py::handle fut, int kind, std::uintptr_t handle, int device) {
@@ -358,8 +302,6 @@ class py_reactor {
     d["wakeups"] = m.wakeups;
     d["prediction_misses"] = m.prediction_misses;
     d["busy_seconds"] = std::chrono::duration<double>(m.busy_time).count();
-    d["host_passes"] = m.host_passes;
-    d["host_completions"] = m.host_completions;
     d["reactor_cpu_seconds"] = std::chrono::duration<double>(r_->cpu_time()).count();
     // log2 histograms (bucket i: [2^i, 2^(i+1)) ns)
     d["nap_overshoot_log2_ns"] = to_list(m.nap_overshoot.counts);
@@ -392,7 +334,6 @@ struct loop_sink {
 
   std::shared_ptr<completion_sink> sink = std::make_shared<completion_sink>();
   loop_waker waker;
-  std::shared_ptr<loop_host> host = std::make_shared<loop_host>();
   bool closed = false;
 
   int fd() const { return sink->fd(); }
@@ -408,9 +349,6 @@ struct loop_sink {
   /// The poller's check between its yields: resolves what arrived, without a system call (the
   /// resumed coroutine should not wait for one). Returns whether something had arrived.
   bool poll() {
-    t_polling_sink = sink.get();
-    host->poll();  // the reactors' passes on this thread: completions onto the queue
-    t_polling_sink = nullptr;
     if (!sink->has_pending()) return false;
     resolve(sink->take_nodes());  // the eventfd is left to its reader: no system call here
     return true;
@@ -547,9 +485,7 @@ PYBIND11_MODULE(_evr, m) {
       .def(py::init<std::optional<std::string>, py::object, py::dict>(), py::arg("strategy"),
            py::arg("sim"), py::arg("options"))
       .def("wait_async", [](py_reactor& r, loop_sink& s, py::handle fut, int kind, std::uintptr_t h,
-                            int dev) {
-        return r.wait_async(s.sink, s.waker, s.host, fut, kind, h, dev);
-      })
+                            int dev) { return r.wait_async(s.sink, s.waker, fut, kind, h, dev); })
       .def("wait_future", &py_reactor::wait_future)
       .def("release_after", &py_reactor::release_after)
       .def("stop", &py_reactor::stop)

@@ -267,7 +267,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> in_pass_{false};  // the pass lock (try_begin_pass)
   bool holds_pass_ = false;           // (reactor thread) it holds the pass lock now
-  std::mutex stop_mutex_;  // serializes stop() callers (join once)
+  std::mutex stop_mutex_;             // serializes stop() callers (join once)
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_{};
   std::atomic<bool> cpu_clock_valid_{false};
@@ -288,7 +288,7 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   std::array<std::error_code, max_devices> device_fault_{};
   std::size_t pending_ops_ = 0;      // ops in timelines or loose_ (not ghosts)
   std::size_t awaiting_cancel_ = 0;  // retired while a cancel request is in flight
-  int current_device_ = -1;  // the reactor thread's (select_device caches it)
+  int current_device_ = -1;          // the reactor thread's (select_device caches it)
   // A host's pass (poll_here) runs on the host's thread: select_device saves what it changes.
   bool borrowed_ = false;           // the pass under way is a host's
   bool borrowed_changed_ = false;   // ... and it changed the thread's device or capture mode

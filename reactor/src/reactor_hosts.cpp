@@ -57,10 +57,9 @@ poll_result reactor_core::poll_here(poll_host& host) noexcept {
   // Published inside the pass, so that a plan the reactor makes next sees it: a window the host
   // will not look at in time is told to it (plan_hosted).
   const std::int64_t margin = host.timer_margin_ns.load(std::memory_order_relaxed);
-  host.looks_at_ns.store(out.spin ? ns_of(now)
-                         : out.next_look_ns == poll_host::never
-                             ? poll_host::never
-                             : out.next_look_ns - margin,
+  host.looks_at_ns.store(out.spin                               ? ns_of(now)
+                         : out.next_look_ns == poll_host::never ? poll_host::never
+                                                                : out.next_look_ns - margin,
                          std::memory_order_relaxed);
   out.what = poll_result::outcome::swept;
   end_pass();
@@ -97,8 +96,8 @@ bool reactor_core::plan_hosted(stream_state& st, poll_host& host, const stream_o
   // late, busy in a handler, or gone quiet (it then finds the wait and posts it as usual). Not
   // sooner: the reactor wakes for it once per hosted wait (a host finds it long before), and with
   // 200 us work 100 us after the window cost about 3 % of a core in wake-ups (H100).
-  const nanoseconds grace = std::max<nanoseconds>(std::chrono::milliseconds(1),
-                                                  2 * idle_settings_.poll_period);
+  const nanoseconds grace =
+      std::max<nanoseconds>(std::chrono::milliseconds(1), 2 * idle_settings_.poll_period);
   if (host.host_role() == poll_host::role::woken) {
     // The reactor finds the completion as usual; the host's thread must be awake when it does.
     if (st.host_told_seq != seq) {

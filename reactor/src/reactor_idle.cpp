@@ -170,8 +170,8 @@ void reactor_core::plan_stream(stream_state& st, clock::time_point now) {
 void reactor_core::nap_until(clock::time_point until, bool learn_overshoot) {
   bump(m_.parks);
   const clock::time_point asked_at = clock::now();
-  const bool timed_out =
-      wake_->nap_until(until, [this] { return has_inputs(); }, [this] { leave_pass(); });
+  const bool timed_out = wake_->nap_until(
+      until, [this] { return has_inputs(); }, [this] { leave_pass(); });
   const clock::time_point woke = clock::now();  // before a host's pass may delay it
   enter_pass();
   // Only a nap that ran its course says how late this machine's timers fire.

@@ -171,13 +171,8 @@ std::error_code reactor_core::submit(wait_op* op, const wait_target& target,
     const std::int64_t open = st != nullptr && op->event_ == nullptr
                                   ? st->published_open_ns.load(std::memory_order_relaxed)
                                   : 0;
-    if (open > 0 && seq == st->published_completed_seq.load(std::memory_order_relaxed) + 1) {
-      const std::int64_t start = op->submitted_at_.time_since_epoch().count();
-      window->open_ns = start + open;
-      window->close_ns = start + st->published_close_ns.load(std::memory_order_relaxed);
-    } else if (window->only_if_known) {
-      op->host_ = nullptr;  // still ours: the reactor has not seen it
-    }
+    if (open > 0 && seq == st->published_completed_seq.load(std::memory_order_relaxed) + 1)
+      window->open_ns = op->submitted_at_.time_since_epoch().count() + open;
   }
   const stack::push_result pushed = submissions_.push(op);
   if (pushed != stack::push_result::closed) {

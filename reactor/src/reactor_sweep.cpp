@@ -339,9 +339,6 @@ void reactor_core::learn(stream_state& st, clock::time_point now) {
   }
   st.published_low_ns.store(low, std::memory_order_relaxed);
   const bool ready = st.model.ready();
-  st.published_close_ns.store(
-      ready ? (st.model.high() + (st.model.high() - st.model.low()) / 2).count() : 0,
-      std::memory_order_relaxed);
   st.published_open_ns.store(
       ready ? std::max<std::int64_t>(1, window_open_offset(idle_settings_, st.model).count()) : 0,
       std::memory_order_relaxed);

@@ -117,8 +117,6 @@ struct stream_state {
   /// When a wait's window opens, from its service start (window_open_offset), once the model is
   /// ready, else 0: a host arms its timer from it when it submits (reactor_access::submit_hosted).
   std::atomic<std::int64_t> published_open_ns{0};
-  /// ... and when it closes (the work's longest recent length plus half its spread).
-  std::atomic<std::int64_t> published_close_ns{0};
 };
 
 /// Keeps `st` alive, and reachable, for the rest of the process: for a state that a host function

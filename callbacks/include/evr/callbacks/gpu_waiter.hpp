@@ -166,9 +166,8 @@ class basic_gpu_waiter {
       const impl_type& w = self->impl_;
       // A decayed copy: a handler passed as an lvalue (a named function object) is copied, as
       // Asio's own operations do; an rvalue is moved.
-      op_type* op =
-          op_type::create(std::decay_t<Handler>(std::forward<Handler>(handler)), w.executor,
-                          *w.reactor_ptr);
+      op_type* op = op_type::create(std::decay_t<Handler>(std::forward<Handler>(handler)),
+                                    w.executor, *w.reactor_ptr);
       op->owner_ = w.owner.value;
       op->group_ = w.group;
       op->how_ = w.how;
@@ -209,9 +208,9 @@ class basic_gpu_waiter {
     if (how != delivery::post && how != delivery::post_woken) return nullptr;
     asio::io_context* io = detail::io_context_of(ex);
     if (io == nullptr) return nullptr;
-    return reactor_service::of(*io).host(r, *io,
-                                         how == delivery::post ? detail::poll_host::role::polls
-                                                               : detail::poll_host::role::woken);
+    return reactor_service::of(*io).host(
+        r, *io,
+        how == delivery::post ? detail::poll_host::role::polls : detail::poll_host::role::woken);
   }
 
   impl_type impl_;

@@ -100,29 +100,19 @@ std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn) {
   return {};
 }
 
-namespace detail {
-/// on_complete with a wait_handle; with `host`, the callback hands the completion over without
-/// running user code (it may run in `host`'s own pass: poll_host.hpp) and `window` is filled as
-/// reactor_access::submit_hosted says.
+/// As above, and `handle` can cancel the wait (see wait_handle.hpp). On success `handle` holds
+/// the wait; on refusal it is empty and the callback is neither called nor kept.
 template <typename Fn>
-std::error_code start_shared(reactor& r, const wait_target& target, Fn&& fn, wait_handle& handle,
-                             poll_host* host, host_window* window) {
+std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn, wait_handle& handle) {
   static_assert(std::is_invocable_v<std::decay_t<Fn>&, std::error_code>,
                 "on_complete needs a callable taking std::error_code");
   using op_type = detail::shared_callback_op<std::decay_t<Fn>>;
   handle.reset();
   auto* op = new op_type(std::forward<Fn>(fn), detail::reactor_access::core(r));
-  if (host != nullptr) {
-    op->how_ = delivery::post;  // the callback runs no user code
-    op->host_ = host;
-  }
   // Into the handle before the wait starts: the callback may run at once (on the reactor thread)
   // and may use the handle; submit's push (release) publishes this write to it.
   detail::wait_handle_access::adopt(handle, op);
-  std::error_code ec = host != nullptr
-                           ? detail::reactor_access::submit_hosted(r, op, target, *window)
-                           : detail::reactor_access::submit(r, op, target);
-  if (ec) {
+  if (std::error_code ec = detail::reactor_access::submit(r, op, target)) {
     detail::wait_handle_access::forget(handle);
     delete op;  // refused: never shared, fn destroyed here
     return ec;
@@ -130,24 +120,6 @@ std::error_code start_shared(reactor& r, const wait_target& target, Fn&& fn, wai
   // Both references are live from here: the reactor's (its completion drops it, possibly already
   // under way on the reactor thread) and the handle's.
   return {};
-}
-
-/// For the Python binding: a wait whose callback only hands the completion to an event loop's
-/// queue (no user code, no GIL), on a loop that polls for it near its predicted end as `host`.
-/// Whether it got the host is op->host_'s business: with window.only_if_known, it has none when
-/// window.open_ns comes back 0.
-template <typename Fn>
-std::error_code on_complete_hosted(reactor& r, const wait_target& target, Fn&& fn,
-                                   wait_handle& handle, poll_host& host, host_window& window) {
-  return start_shared(r, target, std::forward<Fn>(fn), handle, &host, &window);
-}
-}  // namespace detail
-
-/// As above, and `handle` can cancel the wait (see wait_handle.hpp). On success `handle` holds
-/// the wait; on refusal it is empty and the callback is neither called nor kept.
-template <typename Fn>
-std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn, wait_handle& handle) {
-  return detail::start_shared(r, target, std::forward<Fn>(fn), handle, nullptr, nullptr);
 }
 
 }  // namespace evr

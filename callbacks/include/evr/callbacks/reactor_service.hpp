@@ -110,9 +110,9 @@ class reactor_service : public asio::execution_context::service {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& h : hosts_)
       if (h.core == core && h.role == role && !h.weak.expired()) return h.host.get();
-    hosts_.push_back(host_entry{core, role, detail::reactor_access::weak_core(r),
-                                std::make_unique<detail::io_context_host>(
-                                    io, detail::reactor_access::weak_core(r), role)});
+    hosts_.push_back(host_entry{
+        core, role, detail::reactor_access::weak_core(r),
+        std::make_unique<detail::io_context_host>(io, detail::reactor_access::weak_core(r), role)});
     return hosts_.back().host.get();
   }
 

@@ -45,7 +45,7 @@ struct reactor_metrics {
   /// busy_time / completions is the reactor's cost per completion under load.
   std::chrono::nanoseconds busy_time{0};
   /// Passes run on the threads that completions are delivered to, near a predicted completion
-  /// (delivery::post to an io_context, Python's event loops: the last hop), and the completions
+  /// (delivery::post to an io_context: the last hop), and the completions
   /// those passes found. The reactor thread sleeps through such windows.
   std::uint64_t host_passes = 0;
   std::uint64_t host_completions = 0;

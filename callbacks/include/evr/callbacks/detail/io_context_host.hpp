@@ -37,8 +37,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstddef>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -248,7 +248,8 @@ class io_context_host final : public poll_host {
     if (polling_ || closed_) return;
     // Early by the timer's lateness, but at most by half the time to the look: a look soon
     // (irregular work's next tick) is slept for, not spun towards.
-    const std::int64_t at = look_ns - std::min(margin_.high(), std::max<std::int64_t>(0, (look_ns - now) / 2));
+    const std::int64_t at =
+        look_ns - std::min(margin_.high(), std::max<std::int64_t>(0, (look_ns - now) / 2));
     if (at - now < min_sleep_ns) {
       start_polling();
       return;
@@ -342,10 +343,10 @@ class io_context_host final : public poll_host {
       spin = false;
       next = now + window_duty::tick_ns;
     }
-    const bool again = !closed_ && pending_ > 0 &&
-                       (r.what == poll_result::outcome::busy ||
-                        (r.what == poll_result::outcome::swept &&
-                         (spin || next - now < min_sleep_ns)));
+    const bool again =
+        !closed_ && pending_ > 0 &&
+        (r.what == poll_result::outcome::busy ||
+         (r.what == poll_result::outcome::swept && (spin || next - now < min_sleep_ns)));
     if (again && post_poll()) return;
     polling_ = false;
     if (r.what == poll_result::outcome::swept && next != never && pending_ > 0) {
@@ -375,8 +376,7 @@ class io_context_host final : public poll_host {
 
   void stay_awake(std::uint64_t seen) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!closed_ && now_ns() < awake_until_ &&
-        delivered_.load(std::memory_order_relaxed) == seen) {
+    if (!closed_ && now_ns() < awake_until_ && delivered_.load(std::memory_order_relaxed) == seen) {
       // Out of memory: stop keeping awake; the completion comes as a plain post.
       if (post(poll_slot_, /*continuation=*/true, [this, seen] { stay_awake(seen); })) return;
     }
@@ -394,10 +394,10 @@ class io_context_host final : public poll_host {
   bool waiting_ = false;            // an async_wait on the timerfd is pending
   bool polling_ = false;            // a poll is posted or running
   bool closed_ = false;
-  std::int64_t awake_until_ = 0;             // role woken: a keep-awake runs until then (0: none)
-  window_duty duty_;  // how much of the time its windows are open
-  post_slot poll_slot_;  // the poll chain (or the keep-awake chain: one role per host)
-  post_slot told_slot_;  // what the reactor posts (look_by, wake_until)
+  std::int64_t awake_until_ = 0;  // role woken: a keep-awake runs until then (0: none)
+  window_duty duty_;              // how much of the time its windows are open
+  post_slot poll_slot_;           // the poll chain (or the keep-awake chain: one role per host)
+  post_slot told_slot_;           // what the reactor posts (look_by, wake_until)
   std::atomic<std::uint64_t> delivered_{0};  // hosted waits finished here
   lateness margin_{20'000, 2'000, 200'000};  // timer wake-ups: how late (ns)
   lateness lead_{50'000, 10'000, 500'000};   // role woken: post to run (ns)

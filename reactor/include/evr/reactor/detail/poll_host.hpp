@@ -1,6 +1,6 @@
-// evr/reactor/detail/poll_host.hpp — a thread that completions are delivered to (an io_context's,
-// an asyncio loop's) and that is awake when they land. Not public: the in-repo front ends
-// (callbacks/, python/) implement it; docs/architecture.md, "The last hop", has the why.
+// evr/reactor/detail/poll_host.hpp — a thread that completions are delivered to (an io_context's)
+// and that is awake when they land. Not public: the in-repo Asio front end (callbacks/) implements
+// it; docs/architecture.md, "The last hop", has the why.
 //
 // The reactor finds GPU work near the floor, but a handler posted to a thread parked in
 // epoll_wait runs 20-70 us later (H100 host): the kernel wakes a thread that sleeps on an
@@ -73,12 +73,10 @@ class poll_host {
 
 /// What a hosted submission learns (reactor_access::submit_hosted).
 struct host_window {
-  /// In: when the reactor cannot tell the wait's window now (its stream's model is not ready, or
-  /// waits of the stream are pending before it), submit it without its host (delivered plainly).
-  bool only_if_known = false;
-  /// Out: when the wait's window opens and closes (steady clock ns); 0: not known now (the
-  /// reactor tells the host when it knows, through look_by; with only_if_known: no host).
-  std::int64_t open_ns = 0, close_ns = 0;
+  /// When the wait's window opens (steady clock ns); 0: not known now (the stream's model is not
+  /// ready, waits of the stream are pending before it, or its marker is an event): the reactor
+  /// tells the host when it knows, through look_by.
+  std::int64_t open_ns = 0;
 };
 
 /// What a host learns from one pass of its own (reactor_access::poll_here).
