@@ -293,27 +293,86 @@ std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights) {
 }
 #endif
 
-lane_pool::lane_pool(const asio::any_io_executor& ex, std::vector<lane*> lanes)
-    : lanes_(std::move(lanes)), free_(ex, lanes_.size()) {
-  for (lane* l : lanes_) {
-    if (!free_.try_send(std::error_code{}, l))
-      throw std::logic_error("lane_pool: the channel refused a lane at start-up");
+lane_pool::lane_pool(std::vector<lane*> lanes)
+    : lanes_(std::move(lanes)), next_(new std::atomic<std::uint32_t>[lanes_.size()]) {
+  if (lanes_.size() >= 0xffff) throw std::invalid_argument("lane_pool: at most 65534 lanes");
+  for (std::size_t i = lanes_.size(); i-- > 0;) push(static_cast<std::uint32_t>(i));  // 0 on top
+}
+
+lane_pool::~lane_pool() {
+  // Waiters left (the server's contexts were torn down with requests waiting for a lane): their
+  // handlers are destroyed without running, which destroys the suspended coroutines.
+  std::lock_guard lock(mutex_);
+  waiters_.clear();
+}
+
+std::uint32_t lane_pool::pop() noexcept {
+  std::uint64_t head = head_.load(std::memory_order_acquire);
+  for (;;) {
+    const std::uint32_t top = static_cast<std::uint32_t>(head & 0xffffffffu);
+    if (top == 0) return none;
+    const std::uint64_t below = next_[top - 1].load(std::memory_order_relaxed);
+    const std::uint64_t tag = (head >> 32) + 1;
+    if (head_.compare_exchange_weak(head, (tag << 32) | below, std::memory_order_seq_cst,
+                                    std::memory_order_acquire))
+      return top - 1;
   }
 }
 
-asio::awaitable<lane_pool::lease> lane_pool::acquire() {
-  // Fast path without a suspension when a lane is free (try_receive runs the handler inline).
-  lane* got = nullptr;
-  free_.try_receive([&got](std::error_code, lane* l) { got = l; });
-  if (got == nullptr) got = co_await free_.async_receive(asio::use_awaitable);
-  leased_.fetch_add(1, std::memory_order_relaxed);
-  co_return lease(this, got);
+void lane_pool::push(std::uint32_t index) noexcept {
+  std::uint64_t head = head_.load(std::memory_order_relaxed);
+  for (;;) {
+    next_[index].store(static_cast<std::uint32_t>(head & 0xffffffffu), std::memory_order_relaxed);
+    const std::uint64_t next = (head & ~std::uint64_t{0xffffffffu}) | (index + 1);
+    if (head_.compare_exchange_weak(head, next, std::memory_order_seq_cst,
+                                    std::memory_order_relaxed))
+      return;
+  }
 }
 
-void lane_pool::release(lane* l) noexcept {
+lane_pool::lease lane_pool::try_acquire() noexcept {
+  const std::uint32_t i = pop();
+  if (i == none) return lease();
+  leased_.fetch_add(1, std::memory_order_relaxed);
+  return lease(this, i);
+}
+
+asio::awaitable<lane_pool::lease> lane_pool::acquire() {
+  if (lease l = try_acquire()) co_return l;
+  co_return co_await acquire_waiting();
+}
+
+void lane_pool::enqueue(std::unique_ptr<waiter> w) {
+  std::unique_lock lock(mutex_);
+  // Announce the waiter before looking at the list once more: a release() that pushed a lane
+  // after our last look is either seen by this pop or sees waiting_ != 0 (both seq_cst), so no
+  // lane stays in the list while a request waits.
+  waiting_.fetch_add(1, std::memory_order_seq_cst);
+  if (const std::uint32_t i = pop(); i != none) {
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+    lock.unlock();
+    leased_.fetch_add(1, std::memory_order_relaxed);
+    w->complete(i);
+    return;
+  }
+  waiters_.push_back(std::move(w));
+}
+
+void lane_pool::release(std::uint32_t index) noexcept {
   leased_.fetch_sub(1, std::memory_order_relaxed);
-  if (!free_.try_send(std::error_code{}, l))
-    std::fprintf(stderr, "evr-async-server: internal error: lane pool over capacity\n");
+  push(index);
+  if (waiting_.load(std::memory_order_seq_cst) == 0) return;
+  // Someone waits: hand lanes from the list to the oldest waiters.
+  std::lock_guard lock(mutex_);
+  while (!waiters_.empty()) {
+    const std::uint32_t got = pop();
+    if (got == none) break;
+    std::unique_ptr<waiter> w = std::move(waiters_.front());
+    waiters_.pop_front();
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+    leased_.fetch_add(1, std::memory_order_relaxed);
+    w->complete(got);
+  }
 }
 
 void lane_pool::lease::give_back() noexcept {
@@ -323,7 +382,7 @@ void lane_pool::lease::give_back() noexcept {
       std::fprintf(stderr, "evr-async-server: draining a lane after a failure: %s\n",
                    ec.message().c_str());
   }
-  pool_->release(lane_);
+  pool_->release(index_);
   lane_ = nullptr;
   pool_ = nullptr;
 }
