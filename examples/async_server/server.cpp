@@ -411,7 +411,38 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
         explicit in_flight(server_metrics& metrics) : m(metrics) { m.request_started(); }
         ~in_flight() { m.request_finished(); }
       } counted(metrics_);
-      r = co_await handle(req, *c);
+      busy::spec spec;
+      if (!busy_request(req, *c, spec, r)) {
+        r = co_await handle(req, *c);
+      } else if (r.status == 200) {
+        // GET /busy, the GPU-bound route, runs here rather than in handle() and run_busy():
+        // GCC's frames for those coroutines are over 1 KiB, more than Asio's recycling allocator
+        // keeps, so each request paid two allocations for them. serve()'s frame lives as long as
+        // the connection.
+        double gpu_us = 0;
+        std::uint32_t result = 0;
+        std::error_code ec;
+        {
+          lane_pool::lease lease = lanes_.try_acquire();
+          if (!lease) lease = co_await lanes_.acquire_waiting();
+          if (!launch_busy(lease, spec, *c, r)) {
+            const auto tw = clock_type::now();
+            if (c->waiter) {
+              auto [wec] = co_await c->waiter->async_wait(lease->stream(), use_tuple);
+              ec = wec;
+            } else {
+              ec = lease->wait_blocking(cfg_.sync);
+            }
+            const auto d = clock_type::now() - tw;
+            gpu_us = micros(d);
+            if (!ec) {
+              waited(lease, "/busy", d);
+              result = lease->busy_result();
+            }
+          }
+        }  // the lane goes back before the answer is checked and sent
+        if (r.status == 200) r = answer_busy(*c, spec, ec, result, gpu_us);
+      }
     }
 
     const bool keep_alive =
@@ -519,12 +550,7 @@ asio::awaitable<server::response> server::handle(const http::request& req, conne
   if (auto bad = http::parse_query(req.query(), query))
     co_return error_response(c, bad->status, bad->message);
 
-  if (path == "/busy") {
-    busy::spec spec;
-    if (auto bad = busy::parse(query, cfg_.max_busy_us, spec))
-      co_return error_response(c, 400, *bad);
-    co_return co_await run_busy(spec, c);
-  }
+  // (GET /busy is served by serve() itself: see busy_request.)
   if (path == "/mlp") {
     mlp::request mreq;
     if (auto bad = mlp::parse(query, req.body, req.method == "POST", model_.dims(),
@@ -607,36 +633,33 @@ asio::awaitable<server::response> server::run_job(const job::spec& spec, connect
   co_return response{};
 }
 
-asio::awaitable<server::response> server::run_busy(const busy::spec& spec, connection& c) {
-  // The hot path of the GPU-bound route, kept lean: a lane from the lock-free list, one launch,
-  // the wait inline (no coroutine of its own), the answer formatted into the connection's buffer.
-  std::uint32_t result = 0;
-  double gpu_us = 0;
-  {
-    lane_pool::lease lease = lanes_.try_acquire();
-    if (!lease) lease = co_await lanes_.acquire_waiting();
-    std::optional<response> refused;
-    try {
-      lease.mark_busy();
-      lease->enqueue_busy(spec);
-    } catch (const std::exception& e) {
-      refused = error_response(c, 500, std::string("launching the GPU work failed: ") + e.what());
-    }
-    if (refused) co_return std::move(*refused);
-    const auto t0 = clock_type::now();
-    std::error_code ec;
-    if (c.waiter) {
-      auto [wec] = co_await c.waiter->async_wait(lease->stream(), use_tuple);
-      ec = wec;
-    } else {
-      ec = lease->wait_blocking(cfg_.sync);
-    }
-    const auto d = clock_type::now() - t0;
-    gpu_us = micros(d);
-    if (ec) co_return error_response(c, 500, "waiting for the GPU failed: " + ec.message());
-    waited(lease, "/busy", d);
-    result = lease->busy_result();
-  }  // the lane goes back before the answer is checked and sent
+bool server::busy_request(const http::request& req, connection& c, busy::spec& spec, response& r) {
+  if (req.path() != "/busy" || req.method != "GET") return false;
+  if (auto bad = http::parse_query(req.query(), c.query)) {
+    r = error_response(c, bad->status, bad->message);
+  } else if (auto wrong = busy::parse(c.query, cfg_.max_busy_us, spec)) {
+    r = error_response(c, 400, *wrong);
+  } else {
+    r = response{};
+  }
+  return true;
+}
+
+bool server::launch_busy(lane_pool::lease& lease, const busy::spec& spec, connection& c,
+                         response& r) {
+  try {
+    lease.mark_busy();
+    lease->enqueue_busy(spec);
+    return false;
+  } catch (const std::exception& e) {
+    r = error_response(c, 500, std::string("launching the GPU work failed: ") + e.what());
+    return true;
+  }
+}
+
+server::response server::answer_busy(connection& c, const busy::spec& spec, std::error_code ec,
+                                     std::uint32_t result, double gpu_us) {
+  if (ec) return error_response(c, 500, "waiting for the GPU failed: " + ec.message());
   const bool checked = sample_check();
   if (checked) {
     const std::uint32_t want = busy_math::reference(spec.seed);
@@ -645,7 +668,7 @@ asio::awaitable<server::response> server::run_busy(const busy::spec& spec, conne
       const std::string msg = "wrong busy answer from the device: got " + std::to_string(result) +
                               ", the CPU says " + std::to_string(want);
       std::fprintf(stderr, "evr-async-server: %s (seed=%u)\n", msg.c_str(), spec.seed);
-      co_return error_response(c, 500, msg);
+      return error_response(c, 500, msg);
     }
   }
   std::string& b = c.body;
@@ -660,7 +683,7 @@ asio::awaitable<server::response> server::run_busy(const busy::spec& spec, conne
   b += ",\"wait\":\"";
   b += to_string(cfg_.mode);
   b += "\"}\n";
-  co_return response{};
+  return response{};
 }
 
 asio::awaitable<server::response> server::run_mlp(const mlp::request& req, connection& c) {

@@ -129,7 +129,14 @@ class server {
   asio::awaitable<void> serve(std::shared_ptr<connection> c);
   asio::awaitable<response> handle(const http::request& req, connection& c);
   asio::awaitable<response> run_job(const job::spec& spec, connection& c);
-  asio::awaitable<response> run_busy(const busy::spec& spec, connection& c);
+  /// GET /busy, served inline by serve(): false when `req` is not one; else true, with `spec`
+  /// parsed, or with an error response in `r` (status != 200) when its parameters are bad.
+  bool busy_request(const http::request& req, connection& c, busy::spec& spec, response& r);
+  /// Enqueues the busy kernel on the lease's lane; true (and the 500 in `r`) when that failed.
+  bool launch_busy(lane_pool::lease& lease, const busy::spec& spec, connection& c, response& r);
+  /// The answer once the work is done (or the wait failed: ec).
+  response answer_busy(connection& c, const busy::spec& spec, std::error_code ec,
+                       std::uint32_t result, double gpu_us);
   asio::awaitable<response> run_mlp(const mlp::request& req, connection& c);
   /// Waits for the work queued so far on the lease's lane, the way this server's mode waits.
   asio::awaitable<std::error_code> wait_gpu(lane_pool::lease& lease, connection& c,
