@@ -1,5 +1,7 @@
 #include "instance.hpp"
 
+#include <pthread.h>
+
 #include <cstdio>
 
 namespace {
@@ -28,7 +30,12 @@ instance::instance(evr::device::backend& backend, const std::vector<lane*>& lane
   server_->start();
   for (int i = 0; i < cfg.threads; ++i) {
     asio::io_context& io = *contexts_[static_cast<std::size_t>(i) % contexts_.size()];
-    threads_.emplace_back([this, &io, hook = cfg.on_io_thread] {
+    threads_.emplace_back([this, &io, i, hook = cfg.on_io_thread] {
+      // Named so that profiles and scripts/server-profile.py tell them from the reactor
+      // ("evr-reactor"), the simulator's and CUDA's own threads.
+      char name[16];
+      std::snprintf(name, sizeof name, "evr-io-%d", i);
+      pthread_setname_np(pthread_self(), name);
       if (hook) hook();
       try {
         io.run();

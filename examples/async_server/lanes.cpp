@@ -306,7 +306,11 @@ lane_pool::~lane_pool() {
   // Waiters left (the server's contexts were torn down with requests waiting for a lane): their
   // handlers are destroyed without running, which destroys the suspended coroutines.
   std::lock_guard lock(mutex_);
-  waiters_.clear();
+  while (waiter* w = first_) {
+    first_ = w->next;
+    w->complete(none);
+  }
+  last_ = nullptr;
 }
 
 std::uint32_t lane_pool::pop() noexcept {
@@ -345,7 +349,7 @@ asio::awaitable<lane_pool::lease> lane_pool::acquire() {
   co_return co_await acquire_waiting();
 }
 
-void lane_pool::enqueue(std::unique_ptr<waiter> w) {
+void lane_pool::enqueue(waiter* w) {
   std::unique_lock lock(mutex_);
   // Announce the waiter before looking at the list once more: a release() that pushed a lane
   // after our last look is either seen by this pop or sees waiting_ != 0 (both seq_cst), so no
@@ -358,7 +362,8 @@ void lane_pool::enqueue(std::unique_ptr<waiter> w) {
     w->complete(i);
     return;
   }
-  waiters_.push_back(std::move(w));
+  (last_ != nullptr ? last_->next : first_) = w;
+  last_ = w;
 }
 
 void lane_pool::release(std::uint32_t index) noexcept {
@@ -367,11 +372,12 @@ void lane_pool::release(std::uint32_t index) noexcept {
   if (waiting_.load(std::memory_order_seq_cst) == 0) return;
   // Someone waits: hand lanes from the list to the oldest waiters.
   std::lock_guard lock(mutex_);
-  while (!waiters_.empty()) {
+  while (first_ != nullptr) {
     const std::uint32_t got = pop();
     if (got == none) break;
-    std::unique_ptr<waiter> w = std::move(waiters_.front());
-    waiters_.pop_front();
+    waiter* w = first_;
+    first_ = w->next;
+    if (first_ == nullptr) last_ = nullptr;
     waiting_.fetch_sub(1, std::memory_order_relaxed);
     leased_.fetch_add(1, std::memory_order_relaxed);
     w->complete(got);

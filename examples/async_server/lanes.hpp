@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <system_error>
@@ -26,6 +25,7 @@
 #include <mutex>
 
 #include <asio/any_io_executor.hpp>
+#include <asio/associated_allocator.hpp>
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
@@ -197,9 +197,16 @@ class lane_pool {
  private:
   /// A request waiting for a lane: its completion handler, type-erased (Asio 1.22 has no
   /// any_completion_handler), posted to its own executor when a lane is handed to it.
+  /// Allocated with the handler's associated allocator (Asio's recycling allocator for a
+  /// coroutine: no malloc once warm) and linked into an intrusive list (no container to grow).
   struct waiter {
-    virtual ~waiter() = default;
-    virtual void complete(std::uint32_t index) = 0;  // posts the handler; then it may be deleted
+    waiter* next = nullptr;
+    /// Posts the handler with the lane (index, or none: the pool is going away, drop it) and
+    /// frees the waiter.
+    virtual void complete(std::uint32_t index) = 0;
+
+   protected:
+    ~waiter() = default;
   };
   template <typename Handler>
   struct waiter_for;
@@ -207,7 +214,7 @@ class lane_pool {
   static constexpr std::uint32_t none = 0xffffffffu;
   std::uint32_t pop() noexcept;  ///< a free lane's index, or none
   void push(std::uint32_t index) noexcept;
-  void enqueue(std::unique_ptr<waiter> w);
+  void enqueue(waiter* w);
   void release(std::uint32_t index) noexcept;
 
   std::vector<lane*> lanes_;
@@ -216,20 +223,38 @@ class lane_pool {
   std::unique_ptr<std::atomic<std::uint32_t>[]> next_;  // next_[i]: index + 1 below lane i
   alignas(64) std::atomic<std::uint64_t> head_{0};
   alignas(64) std::atomic<std::size_t> leased_{0};
-  std::atomic<std::size_t> waiting_{0};          // waiters_.size(), readable without the lock
-  std::mutex mutex_;                             // guards waiters_
-  std::deque<std::unique_ptr<waiter>> waiters_;  // oldest first
+  std::atomic<std::size_t> waiting_{0};  // waiters in the list, readable without the lock
+  std::mutex mutex_;                     // guards the waiter list
+  waiter* first_ = nullptr;              // the oldest waiter
+  waiter* last_ = nullptr;               // the newest
 };
 
 template <typename Handler>
 struct lane_pool::waiter_for final : lane_pool::waiter {
-  explicit waiter_for(Handler&& h)
-      : handler(std::move(h)), work(asio::get_associated_executor(handler)) {}
+  using allocator_type = typename std::allocator_traits<
+      asio::associated_allocator_t<Handler>>::template rebind_alloc<waiter_for>;
+
+  static waiter* create(Handler&& h) {
+    allocator_type alloc(asio::get_associated_allocator(h));
+    waiter_for* w = std::allocator_traits<allocator_type>::allocate(alloc, 1);
+    return new (w) waiter_for(std::move(h));
+  }
   void complete(std::uint32_t index) override {
+    // Move everything out, free this, then post: the memory goes back before the handler runs.
+    Handler h = std::move(handler);
     auto ex = work.get_executor();
     work.reset();
-    asio::post(ex, [h = std::move(handler), index]() mutable { std::move(h)(index); });
+    allocator_type alloc(asio::get_associated_allocator(h));
+    this->~waiter_for();
+    std::allocator_traits<allocator_type>::deallocate(alloc, this, 1);
+    if (index == none) return;  // the pool is going away: the handler (a coroutine) is dropped
+    asio::post(ex, [h = std::move(h), index]() mutable { std::move(h)(index); });
   }
+
+ private:
+  explicit waiter_for(Handler&& h)
+      : handler(std::move(h)), work(asio::get_associated_executor(handler)) {}
+  ~waiter_for() = default;
   Handler handler;
   asio::executor_work_guard<asio::associated_executor_t<Handler>> work;
 };
@@ -238,7 +263,7 @@ inline asio::awaitable<lane_pool::lease> lane_pool::acquire_waiting() {
   const std::uint32_t got =
       co_await asio::async_initiate<decltype(asio::use_awaitable), void(std::uint32_t)>(
           [this](auto handler) {
-            enqueue(std::make_unique<waiter_for<decltype(handler)>>(std::move(handler)));
+            enqueue(waiter_for<decltype(handler)>::create(std::move(handler)));
           },
           asio::use_awaitable);
   co_return lease(this, got);

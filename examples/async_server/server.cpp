@@ -1,5 +1,7 @@
 #include "server.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -312,6 +314,7 @@ bool server::start_connection(asio::ip::tcp::socket socket, std::shared_ptr<conn
     // The thread runs this one connection and ends with it. Its io_context (and so the thread's
     // only reference to it) is kept by conn_threads_ until joined.
     own->thread = std::thread([t = own.get()] {
+      pthread_setname_np(pthread_self(), "evr-conn");
       try {
         t->io.run();
       } catch (const std::exception& e) {
