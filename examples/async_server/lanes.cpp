@@ -35,8 +35,9 @@ namespace {
 
 class sim_lane final : public lane {
  public:
-  sim_lane(evr::sim::device& dev, const mlp::model& model, const sim_costs& costs)
-      : dev_(dev), model_(model), costs_(costs), stream_(dev, 0) {}
+  sim_lane(evr::sim::device& dev, const mlp::model& model, const sim_costs& costs,
+           evr::device::backend& stream_backend)
+      : dev_(dev), model_(model), costs_(costs), stream_(stream_backend, 0) {}
   ~sim_lane() override {
     // The worker thread may still run a body that writes our buffers (work abandoned at
     // shutdown): wait for it before they go.
@@ -110,8 +111,9 @@ class sim_lane final : public lane {
 }  // namespace
 
 std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, const mlp::model& model,
-                                    const sim_costs& costs) {
-  return std::make_unique<sim_lane>(device, model, costs);
+                                    const sim_costs& costs, evr::device::backend* stream_backend) {
+  return std::make_unique<sim_lane>(device, model, costs,
+                                    stream_backend != nullptr ? *stream_backend : device);
 }
 
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)

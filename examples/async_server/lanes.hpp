@@ -31,6 +31,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/post.hpp>
+#include <asio/recycling_allocator.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <evr/evr.hpp>
@@ -106,9 +107,12 @@ struct sim_costs {
 };
 
 /// A lane on the simulated device. The /mlp body computes each row with `model.forward` (the
-/// reference itself: the simulator models timing and ordering, not arithmetic).
+/// reference itself: the simulator models timing and ordering, not arithmetic). `stream_backend`:
+/// the backend the lane's stream is created through (default: the device itself; a test may pass
+/// a wrapper of it, which the reactor must then be given too).
 std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, const mlp::model& model,
-                                    const sim_costs& costs = {});
+                                    const sim_costs& costs = {},
+                                    evr::device::backend* stream_backend = nullptr);
 
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
 /// The /mlp weights on CUDA device 0, materialized once and shared by every lane (read-only).
@@ -190,6 +194,18 @@ class lane_pool {
   /// Only the waiting part of acquire(), for a caller whose try_acquire() came back empty (saves
   /// a coroutine frame on the path where a lane is free).
   asio::awaitable<lease> acquire_waiting();
+  /// The waiting part as an Asio operation, completing with void(std::uint32_t lane index) on the
+  /// handler's executor; `adopt` turns the index into the lease. For a coroutine that must not pay
+  /// for a frame of acquire_waiting's own: lanes_.adopt(co_await lanes_.async_wait_lane(tok)).
+  template <typename CompletionToken>
+  auto async_wait_lane(CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(std::uint32_t)>(
+        [this](auto handler) {
+          enqueue(waiter_for<decltype(handler)>::create(std::move(handler)));
+        },
+        token);
+  }
+  lease adopt(std::uint32_t index) noexcept { return lease(this, index); }
   std::size_t size() const noexcept { return lanes_.size(); }
   /// Lanes currently leased (a statistic; exact once no request is in flight).
   std::size_t leased() const noexcept { return leased_.load(std::memory_order_relaxed); }
@@ -231,11 +247,22 @@ class lane_pool {
 
 template <typename Handler>
 struct lane_pool::waiter_for final : lane_pool::waiter {
-  using allocator_type = typename std::allocator_traits<
-      asio::associated_allocator_t<Handler>>::template rebind_alloc<waiter_for>;
+  // The handler's associated allocator, or -- for the default, std::allocator (a coroutine's) --
+  // Asio's per-thread recycling allocator, as Asio's own operations do.
+  using associated = asio::associated_allocator_t<Handler>;
+  using allocator_type = std::conditional_t<
+      std::is_same_v<associated, std::allocator<void>>, asio::recycling_allocator<waiter_for>,
+      typename std::allocator_traits<associated>::template rebind_alloc<waiter_for>>;
+  static allocator_type allocator(const Handler& h) {
+    if constexpr (std::is_same_v<associated, std::allocator<void>>) {
+      return allocator_type();
+    } else {
+      return allocator_type(asio::get_associated_allocator(h));
+    }
+  }
 
   static waiter* create(Handler&& h) {
-    allocator_type alloc(asio::get_associated_allocator(h));
+    allocator_type alloc = allocator(h);
     waiter_for* w = std::allocator_traits<allocator_type>::allocate(alloc, 1);
     return new (w) waiter_for(std::move(h));
   }
@@ -244,7 +271,7 @@ struct lane_pool::waiter_for final : lane_pool::waiter {
     Handler h = std::move(handler);
     auto ex = work.get_executor();
     work.reset();
-    allocator_type alloc(asio::get_associated_allocator(h));
+    allocator_type alloc = allocator(h);
     this->~waiter_for();
     std::allocator_traits<allocator_type>::deallocate(alloc, this, 1);
     if (index == none) return;  // the pool is going away: the handler (a coroutine) is dropped
@@ -260,11 +287,5 @@ struct lane_pool::waiter_for final : lane_pool::waiter {
 };
 
 inline asio::awaitable<lane_pool::lease> lane_pool::acquire_waiting() {
-  const std::uint32_t got =
-      co_await asio::async_initiate<decltype(asio::use_awaitable), void(std::uint32_t)>(
-          [this](auto handler) {
-            enqueue(waiter_for<decltype(handler)>::create(std::move(handler)));
-          },
-          asio::use_awaitable);
-  co_return lease(this, got);
+  co_return adopt(co_await async_wait_lane(asio::use_awaitable));
 }

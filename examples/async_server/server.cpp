@@ -119,6 +119,8 @@ const char* to_string(wait_mode m) noexcept {
 
 struct server::connection {
   connection(asio::ip::tcp::socket s, evr::reactor* reactor) : socket(std::move(s)) {
+    body.reserve(256);  // a /busy answer is ~110 bytes, its response ~200: no growing later
+    wire.reserve(512);
     if (reactor != nullptr) {
       waiter.emplace(socket.get_executor(), *reactor);
       mailbox.emplace(socket.get_executor(), 1);
@@ -427,7 +429,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
         std::error_code ec;
         {
           lane_pool::lease lease = lanes_.try_acquire();
-          if (!lease) lease = co_await lanes_.acquire_waiting();
+          if (!lease) lease = lanes_.adopt(co_await lanes_.async_wait_lane(asio::use_awaitable));
           if (!launch_busy(lease, spec, *c, r)) {
             const auto tw = clock_type::now();
             if (c->waiter) {
