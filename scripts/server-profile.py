@@ -126,9 +126,8 @@ def perf_report(perf, data, requests, cpu_s_by_comm, comms=None, lines=25):
         us = samples / all_samples * cpu / requests * 1e6 if all_samples and requests else None
         result.append({"percent": float(m.group(1)), "us_per_request": us,
                        "symbol": m.group(3).strip(), "dso": m.group(4)})
-        if len(result) >= lines:
-            break
-    return result
+    result.sort(key=lambda r: -r["percent"])  # (perf keeps its sort keys' order with -F)
+    return result[:lines]
 
 
 def sum_samples(perf, data, comms):
@@ -228,7 +227,7 @@ def text(doc):
                    f"{' '.join(row['names'])[:60]}")
     for g, frames in doc.get("frames", {}).items():
         out.append(f"   top frames by self time, {g}:")
-        out.append(f"   {'%':>6} {'us/req':>7}  symbol [dso]")
+        out.append(f"   {'% all':>6} {'us/req':>7}  symbol [dso]  (% of all samples; us per request of these threads)")
         for f in frames:
             out.append(f"   {f['percent']:6.2f} {study.fmt(f['us_per_request'], 2):>7}  "
                        f"{f['symbol'][:110]} [{os.path.basename(f['dso'])}]")
