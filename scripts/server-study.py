@@ -9,32 +9,39 @@
 .deps/include when staged), then for each server configuration starts one server and loads it
 with wrk (--latency) on every route and connection count:
 
-  routes       /busy?us=200  /busy?us=2000  /mlp?seed=1
-  servers      evr (N=1, N=4), pool spin (N=1, N=4), pool blocking-sync (N=1, N=4),
-               thread-per-connection spin, thread-per-connection blocking-sync
-  connections  1 16 64 256 1024
-  lanes sweep  evr N=1 on /busy?us=2000 at 1024 connections, --streams 16 32 64 128 256, and
-               64 streams with CUDA_DEVICE_MAX_CONNECTIONS=8 (the driver's default)
+  routes       /busy?us=200  /busy?us=1000  /busy?us=5000  /mlp?seed=1
+  servers      evr N=1, N=2, N=4 (one io_context per thread), pool spin N=4,
+               thread-per-connection spin and blocking-sync (--servers adds pool blocking-sync
+               N=4, pool spin N=1, pool blocking-sync N=1)
+  connections  256 1024
+  lanes sweep  evr N=1 on /busy?us=1000 at 1024 connections, --streams 32 64 128 256, and 128
+               streams with CUDA_DEVICE_MAX_CONNECTIONS=8 (the driver's default)
+The lanes of the main matrix are the server's default (--lanes 0): as many as the GPU runs /busy
+kernels at once (its "lanes:" line, recorded per server).
 
 Each point records requests/s, latency percentiles (wrk's), errors (non-2xx, socket errors),
-the server's CPU use in cores (utime+stime of the server process from /proc/PID/stat over the
-point), and the GPU's utilization (nvidia-smi sampling, when present). The servers check answers
-against the CPU (every 16th on /busy and /mlp), and a server that reports a failure marks its
-points. JSON goes to DIR/server-study.json; the goals of docs/benchmarks.md are evaluated at the
-end (met / not met, with the numbers).
+the server's CPU: in cores and in microseconds per request, all threads of the server process
+(utime+stime from /proc over the point), and per thread group (io threads evr-io-N, the reactor
+evr-reactor, thread-per-connection threads evr-conn, CUDA's own threads, the simulated device,
+threads that exited during the point) from /proc/PID/task/*/stat, and the GPU's utilization
+(nvidia-smi sampling, when present). The servers check answers against the CPU (every 16th on
+/busy and /mlp), and a server that reports a failure marks its points. JSON goes to
+DIR/server-study.json; the goals of docs/benchmarks.md are evaluated at the end (met / not met,
+with the numbers).
 
-Budget: the whole run, build included, must fit one device call (9 minutes). Each point runs
---seconds (wrk takes whole seconds; default 1) plus ~0.3 s; the default matrix is 120 points + 6
-sweep points + 14 server starts (a few seconds each on a GPU: CUDA, the /mlp weights, 64 lanes
+Budget: the whole run, build included, must fit one device call (8 minutes). Each point runs
+--seconds (wrk takes whole seconds; default 2) plus ~0.4 s; the default matrix is 48 points + 5
+sweep points + 11 server starts (a few seconds each on a GPU: CUDA, the /mlp weights, the lanes
 warmed up): about 3-4 minutes of measuring plus the build (1-2 minutes on 16 cores). The run
-stops starting points when the budget (--budget, default 500 s from the script's start) would be
+stops starting points when the budget (--budget, default 450 s from the script's start) would be
 exceeded, records the rest as skipped, and still writes the JSON.
 
 wrk: from PATH, or staged by scripts/stage-tools.sh in .tools/ (the GPU machine has no package
 registry: carry ".tools" with ".deps"). Without wrk, --builtin uses the server's own load
 generator (one process per point, its CPU figure then includes the client's).
 
---tiny: the simulated device, a small matrix: a test of this script (~40 s here).
+--tiny: the simulated device, a small matrix (16 and 64 connections): a test of this script
+(about a minute here).
 
 Exit status: 0 when every point ran without errors and every server reported 0 failures.
 """
@@ -55,21 +62,26 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = time.monotonic()
 
-ROUTES = ["/busy?us=200", "/busy?us=2000", "/mlp?seed=1"]
+ROUTES = ["/busy?us=200", "/busy?us=1000", "/busy?us=5000", "/mlp?seed=1"]
 # (label, mode, sync, threads): the order puts what the goals need first, in case the budget runs
 # out before the end.
 SERVERS = [
     ("evr N=1", "evr", None, 1),
+    ("evr N=2", "evr", None, 2),
     ("evr N=4", "evr", None, 4),
     ("pool spin N=4", "pool", "spin", 4),
-    ("thread spin", "thread", "spin", None),
     ("thread blocking-sync", "thread", "blocking-sync", None),
+    ("thread spin", "thread", "spin", None),
+]
+# Not in the default matrix (--servers names them).
+EXTRA_SERVERS = [
     ("pool blocking-sync N=4", "pool", "blocking-sync", 4),
     ("pool spin N=1", "pool", "spin", 1),
     ("pool blocking-sync N=1", "pool", "blocking-sync", 1),
 ]
-CONNECTIONS = [1, 16, 64, 256, 1024]
-LANES_SWEEP = [(16, 32), (32, 32), (64, 32), (128, 32), (256, 32), (64, 8)]
+CONNECTIONS = [256, 1024]
+LANES_SWEEP_ROUTE = "/busy?us=1000"
+LANES_SWEEP = [(32, 32), (64, 32), (128, 32), (256, 32), (128, 8)]
 
 
 def log(msg):
@@ -170,6 +182,59 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / ticks  # fields 14 and 15 of the whole line
 
 
+def thread_cpu(pid):
+    """({tid: (comm, cpu seconds)} of the live threads, the process's own total: dead threads
+    included)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out, cpu_seconds(pid)
+
+
+THREAD_GROUPS = ["io", "reactor", "conn", "cuda", "sim", "other", "exited"]
+
+
+def thread_group(comm):
+    """The group a server thread's CPU is counted under (its name: the server names its own)."""
+    if comm.startswith("evr-io"):
+        return "io"
+    if comm == "evr-reactor":
+        return "reactor"
+    if comm.startswith("evr-conn"):
+        return "conn"
+    if comm.startswith("evr-sim"):
+        return "sim"
+    if comm.lower().startswith("cuda"):
+        return "cuda"
+    return "other"
+
+
+def cpu_by_group(before, after):
+    """CPU seconds per thread group between two thread_cpu() samples; 'exited': the process's
+    total minus its live threads' (threads that ended in between, e.g. thread per connection)."""
+    (t0, p0), (t1, p1) = before, after
+    groups = {}
+    live = 0.0
+    for tid, (comm, cpu) in t1.items():
+        d = cpu - (t0[tid][1] if tid in t0 else 0.0)
+        live += d
+        g = thread_group(comm)
+        groups[g] = groups.get(g, 0.0) + d
+    groups["exited"] = max(0.0, (p1 - p0) - live)
+    return groups, p1 - p0
+
+
 class gpu_sampler:
     """nvidia-smi utilization.gpu every 100 ms while a point runs (None without nvidia-smi)."""
 
@@ -211,8 +276,10 @@ class gpu_sampler:
 
 class server:
     def __init__(self, binary, device, mode, sync, threads, lanes, cuda_connections, extra):
-        cmd = [binary, "--port", "0", "--device", device, "--mode", mode, "--streams", str(lanes),
+        cmd = [binary, "--port", "0", "--device", device, "--mode", mode,
                "--cuda-connections", str(cuda_connections)]
+        if lanes:
+            cmd += ["--streams", str(lanes)]  # else the server's default (from the GPU)
         if sync:
             cmd += ["--sync", sync]
         if threads:
@@ -300,14 +367,20 @@ def run_point(srv, route, connections, seconds, wrk, gpu):
     threads = max(1, min(connections, 4))
     cmd = [wrk[0], f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency",
            "--timeout", "10s", url]
-    cpu0, t0 = cpu_seconds(srv.proc.pid), time.monotonic()
+    before, t0 = thread_cpu(srv.proc.pid), time.monotonic()
     with gpu_sampler(gpu) as g:
         out = subprocess.run(cmd, env=wrk[1], capture_output=True, text=True,
                              timeout=seconds + 60)
     t1 = time.monotonic()
-    cpu1 = cpu_seconds(srv.proc.pid)
+    groups, cpu = cpu_by_group(before, thread_cpu(srv.proc.pid))
     r = parse_wrk(out.stdout)
-    r["server_cores"] = (cpu1 - cpu0) / (t1 - t0)
+    r["server_cores"] = cpu / (t1 - t0)
+    # Server CPU per request: every thread of the server process (io threads, reactor, CUDA's
+    # threads, ...) over the point, divided by the requests wrk completed in it.
+    n = r.get("requests") or 0
+    r["cpu_us_per_request"] = cpu / n * 1e6 if n else None
+    r["cpu_us_per_request_by_thread"] = {k: v / n * 1e6 for k, v in groups.items()} if n else None
+    r["cores_by_thread"] = {k: v / (t1 - t0) for k, v in groups.items()}
     r["gpu_util"] = g.mean()
     r["wall_s"] = t1 - t0
     r["drain_s"] = wait_idle(srv.port)
@@ -319,9 +392,11 @@ def run_point(srv, route, connections, seconds, wrk, gpu):
 
 def run_builtin_point(binary, device, mode, sync, threads, lanes, cuda_connections, extra, route,
                       connections, seconds):
-    cmd = [binary, "--device", device, "--mode", mode, "--streams", str(lanes),
+    cmd = [binary, "--device", device, "--mode", mode,
            "--cuda-connections", str(cuda_connections), "--load-connections", str(connections),
            "--load-seconds", str(seconds), "--load-path", route] + extra
+    if lanes:
+        cmd += ["--streams", str(lanes)]
     if sync:
         cmd += ["--sync", sync]
     if threads:
@@ -335,7 +410,8 @@ def run_builtin_point(binary, device, mode, sync, threads, lanes, cuda_connectio
          "p50_us": float(f.get("p50_us", "nan")), "p75_us": None,
          "p90_us": float(f.get("p90_us", "nan")), "p99_us": float(f.get("p99_us", "nan")),
          "non2xx": 0, "socket_errors": 0, "errors": int(f.get("errors", 1)) + (p.returncode != 0),
-         "server_cores": None, "gpu_util": None, "wall_s": time.monotonic() - t0,
+         "server_cores": None, "cpu_us_per_request": None, "gpu_util": None,
+         "wall_s": time.monotonic() - t0,
          "note": "built-in load (client in the server's process); no CPU figure"}
     return r
 
@@ -344,9 +420,15 @@ def run_builtin_point(binary, device, mode, sync, threads, lanes, cuda_connectio
 
 def plan(args):
     if args.tiny:
-        servers = [s for s in SERVERS if s[3] in (None, 1)] + [("evr N=2", "evr", None, 2)]
-        return servers, [1, 16], [(8, 32), (32, 32)]
-    servers = [s for s in SERVERS if s[0] in args.servers] if args.servers else SERVERS
+        servers = [s for s in SERVERS if s[3] in (None, 1, 2)]
+        return servers, [16, 64], [(8, 32), (32, 32)]
+    every = SERVERS + EXTRA_SERVERS
+    if args.servers:
+        unknown = [x for x in args.servers if x not in [s[0] for s in every]]
+        if unknown:
+            raise SystemExit(f"server-study: unknown server(s) {unknown}; known: "
+                             f"{[s[0] for s in every]}")
+    servers = [s for s in every if s[0] in args.servers] if args.servers else SERVERS
     return servers, args.connections, LANES_SWEEP if not args.no_lanes_sweep else []
 
 
@@ -376,7 +458,7 @@ def run(args):
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host_cpus": os.cpu_count(), "seconds_per_point": seconds, "device": None,
         "load": wrk[2] if wrk else "built-in", "server_args": extra, "budget_s": args.budget,
-        "tiny": args.tiny, "git": git_head()},
+        "tiny": args.tiny, "git": git_head(), "default_lanes": None},
         "points": [], "lanes_sweep": [], "servers": []}
     failed = False
 
@@ -407,6 +489,11 @@ def run(args):
         srv = server(binary, device, mode, sync, threads, lanes, cuda_connections, extra)
         if doc["meta"]["device"] is None and srv.lines:
             doc["meta"]["device"] = srv.lines[0]
+        lanes_line = next((l for l in srv.lines if l.startswith("lanes: ")), None)
+        if lanes_line and lanes == 0:
+            m = re.match(r"lanes: (\d+)", lanes_line)
+            doc["meta"]["default_lanes"] = int(m.group(1)) if m else None
+            doc["meta"]["default_lanes_line"] = lanes_line
         if srv.port is None:
             log(f"{label}: the server did not start:\n" + "\n".join(srv.lines[-20:]))
             failed = True
@@ -430,13 +517,14 @@ def run(args):
                 failed |= r["errors"] != 0
                 log(f"{label:24} {route:15} c={c:<5} {fmt(r['rps'], 0):>8} req/s  p99 "
                     f"{fmt(ms(r['p99_us']), 2):>8} ms  cores {fmt(r['server_cores'], 2):>5}"
+                    f"  cpu {fmt(r.get('cpu_us_per_request'), 1):>6} us/req"
                     f"{'  gpu ' + fmt(r['gpu_util'], 0) + ' %' if r['gpu_util'] is not None else ''}"
                     f"{'  ERRORS ' + str(r['errors']) if r['errors'] else ''}")
         summary, rc = srv.stop()
         ok = rc == 0 and "(0 failures" in summary
         failed |= not ok
         doc["servers"].append({"server": label, "cmd": srv.cmd[1:], "startup_s": srv.startup_s,
-                               "summary": summary, "exit": rc, "ok": ok})
+                               "lanes": lanes_line, "summary": summary, "exit": rc, "ok": ok})
         if not ok:
             log(f"{label}: the server reported failures (exit {rc}): {summary}\n" +
                 "\n".join(srv.lines[-15:]))
@@ -444,7 +532,7 @@ def run(args):
     for label, mode, sync, threads in servers:
         measure(label, mode, sync, threads, args.lanes, args.cuda_connections, ROUTES, connections,
                 doc["points"], True)
-    sweep_route, sweep_conns = "/busy?us=2000", (64 if args.tiny else 1024)
+    sweep_route, sweep_conns = LANES_SWEEP_ROUTE, (64 if args.tiny else 1024)
     for lanes, queues in lanes_sweep:
         measure(f"evr N=1, {lanes} lanes, {queues} queues", "evr", None, 1, lanes, queues,
                 [sweep_route], [sweep_conns], doc["lanes_sweep"], True)
@@ -490,6 +578,7 @@ def find(doc, server, route, c):
 
 
 def goals(doc):
+    """The goals of issue 24 (docs/benchmarks.md), from the points of the matrix."""
     out = []
 
     def goal(text, value, target, met):
@@ -501,34 +590,37 @@ def goals(doc):
             return None
         return a[key] / b[key]
 
-    busy2000, busy200, mlp = ROUTES[1], ROUTES[0], ROUTES[2]
-    e1 = find(doc, "evr N=1", busy2000, 256)
-    r = ratio(e1, find(doc, "pool spin N=4", busy2000, 256))
-    goal("/busy?us=2000, 256 connections: evr N=1 / pool spin N=4 requests/s", r, ">= 5",
-         None if r is None else r >= 5)
-    ts, tb = find(doc, "thread spin", busy2000, 256), find(doc, "thread blocking-sync", busy2000, 256)
-    best = max((p for p in (ts, tb) if p and p.get("rps")), key=lambda p: p["rps"], default=None)
-    r = ratio(e1, best)
-    goal("/busy?us=2000, 256 connections: evr N=1 / thread-per-connection (the faster variant) "
-         "requests/s", r, ">= 0.9", None if r is None else r >= 0.9)
-    if e1 and ts and e1.get("server_cores") is not None and ts.get("server_cores") is not None:
-        goal("/busy?us=2000, 256 connections: server cores, evr N=1 vs thread-per-connection spin",
-             [e1["server_cores"], ts["server_cores"]], "evr fewer",
-             e1["server_cores"] < ts["server_cores"])
-    if e1 and tb and e1.get("p99_us") and tb.get("p99_us"):
-        goal("/busy?us=2000, 256 connections: p99 us, evr N=1 vs thread-per-connection "
-             "blocking-sync", [e1["p99_us"], tb["p99_us"]], "evr lower",
-             e1["p99_us"] < tb["p99_us"])
-    r = ratio(find(doc, "evr N=4", busy200, 64), find(doc, "pool spin N=4", busy200, 64))
-    goal("/busy?us=200, 64 connections: evr N=4 / pool spin N=4 requests/s", r, ">= 2",
-         None if r is None else r >= 2)
-    e4, p4 = find(doc, "evr N=4", mlp, 256), find(doc, "pool spin N=4", mlp, 256)
-    r = ratio(e4, p4)
+    busy200, busy1000, busy5000, mlp = ROUTES
+    for c in (256, 1024):
+        e1 = find(doc, "evr N=1", busy1000, c)
+        v = e1.get("cpu_us_per_request") if e1 else None
+        goal(f"/busy?us=1000, {c} connections: server CPU per request (us, every thread), evr N=1",
+             v, "<= 15", None if v is None else v <= 15)
+    e1 = find(doc, "evr N=1", busy1000, 256)
+    v = e1.get("rps") if e1 else None
+    goal("/busy?us=1000, 256 connections: evr N=1 requests/s", v, ">= 45000",
+         None if v is None else v >= 45000)
+    for c in (256, 1024):
+        e2 = find(doc, "evr N=2", busy1000, c)
+        ts, tb = find(doc, "thread spin", busy1000, c), find(doc, "thread blocking-sync", busy1000, c)
+        best = max((p for p in (ts, tb) if p and p.get("rps")), key=lambda p: p["rps"],
+                   default=None)
+        r = ratio(e2, best)
+        cores = ratio(e2, best, "server_cores")
+        goal(f"/busy?us=1000, {c} connections: evr N=2 / thread-per-connection (the faster "
+             "variant): requests/s, cores", [r, cores], ">= 1 at <= 0.33 of its cores",
+             None if r is None or cores is None else r >= 1 and cores <= 1 / 3)
+    lanes = doc["meta"].get("default_lanes")
+    e4 = find(doc, "evr N=4", busy1000, 1024)
+    if lanes and e4 and e4.get("rps"):
+        limit = lanes / 1000e-6  # the GPU's concurrency (the default lanes) / the kernel's length
+        goal(f"/busy?us=1000, 1024 connections: evr N=4 / the GPU-side limit ({lanes} kernels at "
+             f"once / 1 ms = {limit:.0f}/s)", e4["rps"] / limit, ">= 0.9", e4["rps"] / limit >= 0.9)
+    else:
+        goal("/busy?us=1000, 1024 connections: evr N=4 / the GPU-side limit", None, ">= 0.9", None)
+    r = ratio(find(doc, "evr N=4", mlp, 256), find(doc, "pool spin N=4", mlp, 256))
     goal("/mlp, 256 connections: evr N=4 (dynamic batching) / pool spin N=4 (batch size 1) "
-         "requests/s", r, ">= 3", None if r is None else r >= 3)
-    if e4 and p4 and e4.get("p99_us") and p4.get("p99_us"):
-        goal("/mlp, 256 connections: p99 us, evr N=4 vs pool spin N=4",
-             [e4["p99_us"], p4["p99_us"]], "evr equal or lower", e4["p99_us"] <= p4["p99_us"])
+         "requests/s", r, ">= 15", None if r is None else r >= 15)
     return out
 
 
@@ -558,17 +650,36 @@ def markdown(doc):
                 cell = f"{fmt(p['rps'], 0)} req/s, p99 {fmt(ms(p['p99_us']), 1)} ms"
                 if p.get("server_cores") is not None:
                     cell += f", {fmt(p['server_cores'], 2)} cores"
+                if p.get("cpu_us_per_request") is not None:
+                    cell += f", {fmt(p['cpu_us_per_request'], 1)} us/req"
                 if p.get("errors"):
                     cell += f", **{p['errors']} errors**"
                 cells.append(cell)
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    by_thread = [p for p in doc["points"] if p.get("cpu_us_per_request_by_thread")]
+    if by_thread:
+        lines.append("")
+        lines.append("#### Server CPU per request by thread (us), at the highest connection count")
+        lines.append("")
+        cols = [g for g in THREAD_GROUPS
+                if any(p["cpu_us_per_request_by_thread"].get(g, 0) >= 0.05 for p in by_thread)]
+        lines.append("| server | route | connections | all | " + " | ".join(cols) + " |")
+        lines.append("|---|---|---:|---:|" + "---:|" * len(cols))
+        top = max(p["connections"] for p in by_thread)
+        for p in by_thread:
+            if p["connections"] != top:
+                continue
+            t = p["cpu_us_per_request_by_thread"]
+            lines.append(f"| {p['server']} | {p['route']} | {p['connections']} | "
+                         f"{fmt(p['cpu_us_per_request'], 1)} | " +
+                         " | ".join(fmt(t.get(g, 0.0), 1) for g in cols) + " |")
     if doc.get("lanes_sweep"):
         lines.append("")
-        lines.append("#### Lanes sweep (evr N=1, GET /busy?us=2000)")
+        lines.append(f"#### Lanes sweep (evr N=1, GET {doc['lanes_sweep'][0]['route']})")
         lines.append("")
         lines.append("| lanes | CUDA_DEVICE_MAX_CONNECTIONS | connections | requests/s | p99 ms | "
-                     "server cores |")
-        lines.append("|---:|---:|---:|---:|---:|---:|")
+                     "server cores | us/req |")
+        lines.append("|---:|---:|---:|---:|---:|---:|---:|")
         for p in doc["lanes_sweep"]:
             if "skipped" in p:
                 lines.append(f"| {p['lanes']} | {p['cuda_connections']} | {p['connections']} | "
@@ -576,7 +687,8 @@ def markdown(doc):
                 continue
             lines.append(f"| {p['lanes']} | {p['cuda_connections']} | {p['connections']} | "
                          f"{fmt(p['rps'], 0)} | {fmt(ms(p['p99_us']), 1)} | "
-                         f"{fmt(p.get('server_cores'), 2)} |")
+                         f"{fmt(p.get('server_cores'), 2)} | "
+                         f"{fmt(p.get('cpu_us_per_request'), 1)} |")
     if doc.get("goals"):
         lines.append("")
         lines.append("| goal | value | target | met |")
@@ -603,7 +715,9 @@ def plot(doc, out_dir):
     for key, ylabel, fname, logy in (
             ("rps", "requests/s", "server-rps.png", True),
             ("p99_us", "p99 latency (ms)", "server-p99.png", True),
-            ("server_cores", "server CPU (cores)", "server-cpu.png", False)):
+            ("server_cores", "server CPU (cores)", "server-cpu.png", False),
+            ("cpu_us_per_request", "server CPU per request (us, all threads)",
+             "server-cpu-per-request.png", True)):
         fig, axes = plt.subplots(1, len(ROUTES), figsize=(6 * len(ROUTES), 4.8), squeeze=False)
         for ax, route in zip(axes[0], ROUTES):
             for label in labels:
@@ -642,7 +756,7 @@ def plot(doc, out_dir):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("lanes (--streams)")
         ax.set_ylabel("requests/s")
-        ax.set_title(f"evr N=1, GET /busy?us=2000, {sweep[0]['connections']} connections")
+        ax.set_title(f"evr N=1, GET {sweep[0]['route']}, {sweep[0]['connections']} connections")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -665,10 +779,10 @@ def main():
     r = sub.add_parser("run", help="build, measure, write DIR/server-study.json (+ plots)")
     r.add_argument("--out", help="folder for the JSON and plots (default docs/bench; "
                                  "--tiny: build/study-tiny)")
-    r.add_argument("--budget", type=float, default=500,
+    r.add_argument("--budget", type=float, default=450,
                    help="seconds from the start (build included) after which no point starts")
-    r.add_argument("--seconds", type=int, default=1,
-                   help="seconds per point (wrk takes whole seconds; default 1)")
+    r.add_argument("--seconds", type=int, default=2,
+                   help="seconds per point (wrk takes whole seconds; default 2)")
     r.add_argument("--tiny", action="store_true", help="simulated device, a small matrix")
     r.add_argument("--device", default="auto", choices=["auto", "cuda", "sim"])
     r.add_argument("--bin", help="an evr-async-server already built (skips the build)")
@@ -677,7 +791,8 @@ def main():
                    help="use the server's built-in load generator instead of wrk")
     r.add_argument("--connections", type=int, nargs="+", default=CONNECTIONS)
     r.add_argument("--servers", nargs="+", help="only these server labels (see SERVERS)")
-    r.add_argument("--lanes", type=int, default=64, help="--streams of the main matrix")
+    r.add_argument("--lanes", type=int, default=0,
+                   help="--streams of the main matrix (0: the server's default, from the GPU)")
     r.add_argument("--cuda-connections", type=int, default=32,
                    help="CUDA_DEVICE_MAX_CONNECTIONS of the main matrix")
     r.add_argument("--check-every", type=int, default=16)

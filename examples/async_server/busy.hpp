@@ -1,8 +1,9 @@
 // /busy?us=D[&seed=S]: a kernel of known duration on a small slice of the GPU.
 //
 // One block of 32 threads computes busy_math's answer for `seed`, then spins on the GPU's clock
-// (%globaltimer) until D microseconds have passed since it started, and writes the answer, which
-// is copied back and checked against busy_math::reference. One block uses a sliver of one SM, so
+// (%globaltimer) until D microseconds have passed since it started, and writes the answer into
+// mapped pinned host memory (no copy follows: one CUDA call per request), where the server checks
+// it against busy_math::reference. One block uses a sliver of one SM, so
 // many such kernels run at once on different streams: with D well above the few microseconds a
 // request costs the CPU, the GPU's time, not the server's, decides how many requests finish per
 // second. The synthetic knob of the server study (scripts/server-study.py).

@@ -100,8 +100,10 @@ settings parse_command_line(int argc, char** argv) {
                           ->check(CLI::Range(1, 1024))
                           ->group("Serving");
   app.add_option("--streams", s.streams,
-                 "GPU streams (lanes) shared by all requests: how much GPU work may be in flight")
-      ->check(CLI::Range(1, 4096))
+                 "GPU streams (lanes) shared by all requests: how much GPU work may be in flight "
+                 "(0: as many /busy kernels as the GPU runs at once, from its SM count and the "
+                 "kernel's occupancy, at most 128; 64 on the simulated device)")
+      ->check(CLI::Range(0, 4096))
       ->group("Serving");
   app.add_option("--cuda-connections", s.cuda_connections,
                  "CUDA_DEVICE_MAX_CONNECTIONS (the GPU's hardware work queues the streams share) "

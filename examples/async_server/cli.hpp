@@ -26,7 +26,7 @@ struct settings {
   std::string address = "127.0.0.1";
   int port = -1;    ///< -1: not given (ephemeral for self-test and load)
   int threads = 1;  ///< io threads (evr, pool); thread mode: one per connection instead
-  int streams = 64;
+  int streams = 0;  ///< 0: from the GPU's concurrency (main.cpp), 64 on the simulated device
   int cuda_connections = 32;  ///< CUDA_DEVICE_MAX_CONNECTIONS unless the environment sets it
   std::size_t max_n = std::size_t{1} << 22;
   std::uint32_t max_busy_us = 100000;

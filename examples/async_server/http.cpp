@@ -3,6 +3,7 @@
 #include <http_parser.h>
 
 #include <cctype>
+#include <charconv>
 
 namespace http {
 
@@ -42,34 +43,40 @@ std::optional<error> check_line_endings(std::string_view head) {
 
 /// Collects a request head from http_parser's callbacks. A callback that finds a problem stores
 /// it and returns non-zero, which stops the parser (HPE_CB_*); the stored error is reported.
+/// Header fields go straight into out->headers[fields] (a slot reused from the previous request
+/// when there is one: its strings keep their storage); `fields` counts the finished ones, the
+/// slot past them is the one being filled.
 struct request_collector {
   request* out = nullptr;
-  std::string field, value;
   bool in_value = false;
+  bool in_field = false;
   std::size_t fields = 0;
   int hosts = 0;
   bool keep_alive = true;
   std::optional<error> refused;
 
+  std::pair<std::string, std::string>& slot() {
+    if (out->headers.size() <= fields) out->headers.emplace_back();
+    return out->headers[fields];
+  }
+
   int flush() {
     if (!in_value) return 0;
     in_value = false;
+    in_field = false;
+    auto& [field, value] = slot();
     // The parser takes "Host :" as the field "Host " (whitespace before the colon, RFC 9112 5.1).
     if (!is_token(field)) {
       refused = error{400, "malformed header name '" + field.substr(0, 40) + "'"};
       return 1;
     }
-    if (++fields > max_header_fields) {
+    if (fields + 1 > max_header_fields) {
       refused = error{431, "too many header fields"};
       return 1;
     }
-    std::string lower;
-    lower.reserve(field.size());
-    for (char c : field) lower.push_back(to_lower(c));
-    if (lower == "host") ++hosts;
-    out->headers.emplace_back(std::move(lower), std::move(value));
-    field.clear();
-    value.clear();
+    for (char& c : field) c = to_lower(c);
+    if (field == "host") ++hosts;
+    ++fields;
     return 0;
   }
 
@@ -86,13 +93,19 @@ struct request_collector {
       st.on_header_field = [](http_parser* p, const char* at, std::size_t n) {
         request_collector& c = of(p);
         if (int rc = c.flush()) return rc;
-        c.field.append(at, n);
+        auto& [field, value] = c.slot();
+        if (!c.in_field) {  // a new field (the parser may deliver one in several pieces)
+          field.clear();
+          value.clear();
+          c.in_field = true;
+        }
+        field.append(at, n);
         return 0;
       };
       st.on_header_value = [](http_parser* p, const char* at, std::size_t n) {
         request_collector& c = of(p);
         c.in_value = true;
-        c.value.append(at, n);
+        c.slot().second.append(at, n);
         return 0;
       };
       st.on_headers_complete = [](http_parser* p) {
@@ -158,6 +171,16 @@ bool iequals(std::string_view a, std::string_view b) noexcept {
   return true;
 }
 
+void request::clear() noexcept {
+  method.clear();
+  target.clear();
+  version_minor = 1;
+  headers.clear();  // (destroys the pairs; parse_request_head keeps them instead)
+  content_length = 0;
+  keep_alive = true;
+  body.clear();
+}
+
 std::string_view request::path() const noexcept {
   return std::string_view(target).substr(0, target.find('?'));
 }
@@ -174,11 +197,22 @@ const std::string* request::header(std::string_view lower_name) const noexcept {
 }
 
 std::optional<error> parse_request_head(std::string_view head, request& out) {
-  out = request{};
-  if (auto e = check_line_endings(head)) return e;
-
+  // Cleared but for the header slots, which the collector overwrites in place (their strings keep
+  // their storage) and which are trimmed to the fields seen at the end.
+  out.method.clear();
+  out.target.clear();
+  out.version_minor = 1;
+  out.content_length = 0;
+  out.keep_alive = true;
+  out.body.clear();
   request_collector c;
   c.out = &out;
+  struct trim {
+    request_collector& c;
+    ~trim() { c.out->headers.resize(c.fields); }
+  } trim_headers{c};
+  if (auto e = check_line_endings(head)) return e;
+
   http_parser p;
   http_parser_init(&p, HTTP_REQUEST);
   p.data = &c;
@@ -205,24 +239,31 @@ std::optional<error> parse_request_head(std::string_view head, request& out) {
   if (out.version_minor == 1 && c.hosts != 1)
     return error{400,
                  c.hosts == 0 ? "HTTP/1.1 requires a Host header" : "more than one Host header"};
-  out.method = http_method_str(static_cast<http_method>(p.method));
+  out.method.assign(http_method_str(static_cast<http_method>(p.method)));
   out.keep_alive = c.keep_alive;
   return std::nullopt;
 }
 
 std::optional<error> parse_query(std::string_view query,
                                  std::vector<std::pair<std::string, std::string>>& out) {
-  out.clear();
+  std::size_t n = 0;  // pairs filled; out[n..] are spare slots from an earlier query
+  struct trim {
+    std::vector<std::pair<std::string, std::string>>& out;
+    std::size_t& n;
+    ~trim() { out.resize(n); }
+  } trim_pairs{out, n};
   while (!query.empty()) {
     const std::size_t amp = query.find('&');
     const std::string_view part = query.substr(0, amp);
     if (!part.empty()) {
       const std::size_t eq = part.find('=');
-      std::string key, value;
+      if (out.size() <= n) out.emplace_back();
+      auto& [key, value] = out[n];
       if (auto e = decode(part.substr(0, eq), key)) return e;
+      value.clear();
       if (eq != std::string_view::npos)
         if (auto e = decode(part.substr(eq + 1), value)) return e;
-      out.emplace_back(std::move(key), std::move(value));
+      ++n;
     }
     if (amp == std::string_view::npos) break;
     query.remove_prefix(amp + 1);
@@ -237,20 +278,26 @@ const char* reason_phrase(int status) noexcept {
 std::string format_response(int status, std::string_view content_type, std::string_view body,
                             bool keep_alive, std::string_view extra_headers) {
   std::string out;
-  out.reserve(128 + extra_headers.size() + body.size());
+  append_response(out, status, content_type, body, keep_alive, extra_headers);
+  return out;
+}
+
+void append_response(std::string& out, int status, std::string_view content_type,
+                     std::string_view body, bool keep_alive, std::string_view extra_headers) {
+  out.reserve(out.size() + 128 + extra_headers.size() + body.size());
+  char digits[24];
   out += "HTTP/1.1 ";
-  out += std::to_string(status);
+  out.append(digits, std::to_chars(digits, digits + sizeof digits, status).ptr);
   out += ' ';
   out += reason_phrase(status);
   out += "\r\nContent-Type: ";
   out += content_type;
   out += "\r\nContent-Length: ";
-  out += std::to_string(body.size());
+  out.append(digits, std::to_chars(digits, digits + sizeof digits, body.size()).ptr);
   out += keep_alive ? "\r\nConnection: keep-alive\r\n" : "\r\nConnection: close\r\n";
   out += extra_headers;
   out += "\r\n";
   out += body;
-  return out;
 }
 
 std::optional<error> parse_response_head(std::string_view head, response_head& out) {

@@ -40,6 +40,9 @@ struct request {
   bool keep_alive = true;
   std::string body;
 
+  /// Empties every field, keeping the strings' and the vector's capacity (a connection reuses
+  /// one request object: no allocation per request once it has grown).
+  void clear() noexcept;
   std::string_view path() const noexcept;   ///< target up to '?'
   std::string_view query() const noexcept;  ///< after '?', or empty
   /// The first header named `lower_name`, or nullptr.
@@ -53,10 +56,12 @@ struct error {
 };
 
 /// Parses a request head: the bytes up to and including the empty line that ends it ("\r\n\r\n").
-/// Empty lines before the request line are skipped (RFC 9112 2.2).
+/// Empty lines before the request line are skipped (RFC 9112 2.2). `out` is cleared first, its
+/// storage reused.
 std::optional<error> parse_request_head(std::string_view head, request& out);
 
-/// Splits "a=1&b=two" into pairs, decoding %XX and '+'. Returns an error for a bad escape.
+/// Splits "a=1&b=two" into pairs, decoding %XX and '+'. Returns an error for a bad escape. The
+/// pairs already in `out` are overwritten in place (their strings' storage reused).
 std::optional<error> parse_query(std::string_view query,
                                  std::vector<std::pair<std::string, std::string>>& out);
 
@@ -70,6 +75,9 @@ const char* reason_phrase(int status) noexcept;
 /// (each "Name: value\r\n"), blank line, body.
 std::string format_response(int status, std::string_view content_type, std::string_view body,
                             bool keep_alive, std::string_view extra_headers = {});
+/// The same, appended to `out` (a buffer reused from response to response).
+void append_response(std::string& out, int status, std::string_view content_type,
+                     std::string_view body, bool keep_alive, std::string_view extra_headers = {});
 
 /// What the load generator needs from a response head.
 struct response_head {

@@ -1,13 +1,16 @@
-// One running server: its reactor (evr mode), io_context and io threads, lane pool, metrics and
-// the server itself, in the order they must be torn down. The process runs one instance for the
-// self-test, load or serve, and two more in turn for --compare; the lanes and the /mlp model are
-// the process's and outlive every instance.
+// One running server: its reactor (evr mode), io_contexts and io threads, lane pool, metrics and
+// the server itself, in the order they must be torn down. evr mode runs one io_context per io
+// thread (connections are spread over them round-robin); pool mode one io_context shared by its
+// threads; thread mode one for the accept loop (server.hpp says why). The process runs one instance
+// for the self-test, load or serve, and two more in turn for --compare; the lanes and the /mlp
+// model are the process's and outlive every instance.
 //
 // Thread safety: stop() from any thread (a signal handler's strand included); the rest from the
 // thread that owns the instance.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -27,6 +30,8 @@ struct instance_config {
   server_config server;
   int threads = 1;               ///< io threads (thread mode: 1, the accept loop's)
   evr::reactor_options reactor;  ///< evr mode
+  /// Runs first on every io thread (a test's hook: e.g. to count what those threads allocate).
+  std::function<void()> on_io_thread;
 };
 
 class instance {
@@ -46,7 +51,8 @@ class instance {
   /// Waits for every io and connection thread to finish. False if one ended by an exception.
   bool join();
 
-  asio::io_context& io() noexcept { return io_; }
+  /// The first io_context (the accept loop's; signals may be waited for on it).
+  asio::io_context& io() noexcept { return *contexts_.front(); }
   server& srv() noexcept { return *server_; }
   server_metrics& metrics() noexcept { return metrics_; }
   lane_pool& pool() noexcept { return pool_; }
@@ -56,7 +62,7 @@ class instance {
   // Teardown is the reverse of this order: the server (and its batcher) and the pool go before the
   // io_context they post to, the io_context before the reactor it may still have waits with.
   std::optional<evr::reactor> reactor_;
-  asio::io_context io_;
+  std::vector<std::unique_ptr<asio::io_context>> contexts_;
   lane_pool pool_;
   server_metrics metrics_;
   std::unique_ptr<server> server_;

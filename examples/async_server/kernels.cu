@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
+
 #include "busy_math.hpp"
 
 namespace {
@@ -40,7 +42,8 @@ __global__ void sum_kernel(const float* x, double* sum, std::size_t n) {
 
 // One block of busy_math::threads threads: each computes its value, one warp reduction sums
 // them, and thread 0 spins on the GPU's nanosecond clock until `ns` have passed since the kernel
-// began, then writes the answer. Everything but the spin is a few microseconds of work.
+// began, then writes the answer (into mapped host memory: no copy follows). Everything but the
+// spin is a few microseconds of work.
 __global__ void busy_kernel(unsigned long long ns, std::uint32_t seed, std::uint32_t* result) {
   unsigned long long start;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -54,7 +57,10 @@ __global__ void busy_kernel(unsigned long long ns, std::uint32_t seed, std::uint
     if (now - start >= ns) break;
     __nanosleep(1000);  // leaves the SM's issue slots to kernels beside it
   }
-  *result = v;
+  // `result` is mapped host memory: the store goes over the bus, and the fence makes it visible
+  // to the host before anything the stream does after this kernel (the completion marker).
+  *static_cast<volatile std::uint32_t*>(result) = v;
+  __threadfence_system();
 }
 
 }  // namespace
@@ -68,6 +74,27 @@ int server_kernels::launch_saxpy(CUstream_st* stream, float a, const float* x, f
 int server_kernels::launch_sum(CUstream_st* stream, const float* x, double* sum, std::size_t n) {
   sum_kernel<<<blocks_for(n), threads_per_block, 0, stream>>>(x, sum, n);
   return static_cast<int>(cudaGetLastError());
+}
+
+int server_kernels::busy_concurrency(char* detail, std::size_t detail_size) {
+  int device = 0, sms = 0, blocks = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, busy_kernel, busy_math::threads, 0) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  // Concurrent kernels per device (the CUDA programming guide's table): 128 from 7.0 on, 32 before.
+  const int max_kernels = major >= 7 ? 128 : 32;
+  const long long resident = static_cast<long long>(sms) * blocks;
+  const int n = static_cast<int>(resident < max_kernels ? resident : max_kernels);
+  if (detail != nullptr && detail_size > 0)
+    std::snprintf(detail, detail_size,
+                  "%d SMs x %d resident /busy blocks, at most %d kernels at once", sms, blocks,
+                  max_kernels);
+  return n;
 }
 
 int server_kernels::launch_busy(CUstream_st* stream, std::uint32_t us, std::uint32_t seed,

@@ -35,8 +35,9 @@ namespace {
 
 class sim_lane final : public lane {
  public:
-  sim_lane(evr::sim::device& dev, const mlp::model& model, const sim_costs& costs)
-      : dev_(dev), model_(model), costs_(costs), stream_(dev, 0) {}
+  sim_lane(evr::sim::device& dev, const mlp::model& model, const sim_costs& costs,
+           evr::device::backend& stream_backend)
+      : dev_(dev), model_(model), costs_(costs), stream_(stream_backend, 0) {}
   ~sim_lane() override {
     // The worker thread may still run a body that writes our buffers (work abandoned at
     // shutdown): wait for it before they go.
@@ -110,8 +111,9 @@ class sim_lane final : public lane {
 }  // namespace
 
 std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, const mlp::model& model,
-                                    const sim_costs& costs) {
-  return std::make_unique<sim_lane>(device, model, costs);
+                                    const sim_costs& costs, evr::device::backend* stream_backend) {
+  return std::make_unique<sim_lane>(device, model, costs,
+                                    stream_backend != nullptr ? *stream_backend : device);
 }
 
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
@@ -127,8 +129,11 @@ class cuda_lane final : public lane {
       : weights_(weights), stream_(evr::device::cuda_backend(), 0) {
     check(cudaMalloc(&d_sum_, sizeof(double)), "cudaMalloc");
     check(cudaMallocHost(&h_sum_, sizeof(double)), "cudaMallocHost");
-    check(cudaMalloc(&d_busy_, sizeof(std::uint32_t)), "cudaMalloc");
-    check(cudaMallocHost(&h_busy_, sizeof(std::uint32_t)), "cudaMallocHost");
+    // /busy's answer: pinned host memory mapped into the device's address space, written by the
+    // kernel itself (no copy behind it: one CUDA call per request instead of two).
+    check(cudaHostAlloc(&h_busy_, sizeof(std::uint32_t), cudaHostAllocMapped), "cudaHostAlloc");
+    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_busy_), h_busy_, 0),
+          "cudaHostGetDevicePointer");
     cublas_ = server_kernels::mlp_create_handle(native());
   }
   ~cuda_lane() override {
@@ -138,8 +143,7 @@ class cuda_lane final : public lane {
     free_mlp_buffers();
     cudaFree(d_sum_);
     cudaFreeHost(h_sum_);
-    cudaFree(d_busy_);
-    cudaFreeHost(h_busy_);
+    cudaFreeHost(h_busy_);  // (d_busy_ is its device-side address)
   }
 
   const evr::stream& stream() const noexcept override { return stream_; }
@@ -184,14 +188,15 @@ class cuda_lane final : public lane {
 
   void enqueue_busy(const busy::spec& s) override {
     const cudaStream_t st = native();
+    // The kernel writes its answer straight into mapped host memory (then a system-scope fence):
+    // one launch and nothing else per request. The work is done -- in every mode, by evr's
+    // marker or the blocking synchronize behind the kernel -- only after that write is visible.
     check(static_cast<cudaError_t>(server_kernels::launch_busy(st, s.us, s.seed, d_busy_)),
           "busy kernel");
-    // The answer comes back by a copy, as any result would: every mode then has a copy behind
-    // the kernel on the stream, and evr's marker adds no dependency of its own.
-    check(cudaMemcpyAsync(h_busy_, d_busy_, sizeof(std::uint32_t), cudaMemcpyDeviceToHost, st),
-          "copy the busy answer out");
   }
-  std::uint32_t busy_result() const noexcept override { return *h_busy_; }
+  std::uint32_t busy_result() const noexcept override {
+    return *static_cast<volatile const std::uint32_t*>(h_busy_);
+  }
 
   void reserve_rows(std::size_t rows) override {
     if (rows <= rows_) return;
@@ -260,7 +265,7 @@ class cuda_lane final : public lane {
   float* h_out_ = nullptr;
   double* d_sum_ = nullptr;
   double* h_sum_ = nullptr;
-  std::uint32_t* d_busy_ = nullptr;
+  std::uint32_t* d_busy_ = nullptr;  // h_busy_ as the device sees it (mapped)
   std::uint32_t* h_busy_ = nullptr;
   std::size_t rows_ = 0;
   float* d_mlp_in_ = nullptr;
@@ -293,27 +298,92 @@ std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights) {
 }
 #endif
 
-lane_pool::lane_pool(const asio::any_io_executor& ex, std::vector<lane*> lanes)
-    : lanes_(std::move(lanes)), free_(ex, lanes_.size()) {
-  for (lane* l : lanes_) {
-    if (!free_.try_send(std::error_code{}, l))
-      throw std::logic_error("lane_pool: the channel refused a lane at start-up");
+lane_pool::lane_pool(std::vector<lane*> lanes)
+    : lanes_(std::move(lanes)), next_(new std::atomic<std::uint32_t>[lanes_.size()]) {
+  if (lanes_.size() >= 0xffff) throw std::invalid_argument("lane_pool: at most 65534 lanes");
+  for (std::size_t i = lanes_.size(); i-- > 0;) push(static_cast<std::uint32_t>(i));  // 0 on top
+}
+
+lane_pool::~lane_pool() {
+  // Waiters left (the server's contexts were torn down with requests waiting for a lane): their
+  // handlers are destroyed without running, which destroys the suspended coroutines.
+  std::lock_guard lock(mutex_);
+  while (waiter* w = first_) {
+    first_ = w->next;
+    w->complete(none);
+  }
+  last_ = nullptr;
+}
+
+std::uint32_t lane_pool::pop() noexcept {
+  std::uint64_t head = head_.load(std::memory_order_acquire);
+  for (;;) {
+    const std::uint32_t top = static_cast<std::uint32_t>(head & 0xffffffffu);
+    if (top == 0) return none;
+    const std::uint64_t below = next_[top - 1].load(std::memory_order_relaxed);
+    const std::uint64_t tag = (head >> 32) + 1;
+    if (head_.compare_exchange_weak(head, (tag << 32) | below, std::memory_order_seq_cst,
+                                    std::memory_order_acquire))
+      return top - 1;
   }
 }
 
-asio::awaitable<lane_pool::lease> lane_pool::acquire() {
-  // Fast path without a suspension when a lane is free (try_receive runs the handler inline).
-  lane* got = nullptr;
-  free_.try_receive([&got](std::error_code, lane* l) { got = l; });
-  if (got == nullptr) got = co_await free_.async_receive(asio::use_awaitable);
-  leased_.fetch_add(1, std::memory_order_relaxed);
-  co_return lease(this, got);
+void lane_pool::push(std::uint32_t index) noexcept {
+  std::uint64_t head = head_.load(std::memory_order_relaxed);
+  for (;;) {
+    next_[index].store(static_cast<std::uint32_t>(head & 0xffffffffu), std::memory_order_relaxed);
+    const std::uint64_t next = (head & ~std::uint64_t{0xffffffffu}) | (index + 1);
+    if (head_.compare_exchange_weak(head, next, std::memory_order_seq_cst,
+                                    std::memory_order_relaxed))
+      return;
+  }
 }
 
-void lane_pool::release(lane* l) noexcept {
+lane_pool::lease lane_pool::try_acquire() noexcept {
+  const std::uint32_t i = pop();
+  if (i == none) return lease();
+  leased_.fetch_add(1, std::memory_order_relaxed);
+  return lease(this, i);
+}
+
+asio::awaitable<lane_pool::lease> lane_pool::acquire() {
+  if (lease l = try_acquire()) co_return l;
+  co_return co_await acquire_waiting();
+}
+
+void lane_pool::enqueue(waiter* w) {
+  std::unique_lock lock(mutex_);
+  // Announce the waiter before looking at the list once more: a release() that pushed a lane
+  // after our last look is either seen by this pop or sees waiting_ != 0 (both seq_cst), so no
+  // lane stays in the list while a request waits.
+  waiting_.fetch_add(1, std::memory_order_seq_cst);
+  if (const std::uint32_t i = pop(); i != none) {
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+    lock.unlock();
+    leased_.fetch_add(1, std::memory_order_relaxed);
+    w->complete(i);
+    return;
+  }
+  (last_ != nullptr ? last_->next : first_) = w;
+  last_ = w;
+}
+
+void lane_pool::release(std::uint32_t index) noexcept {
   leased_.fetch_sub(1, std::memory_order_relaxed);
-  if (!free_.try_send(std::error_code{}, l))
-    std::fprintf(stderr, "evr-async-server: internal error: lane pool over capacity\n");
+  push(index);
+  if (waiting_.load(std::memory_order_seq_cst) == 0) return;
+  // Someone waits: hand lanes from the list to the oldest waiters.
+  std::lock_guard lock(mutex_);
+  while (first_ != nullptr) {
+    const std::uint32_t got = pop();
+    if (got == none) break;
+    waiter* w = first_;
+    first_ = w->next;
+    if (first_ == nullptr) last_ = nullptr;
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+    leased_.fetch_add(1, std::memory_order_relaxed);
+    w->complete(got);
+  }
 }
 
 void lane_pool::lease::give_back() noexcept {
@@ -323,7 +393,7 @@ void lane_pool::lease::give_back() noexcept {
       std::fprintf(stderr, "evr-async-server: draining a lane after a failure: %s\n",
                    ec.message().c_str());
   }
-  pool_->release(lane_);
+  pool_->release(index_);
   lane_ = nullptr;
   pool_ = nullptr;
 }

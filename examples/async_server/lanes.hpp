@@ -5,8 +5,11 @@
 // a bounded resource, and wrk opens a thousand connections. Work holds a lane from filling its
 // inputs to reading its output (the buffers are the lane's, so two pieces of work must never share
 // one at the same time); when all lanes are busy, a request waits for one without blocking its
-// thread (an Asio channel pre-filled with the lanes). How many lanes: enough that the GPU, not
-// the lane count, limits how much runs at once (--streams; scripts/server-study.py measures it).
+// thread. Taking and giving back a lane is a compare-and-swap on a lock-free free list while lanes
+// are free (no lock, no Asio operation); only a request that finds none queues a handler under a
+// mutex, and the next lane given back goes to the oldest such request. How many lanes: enough
+// that the GPU, not the lane count, limits how much runs at once (--streams; by default measured
+// from the GPU at start-up, see main.cpp; scripts/server-study.py measures the effect).
 #pragma once
 
 #include <atomic>
@@ -19,9 +22,17 @@
 #include <utility>
 #include <vector>
 
+#include <mutex>
+
 #include <asio/any_io_executor.hpp>
+#include <asio/associated_allocator.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
-#include <asio/experimental/concurrent_channel.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
+#include <asio/recycling_allocator.hpp>
+#include <asio/use_awaitable.hpp>
 
 #include <evr/evr.hpp>
 #include <evr/sim/device.hpp>
@@ -96,9 +107,12 @@ struct sim_costs {
 };
 
 /// A lane on the simulated device. The /mlp body computes each row with `model.forward` (the
-/// reference itself: the simulator models timing and ordering, not arithmetic).
+/// reference itself: the simulator models timing and ordering, not arithmetic). `stream_backend`:
+/// the backend the lane's stream is created through (default: the device itself; a test may pass
+/// a wrapper of it, which the reactor must then be given too).
 std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, const mlp::model& model,
-                                    const sim_costs& costs = {});
+                                    const sim_costs& costs = {},
+                                    evr::device::backend* stream_backend = nullptr);
 
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
 /// The /mlp weights on CUDA device 0, materialized once and shared by every lane (read-only).
@@ -130,16 +144,19 @@ class lane_pool {
   class lease {
    public:
     lease() = default;
-    lease(lane_pool* pool, lane* l) noexcept : pool_(pool), lane_(l) {}
+    lease(lane_pool* pool, std::uint32_t index) noexcept
+        : pool_(pool), lane_(pool->lanes_[index]), index_(index) {}
     lease(lease&& o) noexcept
         : pool_(std::exchange(o.pool_, nullptr)),
           lane_(std::exchange(o.lane_, nullptr)),
+          index_(o.index_),
           busy_(o.busy_) {}
     lease& operator=(lease&& o) noexcept {
       if (this != &o) {
         give_back();
         pool_ = std::exchange(o.pool_, nullptr);
         lane_ = std::exchange(o.lane_, nullptr);
+        index_ = o.index_;
         busy_ = o.busy_;
       }
       return *this;
@@ -152,31 +169,123 @@ class lane_pool {
     lane* operator->() const noexcept { return lane_; }
     void mark_busy() noexcept { busy_ = true; }   ///< before enqueueing
     void mark_idle() noexcept { busy_ = false; }  ///< once the work is known to be done
+    explicit operator bool() const noexcept { return lane_ != nullptr; }
 
    private:
     void give_back() noexcept;
     lane_pool* pool_ = nullptr;
     lane* lane_ = nullptr;
+    std::uint32_t index_ = 0;
     bool busy_ = false;
   };
 
   /// The lanes are not owned: they outlive the pool (one set of lanes serves every server the
-  /// process runs in turn).
-  lane_pool(const asio::any_io_executor& ex, std::vector<lane*> lanes);
+  /// process runs in turn). At most 65535 lanes.
+  explicit lane_pool(std::vector<lane*> lanes);
+  ~lane_pool();
   lane_pool(const lane_pool&) = delete;
   lane_pool& operator=(const lane_pool&) = delete;
 
+  /// A free lane, or an empty lease when every lane is taken. Lock-free; thread-safe.
+  lease try_acquire() noexcept;
   /// A free lane, waiting (suspended, not blocking) while all are taken. Thread-safe. The waiters
-  /// are served first come, first served.
+  /// are served first come, first served; the coroutine resumes on its own executor.
   asio::awaitable<lease> acquire();
+  /// Only the waiting part of acquire(), for a caller whose try_acquire() came back empty (saves
+  /// a coroutine frame on the path where a lane is free).
+  asio::awaitable<lease> acquire_waiting();
+  /// The waiting part as an Asio operation, completing with void(std::uint32_t lane index) on the
+  /// handler's executor; `adopt` turns the index into the lease. For a coroutine that must not pay
+  /// for a frame of acquire_waiting's own: lanes_.adopt(co_await lanes_.async_wait_lane(tok)).
+  template <typename CompletionToken>
+  auto async_wait_lane(CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(std::uint32_t)>(
+        [this](auto handler) {
+          enqueue(waiter_for<decltype(handler)>::create(std::move(handler)));
+        },
+        token);
+  }
+  lease adopt(std::uint32_t index) noexcept { return lease(this, index); }
   std::size_t size() const noexcept { return lanes_.size(); }
   /// Lanes currently leased (a statistic; exact once no request is in flight).
   std::size_t leased() const noexcept { return leased_.load(std::memory_order_relaxed); }
 
  private:
-  void release(lane* l) noexcept;
+  /// A request waiting for a lane: its completion handler, type-erased (Asio 1.22 has no
+  /// any_completion_handler), posted to its own executor when a lane is handed to it.
+  /// Allocated with the handler's associated allocator (Asio's recycling allocator for a
+  /// coroutine: no malloc once warm) and linked into an intrusive list (no container to grow).
+  struct waiter {
+    waiter* next = nullptr;
+    /// Posts the handler with the lane (index, or none: the pool is going away, drop it) and
+    /// frees the waiter.
+    virtual void complete(std::uint32_t index) = 0;
+
+   protected:
+    ~waiter() = default;
+  };
+  template <typename Handler>
+  struct waiter_for;
+
+  static constexpr std::uint32_t none = 0xffffffffu;
+  std::uint32_t pop() noexcept;  ///< a free lane's index, or none
+  void push(std::uint32_t index) noexcept;
+  void enqueue(waiter* w);
+  void release(std::uint32_t index) noexcept;
+
   std::vector<lane*> lanes_;
-  std::atomic<std::size_t> leased_{0};
-  // Capacity == number of lanes, so giving one back (try_send) never fails or waits.
-  asio::experimental::concurrent_channel<void(std::error_code, lane*)> free_;
+  // The free list: a Treiber stack of lane indices. head_ = (tag << 32) | (index + 1), 0 when
+  // empty; the tag changes on every pop, so a stale compare-and-swap fails (no ABA).
+  std::unique_ptr<std::atomic<std::uint32_t>[]> next_;  // next_[i]: index + 1 below lane i
+  alignas(64) std::atomic<std::uint64_t> head_{0};
+  alignas(64) std::atomic<std::size_t> leased_{0};
+  std::atomic<std::size_t> waiting_{0};  // waiters in the list, readable without the lock
+  std::mutex mutex_;                     // guards the waiter list
+  waiter* first_ = nullptr;              // the oldest waiter
+  waiter* last_ = nullptr;               // the newest
 };
+
+template <typename Handler>
+struct lane_pool::waiter_for final : lane_pool::waiter {
+  // The handler's associated allocator, or -- for the default, std::allocator (a coroutine's) --
+  // Asio's per-thread recycling allocator, as Asio's own operations do.
+  using associated = asio::associated_allocator_t<Handler>;
+  using allocator_type = std::conditional_t<
+      std::is_same_v<associated, std::allocator<void>>, asio::recycling_allocator<waiter_for>,
+      typename std::allocator_traits<associated>::template rebind_alloc<waiter_for>>;
+  static allocator_type allocator(const Handler& h) {
+    if constexpr (std::is_same_v<associated, std::allocator<void>>) {
+      return allocator_type();
+    } else {
+      return allocator_type(asio::get_associated_allocator(h));
+    }
+  }
+
+  static waiter* create(Handler&& h) {
+    allocator_type alloc = allocator(h);
+    waiter_for* w = std::allocator_traits<allocator_type>::allocate(alloc, 1);
+    return new (w) waiter_for(std::move(h));
+  }
+  void complete(std::uint32_t index) override {
+    // Move everything out, free this, then post: the memory goes back before the handler runs.
+    Handler h = std::move(handler);
+    auto ex = work.get_executor();
+    work.reset();
+    allocator_type alloc = allocator(h);
+    this->~waiter_for();
+    std::allocator_traits<allocator_type>::deallocate(alloc, this, 1);
+    if (index == none) return;  // the pool is going away: the handler (a coroutine) is dropped
+    asio::post(ex, [h = std::move(h), index]() mutable { std::move(h)(index); });
+  }
+
+ private:
+  explicit waiter_for(Handler&& h)
+      : handler(std::move(h)), work(asio::get_associated_executor(handler)) {}
+  ~waiter_for() = default;
+  Handler handler;
+  asio::executor_work_guard<asio::associated_executor_t<Handler>> work;
+};
+
+inline asio::awaitable<lane_pool::lease> lane_pool::acquire_waiting() {
+  co_return adopt(co_await async_wait_lane(asio::use_awaitable));
+}

@@ -312,8 +312,28 @@ int main(int argc, char** argv) {
     std::unique_ptr<cuda_mlp_weights> weights;
     if (dev.cuda) weights = std::make_unique<cuda_mlp_weights>(model);
 #endif
+    // Lanes: as many as the GPU runs /busy kernels at once unless --streams says otherwise (fewer
+    // would leave the GPU idle under load; more only queue behind the ones running).
+    int streams = cfg.streams;
+    std::string lanes_note = "--streams";
+    if (streams == 0) {
+      streams = 64;
+      lanes_note = "default on the simulated device";
+#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
+      if (dev.cuda) {
+        char detail[160] = "";
+        if (const int n = server_kernels::busy_concurrency(detail, sizeof detail); n > 0) {
+          streams = n;
+          lanes_note = std::string("from the GPU: ") + detail;
+        } else {
+          lanes_note = "the GPU could not be queried: default";
+        }
+      }
+#endif
+    }
+    std::printf("lanes: %d (%s)\n", streams, lanes_note.c_str());
     std::vector<std::unique_ptr<lane>> owned_lanes;
-    for (int i = 0; i < cfg.streams; ++i) {
+    for (int i = 0; i < streams; ++i) {
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
       if (dev.cuda) {
         owned_lanes.push_back(make_cuda_lane(*weights));
@@ -342,7 +362,7 @@ int main(int argc, char** argv) {
           cfg.mode == wait_mode::thread
               ? "a thread per connection"
               : (std::to_string(cfg.threads) + (cfg.threads == 1 ? " thread" : " threads")).c_str(),
-          cfg.streams, cfg.streams == 1 ? "" : "s",
+          streams, streams == 1 ? "" : "s",
           cfg.mode == wait_mode::evr
               ? (std::string("strategy ") + evr::to_string(cfg.strategy)).c_str()
               : "blocking waits",
@@ -389,7 +409,7 @@ int main(int argc, char** argv) {
             "seconds=%.3f requests=%llu errors=%llu rps=%.1f p50_us=%.1f p90_us=%.1f p99_us=%.1f "
             "max_us=%.1f\n",
             to_string(cfg.mode), cfg.mode == wait_mode::evr ? "none" : to_string(cfg.sync),
-            dev.label.c_str(), cfg.mode == wait_mode::thread ? 0 : cfg.threads, cfg.streams,
+            dev.label.c_str(), cfg.mode == wait_mode::thread ? 0 : cfg.threads, streams,
             cfg.connections, load.seconds, static_cast<unsigned long long>(load.requests),
             static_cast<unsigned long long>(load.errors), load.requests_per_second(),
             load.percentile(0.5), load.percentile(0.9), load.percentile(0.99),

@@ -1,5 +1,10 @@
 #include "server.hpp"
 
+#include <pthread.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -7,13 +12,14 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/post.hpp>
 #include <asio/read.hpp>
 #include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
+
+#include <evr/callbacks/asio_compat.hpp>
 
 #include "busy_math.hpp"
 
@@ -46,7 +52,7 @@ struct asio::is_match_condition<head_end> : std::true_type {};
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
 
 /// The label requests are counted under (a closed set: see server_metrics::paths).
 std::string_view metrics_path(std::string_view path) {
@@ -61,10 +67,39 @@ std::string json_number(double v) {
   return buf;
 }
 
+void append_uint(std::string& out, std::uint64_t v) {
+  char buf[24];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, end);
+}
+
+/// v with one decimal, like printf's %.1f (but for halfway cases, which round away from zero),
+/// without printf's cost (a few thousand instructions per call: it was 9 % of a /busy request).
+void append_fixed1(std::string& out, double v) {
+  if (!(std::fabs(v) < 1e15)) {  // NaN, infinities, absurd values: printf's way
+    char buf[48];
+    const int n = std::snprintf(buf, sizeof buf, "%.1f", v);
+    out.append(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+    return;
+  }
+  long long tenths = std::llround(v * 10);
+  if (tenths < 0) {
+    out += '-';
+    tenths = -tenths;
+  }
+  append_uint(out, static_cast<std::uint64_t>(tenths / 10));
+  out += '.';
+  out += static_cast<char>('0' + tenths % 10);
+}
+
 std::string fixed1(double v) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
+  std::string s;
+  append_fixed1(s, v);
+  return s;
+}
+
+std::int64_t to_ns(clock_type::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
 double micros(clock_type::duration d) {
@@ -83,17 +118,29 @@ const char* to_string(wait_mode m) noexcept {
 }
 
 struct server::connection {
-  connection(asio::ip::tcp::socket s, evr::reactor* reactor)
-      : socket(std::move(s)), deadline(socket.get_executor()) {
+  connection(asio::ip::tcp::socket s, evr::reactor* reactor) : socket(std::move(s)) {
+    body.reserve(256);  // a /busy answer is ~110 bytes, its response ~200: no growing later
+    wire.reserve(512);
     if (reactor != nullptr) {
       waiter.emplace(socket.get_executor(), *reactor);
       mailbox.emplace(socket.get_executor(), 1);
     }
   }
-  asio::ip::tcp::socket socket;  // on the connection's strand, like everything below
-  asio::steady_timer deadline;
+  // On the connection's executor (evr: its io_context's one thread; pool: its strand; thread: its
+  // own thread), like everything below but deadline_ns.
+  asio::ip::tcp::socket socket;
+  /// When the connection must have made progress (steady_clock, ns), 0: no deadline. Set by the
+  /// connection, taken (exchanged with 0) by the sweep that closes it.
+  std::atomic<std::int64_t> deadline_ns{0};
   std::optional<evr::gpu_waiter> waiter;        // evr mode only
   std::optional<mlp_batcher::mailbox> mailbox;  // evr mode only: /mlp batches answer here
+  // Reused from request to request (cleared, their capacity kept): no allocation per request once
+  // they have grown to what this connection's requests need.
+  std::string in;  // bytes read and not yet consumed: a pipelined request may follow a body
+  http::request req;
+  params::list query, form;
+  std::string body;  // the response's body
+  std::string wire;  // the response as sent
 };
 
 struct server::conn_thread {
@@ -102,22 +149,24 @@ struct server::conn_thread {
   std::atomic<bool> done{false};
 };
 
-server::server(asio::io_context& io, server_config cfg, lane_pool& lanes, evr::reactor* reactor,
-               const mlp::model& model, server_metrics& metrics)
-    : io_(io),
+server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_pool& lanes,
+               evr::reactor* reactor, const mlp::model& model, server_metrics& metrics)
+    : contexts_(std::move(contexts)),
       cfg_(std::move(cfg)),
       lanes_(lanes),
       reactor_(cfg_.mode == wait_mode::evr ? reactor : nullptr),
       model_(model),
       metrics_(metrics),
-      accept_strand_(asio::make_strand(io)),
-      acceptor_(accept_strand_) {
+      accept_strand_(asio::make_strand(*contexts_.at(0))),
+      acceptor_(accept_strand_),
+      sweep_timer_(accept_strand_) {
   if (cfg_.mode == wait_mode::evr && reactor_ == nullptr)
     throw std::invalid_argument("server: wait_mode::evr needs a reactor");
   if (cfg_.check_every == 0) throw std::invalid_argument("server: check_every must be at least 1");
   if (reactor_ != nullptr)
-    batcher_ =
-        std::make_unique<mlp_batcher>(io, lanes, *reactor_, model.dims(), cfg_.batching, metrics);
+    batcher_ = std::make_unique<mlp_batcher>(*contexts_[0], lanes, *reactor_, model.dims(),
+                                             cfg_.batching, metrics);
+  for (asio::io_context* io : contexts_) keep_running_.push_back(asio::make_work_guard(*io));
 }
 
 server::~server() {
@@ -141,28 +190,34 @@ void server::start() {
   asio::co_spawn(accept_strand_, accept_loop(), [](std::exception_ptr e) {
     if (e) std::rethrow_exception(e);  // a bug, not a client's doing: let run() report it
   });
+  asio::co_spawn(accept_strand_, sweep_deadlines(), [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  });
 }
 
 void server::stop() {
   std::unordered_set<std::shared_ptr<connection>> open;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> running;
   {
     std::lock_guard lock(mutex_);
-    if (stopping_) return;
-    stopping_ = true;
+    if (stopping_.load(std::memory_order_relaxed)) return;
+    stopping_.store(true, std::memory_order_relaxed);
     open = connections_;
+    running.swap(keep_running_);
   }
   asio::post(accept_strand_, [this] {
     std::error_code ignored;
     acceptor_.close(ignored);
+    sweep_timer_.cancel();
   });
-  // Each connection is closed on its own strand (or thread), where its coroutine runs.
+  // Each connection is closed on its own executor (or thread), where its coroutine runs.
   for (const auto& c : open) {
     asio::post(c->socket.get_executor(), [c] {
       std::error_code ignored;
       c->socket.close(ignored);
-      c->deadline.cancel();
     });
   }
+  // `running` goes now: each context's run() returns once its connections are done.
 }
 
 void server::join_connection_threads() {
@@ -201,12 +256,17 @@ asio::awaitable<void> server::accept_loop() {
   acceptor_.non_blocking(true,
                          ignored);  // for the draining accepts below (async ones are unaffected)
   const bool own_threads = cfg_.mode == wait_mode::thread;
-  // Each connection gets its own strand (with several io threads, its socket and timer are only
-  // ever used from one at a time) or, in thread mode, its own io_context and thread.
+  // evr: the next io_context, round-robin (its one thread is the only one to touch the
+  // connection). pool: a strand of the shared io_context (its socket and coroutine are only ever
+  // used from one thread at a time). thread: an io_context and thread of its own.
   auto next = [&]() -> std::pair<asio::any_io_executor, std::shared_ptr<conn_thread>> {
-    if (!own_threads) return {asio::make_strand(io_), nullptr};
-    auto t = new_conn_thread();
-    return {t->io.get_executor(), t};
+    if (own_threads) {
+      auto t = new_conn_thread();
+      return {t->io.get_executor(), t};
+    }
+    if (cfg_.mode == wait_mode::pool) return {asio::make_strand(*contexts_[0]), nullptr};
+    asio::io_context& io = *contexts_[next_context_++ % contexts_.size()];
+    return {io.get_executor(), nullptr};
   };
   for (;;) {
     auto [ex, own] = next();
@@ -236,10 +296,11 @@ asio::awaitable<void> server::accept_loop() {
 bool server::start_connection(asio::ip::tcp::socket socket, std::shared_ptr<conn_thread> own) {
   std::error_code ignored;
   socket.set_option(asio::ip::tcp::no_delay(true), ignored);  // small responses, sent at once
+  socket.non_blocking(true, ignored);  // responses are written at once when the socket takes them
   auto c = std::make_shared<connection>(std::move(socket), reactor_);
   {
     std::lock_guard lock(mutex_);
-    if (stopping_) return false;  // c's socket closes as it goes
+    if (stopping_.load(std::memory_order_relaxed)) return false;  // c's socket closes as it goes
     connections_.insert(c);
     if (own) conn_threads_.push_back(own);
   }
@@ -255,6 +316,7 @@ bool server::start_connection(asio::ip::tcp::socket socket, std::shared_ptr<conn
     // The thread runs this one connection and ends with it. Its io_context (and so the thread's
     // only reference to it) is kept by conn_threads_ until joined.
     own->thread = std::thread([t = own.get()] {
+      pthread_setname_np(pthread_self(), "evr-conn");
       try {
         t->io.run();
       } catch (const std::exception& e) {
@@ -266,20 +328,38 @@ bool server::start_connection(asio::ip::tcp::socket socket, std::shared_ptr<conn
   return true;
 }
 
-void server::arm_deadline(const std::shared_ptr<connection>& c) {
-  // Re-arming cancels the previous wait (its handler sees operation_aborted and does nothing).
-  c->deadline.expires_after(cfg_.io_timeout);
-  c->deadline.async_wait([weak = std::weak_ptr<connection>(c)](std::error_code ec) {
-    if (ec) return;
-    if (auto c = weak.lock()) {
-      std::error_code ignored;
-      c->socket.close(ignored);  // the pending read or write fails, the coroutine ends
+void server::arm_deadline(connection& c, std::chrono::nanoseconds after) noexcept {
+  c.deadline_ns.store(to_ns(clock_type::now() + after), std::memory_order_relaxed);
+}
+
+asio::awaitable<void> server::sweep_deadlines() {
+  using namespace std::chrono_literals;
+  const auto period = std::clamp<clock_type::duration>(cfg_.io_timeout / 8, 10ms, 250ms);
+  std::vector<std::shared_ptr<connection>> late;
+  for (;;) {
+    sweep_timer_.expires_after(period);
+    auto [ec] = co_await sweep_timer_.async_wait(use_tuple);
+    if (ec || stopping_.load(std::memory_order_relaxed)) co_return;
+    const std::int64_t now = to_ns(clock_type::now());
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& c : connections_) {
+        std::int64_t d = c->deadline_ns.load(std::memory_order_relaxed);
+        // Taken only if unchanged: a connection that made progress meanwhile has moved it.
+        if (d != 0 && d <= now && c->deadline_ns.compare_exchange_strong(d, 0)) late.push_back(c);
+      }
     }
-  });
+    for (auto& c : late) {
+      asio::post(c->socket.get_executor(), [c] {
+        std::error_code ignored;
+        c->socket.close(ignored);  // the pending read or write fails, the coroutine ends
+      });
+    }
+    late.clear();
+  }
 }
 
 void server::forget(const std::shared_ptr<connection>& c) {
-  c->deadline.cancel();
   std::lock_guard lock(mutex_);
   connections_.erase(c);
 }
@@ -291,25 +371,28 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
     ~forget_on_exit() { self->forget(c); }
   } guard{this, c};
 
-  std::string buffer;  // bytes read and not yet consumed: a pipelined request may follow a body
+  std::string& buffer = c->in;
+  http::request& req = c->req;
   bool lingering_close = false;
   for (;;) {
-    arm_deadline(c);
+    arm_deadline(*c, cfg_.io_timeout);
     auto [ec, head_size] = co_await asio::async_read_until(
         c->socket, asio::dynamic_buffer(buffer, http::max_head_bytes), head_end{}, use_tuple);
     const auto t0 = clock_type::now();
     response r;
-    http::request req;
+    c->body.clear();
     if (ec == asio::error::not_found) {  // the head outgrew max_head_bytes
+      req.clear();
       r = error_response(
-          431, "the request head is larger than " + std::to_string(http::max_head_bytes) + " bytes",
+          *c, 431,
+          "the request head is larger than " + std::to_string(http::max_head_bytes) + " bytes",
           true);
     } else if (ec) {
-      break;  // the peer closed (eof, reset), the deadline fired, or stop() closed the socket
+      break;  // the peer closed (eof, reset), the deadline passed, or stop() closed the socket
     } else if (auto bad =
                    http::parse_request_head(std::string_view(buffer.data(), head_size), req)) {
       // After a malformed head we cannot know where the next request starts: answer and close.
-      r = error_response(bad->status, std::move(bad->message), true);
+      r = error_response(*c, bad->status, bad->message, true);
     } else {
       buffer.erase(0, head_size);
       if (buffer.size() < req.content_length) {
@@ -325,26 +408,66 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
             asio::transfer_exactly(req.content_length - buffer.size()), use_tuple);
         if (bec) break;
       }
-      req.body = buffer.substr(0, req.content_length);
+      req.body.assign(buffer, 0, req.content_length);
       buffer.erase(0, req.content_length);
-      c->deadline.cancel();  // the GPU work is not the client's delay
+      c->deadline_ns.store(0, std::memory_order_relaxed);  // the GPU work is not the client's delay
       struct in_flight {
         server_metrics& m;
         explicit in_flight(server_metrics& metrics) : m(metrics) { m.request_started(); }
         ~in_flight() { m.request_finished(); }
       } counted(metrics_);
-      r = co_await handle(req, *c);
+      busy::spec spec;
+      if (!busy_request(req, *c, spec, r)) {
+        r = co_await handle(req, *c);
+      } else if (r.status == 200) {
+        // GET /busy, the GPU-bound route, runs here rather than in handle() and run_busy():
+        // GCC's frames for those coroutines are over 1 KiB, more than Asio's recycling allocator
+        // keeps, so each request paid two allocations for them. serve()'s frame lives as long as
+        // the connection.
+        double gpu_us = 0;
+        std::uint32_t result = 0;
+        std::error_code ec;
+        {
+          lane_pool::lease lease = lanes_.try_acquire();
+          if (!lease) lease = lanes_.adopt(co_await lanes_.async_wait_lane(asio::use_awaitable));
+          if (!launch_busy(lease, spec, *c, r)) {
+            const auto tw = clock_type::now();
+            if (c->waiter) {
+              auto [wec] = co_await c->waiter->async_wait(lease->stream(), use_tuple);
+              ec = wec;
+            } else {
+              ec = lease->wait_blocking(cfg_.sync);
+            }
+            const auto d = clock_type::now() - tw;
+            gpu_us = micros(d);
+            if (!ec) {
+              waited(lease, "/busy", d);
+              result = lease->busy_result();
+            }
+          }
+        }  // the lane goes back before the answer is checked and sent
+        if (r.status == 200) r = answer_busy(*c, spec, ec, result, gpu_us);
+      }
     }
 
-    bool keep_alive = req.keep_alive && !r.close;
-    {
-      std::lock_guard lock(mutex_);
-      if (stopping_) keep_alive = false;
+    const bool keep_alive =
+        req.keep_alive && !r.close && !stopping_.load(std::memory_order_relaxed);
+    c->wire.clear();
+    http::append_response(c->wire, r.status, r.content_type, c->body, keep_alive, r.extra_headers);
+    // At once when the socket takes it all, the usual case for a response this small (no Asio
+    // operation, no trip through the scheduler); what it does not take, asynchronously.
+    std::error_code wec;
+    std::size_t sent = c->socket.write_some(asio::buffer(c->wire), wec);
+    if (wec == asio::error::would_block || wec == asio::error::try_again) {
+      wec.clear();
+      sent = 0;
     }
-    const std::string wire =
-        http::format_response(r.status, r.content_type, r.body, keep_alive, r.extra_headers);
-    arm_deadline(c);
-    auto [wec, written] = co_await asio::async_write(c->socket, asio::buffer(wire), use_tuple);
+    if (!wec && sent < c->wire.size()) {
+      arm_deadline(*c, cfg_.io_timeout);
+      auto [aec, n] = co_await asio::async_write(
+          c->socket, asio::buffer(c->wire.data() + sent, c->wire.size() - sent), use_tuple);
+      wec = aec;
+    }
     metrics_.record(req.target.empty() ? "other" : metrics_path(req.path()), r.status,
                     clock_type::now() - t0);
     if (wec) break;
@@ -362,13 +485,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
     // until the client closes, for at most ~1 s and 256 KiB (what servers call lingering close;
     // more than the largest body refused, so that the client reads its response before any reset).
     c->socket.shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
-    c->deadline.expires_after(std::chrono::seconds(1));
-    c->deadline.async_wait([weak = std::weak_ptr<connection>(c)](std::error_code ec) {
-      if (auto c = weak.lock(); c && !ec) {
-        std::error_code ignored;
-        c->socket.close(ignored);
-      }
-    });
+    arm_deadline(*c, std::chrono::seconds(1));
     char sink[4096];
     for (std::size_t drained = 0; drained < 256 * 1024;) {
       auto [rec, n] = co_await c->socket.async_read_some(asio::buffer(sink), use_tuple);
@@ -381,11 +498,17 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
   c->socket.close(ignored);
 }
 
-server::response server::error_response(int status, std::string message, bool close) {
+server::response server::error_response(connection& c, int status, std::string_view message,
+                                        bool close) {
   response r;
   r.status = status;
   r.content_type = "text/plain; charset=utf-8";
-  r.body = "error " + std::to_string(status) + ": " + message + "\n";
+  c.body.clear();
+  c.body += "error ";
+  append_uint(c.body, static_cast<std::uint64_t>(status));
+  c.body += ": ";
+  c.body += message;
+  c.body += '\n';
   r.close = close;
   return r;
 }
@@ -396,8 +519,8 @@ bool server::sample_check() noexcept {
 
 asio::awaitable<server::response> server::handle(const http::request& req, connection& c) {
   const std::string_view path = req.path();
-  auto method_not_allowed = [](std::string_view what, const char* allow) {
-    response r = error_response(405, std::string(what) + " takes " + allow);
+  auto method_not_allowed = [&c](std::string_view what, const char* allow) {
+    response r = error_response(c, 405, std::string(what) + " takes " + allow);
     r.extra_headers = std::string("Allow: ") + allow + "\r\n";
     return r;
   };
@@ -412,44 +535,42 @@ asio::awaitable<server::response> server::handle(const http::request& req, conne
       std::lock_guard lock(mutex_);
       open = connections_.size();
     }
-    r.body = metrics_.render(m ? &*m : nullptr, cfg_.info, open);
+    c.body = metrics_.render(m ? &*m : nullptr, cfg_.info, open);
     co_return r;
   }
 
   const bool known = path == "/saxpy" || path == "/sum" || path == "/busy" || path == "/mlp";
   if (!known)
-    co_return error_response(404, "no such path '" + std::string(path.substr(0, 64)) +
-                                      "'; try /busy?us=2000, /mlp?seed=1, /saxpy?n=65536, "
-                                      "/sum?n=65536 or /metrics");
+    co_return error_response(c, 404,
+                             "no such path '" + std::string(path.substr(0, 64)) +
+                                 "'; try /busy?us=2000, /mlp?seed=1, /saxpy?n=65536, "
+                                 "/sum?n=65536 or /metrics");
   if (path == "/busy" ? req.method != "GET" : req.method != "GET" && req.method != "POST")
     co_return method_not_allowed(path, path == "/busy" ? "GET" : "GET, POST");
 
   // Parameters in the query; for POST /saxpy and /sum also in the body (form encoding), after any
   // in the query. POST /mlp carries its rows in the body (CSV).
-  params::list query, body_params;
+  params::list& query = c.query;  // the connection's: reused, no allocation per request
+  params::list& body_params = c.form;
   if (auto bad = http::parse_query(req.query(), query))
-    co_return error_response(bad->status, bad->message);
+    co_return error_response(c, bad->status, bad->message);
 
-  if (path == "/busy") {
-    busy::spec spec;
-    if (auto bad = busy::parse(query, cfg_.max_busy_us, spec)) co_return error_response(400, *bad);
-    co_return co_await run_busy(spec, c);
-  }
+  // (GET /busy is served by serve() itself: see busy_request.)
   if (path == "/mlp") {
     mlp::request mreq;
     if (auto bad = mlp::parse(query, req.body, req.method == "POST", model_.dims(),
                               cfg_.batching.max_rows, mreq))
-      co_return error_response(bad->status, bad->message);
+      co_return error_response(c, bad->status, bad->message);
     co_return co_await run_mlp(mreq, c);
   }
   const job::kind kind = path == "/saxpy" ? job::kind::saxpy : job::kind::sum;
   if (req.method == "POST") {
     if (auto bad = http::parse_query(req.body, body_params))
-      co_return error_response(bad->status, bad->message);
+      co_return error_response(c, bad->status, bad->message);
     query.insert(query.end(), body_params.begin(), body_params.end());
   }
   job::spec spec;
-  if (auto bad = job::parse(kind, query, cfg_.max_n, spec)) co_return error_response(400, *bad);
+  if (auto bad = job::parse(kind, query, cfg_.max_n, spec)) co_return error_response(c, 400, *bad);
   co_return co_await run_job(spec, c);
 }
 
@@ -465,18 +586,21 @@ asio::awaitable<std::error_code> server::wait_gpu(lane_pool::lease& lease, conne
     // pool / thread: this thread can do nothing else until the GPU is done.
     ec = lease->wait_blocking(cfg_.sync);
   }
-  const auto waited = clock_type::now() - t0;
-  waited_us = micros(waited);
-  if (!ec) {
-    lease.mark_idle();
-    metrics_.record_gpu_wait(path, waited);
-  }
+  const auto d = clock_type::now() - t0;
+  waited_us = micros(d);
+  if (!ec) waited(lease, path, d);
   co_return ec;
+}
+
+void server::waited(lane_pool::lease& lease, std::string_view path, clock_type::duration d) {
+  lease.mark_idle();
+  metrics_.record_gpu_wait(path, d);
 }
 
 asio::awaitable<server::response> server::run_job(const job::spec& spec, connection& c) {
   // Waits (suspended) while every lane is taken: bounded GPU memory and streams under any load.
-  lane_pool::lease lease = co_await lanes_.acquire();
+  lane_pool::lease lease = lanes_.try_acquire();
+  if (!lease) lease = co_await lanes_.acquire_waiting();
   lane& l = *lease;
   // (No co_return inside the handlers: the response is built after the try statement.)
   std::optional<response> refused;
@@ -486,52 +610,61 @@ asio::awaitable<server::response> server::run_job(const job::spec& spec, connect
     lease.mark_busy();  // from here on, an early exit drains the lane before it is reused
     l.enqueue(spec);
   } catch (const std::bad_alloc&) {
-    refused = error_response(503, "out of memory for n=" + std::to_string(spec.n));
+    refused = error_response(c, 503, "out of memory for n=" + std::to_string(spec.n));
   } catch (const std::exception& e) {
-    refused = error_response(500, std::string("launching the GPU work failed: ") + e.what());
+    refused = error_response(c, 500, std::string("launching the GPU work failed: ") + e.what());
   }
   if (refused) co_return std::move(*refused);
 
   double gpu_us = 0;
   const std::error_code ec =
       co_await wait_gpu(lease, c, spec.kind == job::kind::saxpy ? "/saxpy" : "/sum", gpu_us);
-  if (ec) co_return error_response(500, "waiting for the GPU failed: " + ec.message());
+  if (ec) co_return error_response(c, 500, "waiting for the GPU failed: " + ec.message());
 
   double value = 0;
   if (auto wrong = job::check(spec, l.x(), l.y(), l.out(), l.sum(), value)) {
     metrics_.record_check(false);
     std::fprintf(stderr, "evr-async-server: %s (n=%zu seed=%u)\n", wrong->c_str(), spec.n,
                  spec.seed);
-    co_return error_response(500, *wrong);
+    co_return error_response(c, 500, *wrong);
   }
   metrics_.record_check(true);
-  response r;
-  r.body = std::string("{\"op\":\"") + job::to_string(spec.kind) +
+  c.body = std::string("{\"op\":\"") + job::to_string(spec.kind) +
            "\",\"n\":" + std::to_string(spec.n) +
            (spec.kind == job::kind::saxpy ? ",\"a\":" + json_number(spec.a) : std::string()) +
            ",\"seed\":" + std::to_string(spec.seed) + ",\"result\":" + json_number(value) +
            ",\"checked\":true,\"wait_us\":" + fixed1(gpu_us) + ",\"wait\":\"" +
            to_string(cfg_.mode) + "\"}\n";
-  co_return r;
+  co_return response{};
 }
 
-asio::awaitable<server::response> server::run_busy(const busy::spec& spec, connection& c) {
-  std::uint32_t result = 0;
-  double gpu_us = 0;
-  {
-    lane_pool::lease lease = co_await lanes_.acquire();
-    std::optional<response> refused;
-    try {
-      lease.mark_busy();
-      lease->enqueue_busy(spec);
-    } catch (const std::exception& e) {
-      refused = error_response(500, std::string("launching the GPU work failed: ") + e.what());
-    }
-    if (refused) co_return std::move(*refused);
-    const std::error_code ec = co_await wait_gpu(lease, c, "/busy", gpu_us);
-    if (ec) co_return error_response(500, "waiting for the GPU failed: " + ec.message());
-    result = lease->busy_result();
-  }  // the lane goes back before the answer is checked and sent
+bool server::busy_request(const http::request& req, connection& c, busy::spec& spec, response& r) {
+  if (req.path() != "/busy" || req.method != "GET") return false;
+  if (auto bad = http::parse_query(req.query(), c.query)) {
+    r = error_response(c, bad->status, bad->message);
+  } else if (auto wrong = busy::parse(c.query, cfg_.max_busy_us, spec)) {
+    r = error_response(c, 400, *wrong);
+  } else {
+    r = response{};
+  }
+  return true;
+}
+
+bool server::launch_busy(lane_pool::lease& lease, const busy::spec& spec, connection& c,
+                         response& r) {
+  try {
+    lease.mark_busy();
+    lease->enqueue_busy(spec);
+    return false;
+  } catch (const std::exception& e) {
+    r = error_response(c, 500, std::string("launching the GPU work failed: ") + e.what());
+    return true;
+  }
+}
+
+server::response server::answer_busy(connection& c, const busy::spec& spec, std::error_code ec,
+                                     std::uint32_t result, double gpu_us) {
+  if (ec) return error_response(c, 500, "waiting for the GPU failed: " + ec.message());
   const bool checked = sample_check();
   if (checked) {
     const std::uint32_t want = busy_math::reference(spec.seed);
@@ -540,15 +673,22 @@ asio::awaitable<server::response> server::run_busy(const busy::spec& spec, conne
       const std::string msg = "wrong busy answer from the device: got " + std::to_string(result) +
                               ", the CPU says " + std::to_string(want);
       std::fprintf(stderr, "evr-async-server: %s (seed=%u)\n", msg.c_str(), spec.seed);
-      co_return error_response(500, msg);
+      return error_response(c, 500, msg);
     }
   }
-  response r;
-  r.body = "{\"op\":\"busy\",\"us\":" + std::to_string(spec.us) +
-           ",\"seed\":" + std::to_string(spec.seed) + ",\"result\":" + std::to_string(result) +
-           ",\"checked\":" + (checked ? "true" : "false") + ",\"wait_us\":" + fixed1(gpu_us) +
-           ",\"wait\":\"" + to_string(cfg_.mode) + "\"}\n";
-  co_return r;
+  std::string& b = c.body;
+  b += "{\"op\":\"busy\",\"us\":";
+  append_uint(b, spec.us);
+  b += ",\"seed\":";
+  append_uint(b, spec.seed);
+  b += ",\"result\":";
+  append_uint(b, result);
+  b += checked ? ",\"checked\":true,\"wait_us\":" : ",\"checked\":false,\"wait_us\":";
+  append_fixed1(b, gpu_us);
+  b += ",\"wait\":\"";
+  b += to_string(cfg_.mode);
+  b += "\"}\n";
+  return response{};
 }
 
 asio::awaitable<server::response> server::run_mlp(const mlp::request& req, connection& c) {
@@ -562,11 +702,12 @@ asio::awaitable<server::response> server::run_mlp(const mlp::request& req, conne
     const auto t0 = clock_type::now();
     const mlp_batcher::result r = co_await batcher_->run(req, outputs.data(), *c.mailbox);
     gpu_us = micros(clock_type::now() - t0);
-    if (r.ec) co_return error_response(500, r.what);
+    if (r.ec) co_return error_response(c, 500, r.what);
     batch_rows = r.batch_rows;
   } else {
     // pool / thread: a batch of this request alone, waited for by blocking the thread.
-    lane_pool::lease lease = co_await lanes_.acquire();
+    lane_pool::lease lease = lanes_.try_acquire();
+    if (!lease) lease = co_await lanes_.acquire_waiting();
     lane& l = *lease;
     std::optional<response> refused;
     try {
@@ -575,11 +716,11 @@ asio::awaitable<server::response> server::run_mlp(const mlp::request& req, conne
       lease.mark_busy();
       l.enqueue_mlp(req.rows);
     } catch (const std::exception& e) {
-      refused = error_response(500, std::string("launching the GPU work failed: ") + e.what());
+      refused = error_response(c, 500, std::string("launching the GPU work failed: ") + e.what());
     }
     if (refused) co_return std::move(*refused);
     const std::error_code ec = co_await wait_gpu(lease, c, "/mlp", gpu_us);
-    if (ec) co_return error_response(500, "waiting for the GPU failed: " + ec.message());
+    if (ec) co_return error_response(c, 500, "waiting for the GPU failed: " + ec.message());
     std::memcpy(outputs.data(), l.mlp_output(), outputs.size() * sizeof(float));
     metrics_.record_batch(req.rows);
   }
@@ -594,26 +735,26 @@ asio::awaitable<server::response> server::run_mlp(const mlp::request& req, conne
         const std::string msg =
             "wrong mlp answer from the device, row " + std::to_string(r) + ", " + *wrong;
         std::fprintf(stderr, "evr-async-server: %s\n", msg.c_str());
-        co_return error_response(500, msg);
+        co_return error_response(c, 500, msg);
       }
     }
     metrics_.record_check(true);
   }
-  response r;
-  r.body = "{\"op\":\"mlp\",\"rows\":" + std::to_string(req.rows) +
-           ",\"batch\":" + std::to_string(batch_rows);
-  if (req.seed) r.body += ",\"seed\":" + std::to_string(*req.seed);
-  r.body += ",\"checksums\":[";
+  std::string& body = c.body;
+  body = "{\"op\":\"mlp\",\"rows\":" + std::to_string(req.rows) +
+         ",\"batch\":" + std::to_string(batch_rows);
+  if (req.seed) body += ",\"seed\":" + std::to_string(*req.seed);
+  body += ",\"checksums\":[";
   for (std::size_t row = 0; row < req.rows; ++row) {
-    if (row != 0) r.body += ',';
-    r.body += json_number(mlp::checksum(outputs.data() + row * out, d.out));
+    if (row != 0) body += ',';
+    body += json_number(mlp::checksum(outputs.data() + row * out, d.out));
   }
-  r.body += "],\"first\":[";
+  body += "],\"first\":[";
   for (std::size_t i = 0; i < 4 && i < out; ++i) {
-    if (i != 0) r.body += ',';
-    r.body += json_number(outputs[i]);
+    if (i != 0) body += ',';
+    body += json_number(outputs[i]);
   }
-  r.body += std::string("],\"checked\":") + (checked ? "true" : "false") +
-            ",\"wait_us\":" + fixed1(gpu_us) + ",\"wait\":\"" + to_string(cfg_.mode) + "\"}\n";
-  co_return r;
+  body += std::string("],\"checked\":") + (checked ? "true" : "false") +
+          ",\"wait_us\":" + fixed1(gpu_us) + ",\"wait\":\"" + to_string(cfg_.mode) + "\"}\n";
+  co_return response{};
 }

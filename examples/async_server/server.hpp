@@ -18,13 +18,19 @@
 //   * wait_mode::thread  a thread per connection, which blocks the same way: requests in flight
 //                        <= connections (and lanes), at the price of a thread each.
 //
-// Threads (evr, pool): one io_context run by N threads; each connection lives on its own strand,
-// so its socket, deadline timer and coroutine are never touched by two threads at once. One shared
-// io_context and not one per thread: a blocking pool needs a shared queue (any idle thread takes
-// the next ready connection; with an io_context per thread a connection would wait behind the
-// blocked thread it was pinned to), and evr uses the same arrangement so that the two differ only
-// in how a request waits. (thread): each accepted connection gets a thread of its own running a
-// private io_context for that one socket, so its reads, writes and waits block only that thread.
+// Threads:
+//   * evr: one io_context per thread (N of them); the acceptor (on the first) hands connections
+//     to the contexts round-robin, and a connection lives on its context's plain executor, no
+//     strand: only that context's one thread ever runs its socket and coroutine. Nothing is shared
+//     between the threads on a request's path but the lane pool (lock-free) and the reactor, and
+//     evr's delivery sees a plain io_context executor (its batched posts apply).
+//   * pool: one io_context run by N threads, each connection on its own strand. A blocking pool
+//     needs the shared queue: any idle thread must take the next ready connection (with an
+//     io_context per thread a connection would wait behind the blocked thread it was pinned to).
+//   * thread: each accepted connection gets a thread of its own running a private io_context for
+//     that one socket, so its reads, writes and waits block only that thread.
+// Deadlines (idle and slow clients): a connection stores when it must next make progress; one
+// sweep every io_timeout/8 (at most 250 ms) closes the late ones. No timer per request.
 #pragma once
 
 #include <chrono>
@@ -35,10 +41,13 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <vector>
 
 #include <asio/awaitable.hpp>
+#include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 
 #include <evr/evr.hpp>
@@ -73,10 +82,13 @@ struct server_config {
 
 class server {
  public:
-  /// `reactor` is required in wait_mode::evr and ignored otherwise. `model` is the /mlp model (its
-  /// reference checks answers; the lanes hold its weights). All must outlive the server.
-  server(asio::io_context& io, server_config cfg, lane_pool& lanes, evr::reactor* reactor,
-         const mlp::model& model, server_metrics& metrics);
+  /// `contexts`: the io_contexts connections run on (evr: one per io thread; pool and thread
+  /// modes: one, the pool's or the accept loop's). The accept loop and the deadline sweep run on
+  /// the first. `reactor` is required in wait_mode::evr and ignored otherwise. `model` is the /mlp
+  /// model (its reference checks answers; the lanes hold its weights). All must outlive the
+  /// server. Until stop(), the server keeps every context's run() from returning.
+  server(std::vector<asio::io_context*> contexts, server_config cfg, lane_pool& lanes,
+         evr::reactor* reactor, const mlp::model& model, server_metrics& metrics);
   ~server();
   server(const server&) = delete;
   server& operator=(const server&) = delete;
@@ -97,12 +109,14 @@ class server {
   void join_connection_threads();
 
  private:
+  using clock_type = std::chrono::steady_clock;
   struct connection;
+  /// A response's head fields; its body is written into the connection's body buffer (reused
+  /// from request to request: no allocation once it has grown to the largest body).
   struct response {
     int status = 200;
-    std::string content_type = "application/json";
-    std::string body;
-    std::string extra_headers;  ///< "Name: value\r\n" lines
+    std::string_view content_type = "application/json";  ///< always a literal
+    std::string extra_headers;  ///< "Name: value\r\n" lines (error responses only)
     bool close = false;         ///< close the connection after this response
   };
   struct conn_thread;  // wait_mode::thread: a connection's own io_context and thread
@@ -115,17 +129,31 @@ class server {
   asio::awaitable<void> serve(std::shared_ptr<connection> c);
   asio::awaitable<response> handle(const http::request& req, connection& c);
   asio::awaitable<response> run_job(const job::spec& spec, connection& c);
-  asio::awaitable<response> run_busy(const busy::spec& spec, connection& c);
+  /// GET /busy, served inline by serve(): false when `req` is not one; else true, with `spec`
+  /// parsed, or with an error response in `r` (status != 200) when its parameters are bad.
+  bool busy_request(const http::request& req, connection& c, busy::spec& spec, response& r);
+  /// Enqueues the busy kernel on the lease's lane; true (and the 500 in `r`) when that failed.
+  bool launch_busy(lane_pool::lease& lease, const busy::spec& spec, connection& c, response& r);
+  /// The answer once the work is done (or the wait failed: ec).
+  response answer_busy(connection& c, const busy::spec& spec, std::error_code ec,
+                       std::uint32_t result, double gpu_us);
   asio::awaitable<response> run_mlp(const mlp::request& req, connection& c);
   /// Waits for the work queued so far on the lease's lane, the way this server's mode waits.
   asio::awaitable<std::error_code> wait_gpu(lane_pool::lease& lease, connection& c,
                                             std::string_view path, double& waited_us);
+  /// After a successful wait: the lane is idle, the wait goes to the metrics.
+  void waited(lane_pool::lease& lease, std::string_view path, clock_type::duration d);
   bool sample_check() noexcept;
-  static response error_response(int status, std::string message, bool close = false);
-  void arm_deadline(const std::shared_ptr<connection>& c);
+  /// Writes "error <status>: <message>" into c's body.
+  static response error_response(connection& c, int status, std::string_view message,
+                                 bool close = false);
+  void arm_deadline(connection& c, std::chrono::nanoseconds after) noexcept;
+  asio::awaitable<void> sweep_deadlines();
   void forget(const std::shared_ptr<connection>& c);
 
-  asio::io_context& io_;
+  std::vector<asio::io_context*> contexts_;
+  std::size_t next_context_ = 0;  // round-robin (accept loop only)
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> keep_running_;
   server_config cfg_;
   lane_pool& lanes_;
   evr::reactor* reactor_;
@@ -135,10 +163,11 @@ class server {
   std::atomic<std::uint64_t> answers_{0};  // for sample_check
   asio::strand<asio::io_context::executor_type> accept_strand_;
   asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer sweep_timer_;  // on accept_strand_
   std::uint16_t port_ = 0;
 
-  std::mutex mutex_;  // guards connections_, conn_threads_ and stopping_
+  std::mutex mutex_;  // guards connections_, conn_threads_, keep_running_ and stopping_'s change
   std::unordered_set<std::shared_ptr<connection>> connections_;
   std::list<std::shared_ptr<conn_thread>> conn_threads_;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};  // read on every response without the lock
 };
