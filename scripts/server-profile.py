@@ -25,6 +25,7 @@ finds wrk in .tools/usr/bin and perf in .tools/perf (or on PATH). Here, on the s
 perf needs kernel.perf_event_paranoid <= 1 or root; without perf the thread table still comes out.
 """
 import argparse
+import shlex
 import importlib.util
 import json
 import os
@@ -151,7 +152,7 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
                          "scripts/server-study.py)")
     _, mode, sync, n = spec
     srv = study.server(binary, args.device, mode, sync, n, args.lanes, args.cuda_connections,
-                       ["--check-every", "16"])
+                       ["--check-every", "16"] + shlex.split(args.server_args))
     if srv.port is None:
         log(f"{label}: the server did not start:\n" + "\n".join(srv.lines[-20:]))
         srv.stop()
@@ -248,6 +249,8 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "sim"])
     ap.add_argument("--lanes", type=int, default=0, help="--streams (0: the server's default)")
+    ap.add_argument("--server-args", default="",
+                    help="more arguments for every server, e.g. '--coalesce-us 50'")
     ap.add_argument("--cuda-connections", type=int, default=32)
     ap.add_argument("--wrk-threads", type=int, default=4)
     ap.add_argument("--frequency", type=int, default=2999, help="perf samples per second")

@@ -122,6 +122,12 @@ settings parse_command_line(int argc, char** argv) {
                  "default, 1000): the most a completion may be seen late once the reactor idles")
       ->check(CLI::Range(-1, 1000000))
       ->group("Serving");
+  app.add_option("--coalesce-us", s.coalesce_us,
+                 "the evr reactor's batching under load (-1: its default, 0): after a pass that "
+                 "delivered, it naps this long so the next pass finds a batch (reactor_options::"
+                 "coalesce)")
+      ->check(CLI::Range(-1, 1000000))
+      ->group("Serving");
   evr::tool::add_device_option(app, s.device)->group("Serving");
   app.add_option("--address", s.address, "address to listen on")->group("Serving");
   app.add_option("--timeout", s.timeout_seconds,
