@@ -56,18 +56,13 @@ def threads(pid):
     return study.thread_cpu(pid)
 
 
+GROUP_LABELS = {"io": "evr-io (io threads)", "reactor": "evr-reactor",
+                "conn": "evr-conn (thread per connection)", "sim": "evr-sim (simulated device)",
+                "cuda": "cuda (driver threads)", "other": "other (main, ...)"}
+
+
 def group_of(comm):
-    if comm.startswith("evr-io"):
-        return "evr-io (io threads)"
-    if comm == "evr-reactor":
-        return "evr-reactor"
-    if comm.startswith("evr-conn"):
-        return "evr-conn (thread per connection)"
-    if comm.startswith("evr-sim"):
-        return "evr-sim (simulated device)"
-    if comm.lower().startswith("cuda"):
-        return "cuda (driver threads)"
-    return "other (main, ...)"
+    return GROUP_LABELS[study.thread_group(comm)]
 
 
 def cpu_by_group(before, after, requests, seconds):

@@ -41,53 +41,39 @@
 #include <evr/callbacks/detail/callback_exception.hpp>
 #include <evr/callbacks/detail/io_context_host.hpp>
 #include <evr/callbacks/detail/io_context_posts.hpp>
+#include <evr/callbacks/detail/slot_allocator.hpp>
 #include <evr/reactor/reactor.hpp>
 
 namespace evr::detail {
 inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 
-/// The allocator of the posted delivery function: hands out the operation's reusable bytes
+/// The slot of the posted delivery function: the operation's reusable bytes
 /// (wait_op::reusable_after_complete, 64 bytes the reactor no longer needs once it completed the
-/// wait) once, then falls back to the heap. Measured (Asio 1.22, x86-64): an io_context's wrapper
-/// of the delivery function is 56 bytes (its operation header, delivery_fn, this allocator), also
-/// behind an any_io_executor; a strand's and a thread_pool's 56-64. A larger one goes to the heap
+/// wait), used once, then the heap. Measured (Asio 1.22, x86-64): an io_context's wrapper of the
+/// delivery function is 56 bytes (its operation header, delivery_fn, this allocator), also behind
+/// an any_io_executor; a strand's and a thread_pool's 56-64. A larger one goes to the heap
 /// (tests/sim_reactor_test.cpp counts allocations). wait_op::front_end_flag_ says "in use".
-template <typename T>
-class slab_allocator {
+class op_bytes_slot {
  public:
-  using value_type = T;
-  explicit slab_allocator(wait_op* op) noexcept : op_(op) {}
-  template <typename U>
-  slab_allocator(const slab_allocator<U>& other) noexcept : op_(other.op_) {}  // NOLINT
-  T* allocate(std::size_t n) {
-    if (!op_->front_end_flag_ && sizeof(T) * n <= wait_op::reusable_size &&
-        alignof(T) <= alignof(std::uintptr_t)) {
-      op_->front_end_flag_ = true;
-      return reinterpret_cast<T*>(op_->reusable_after_complete());
-    }
-    return std::allocator<T>().allocate(n);
+  explicit op_bytes_slot(wait_op* op) noexcept : op_(op) {}
+  void* take(std::size_t bytes, std::size_t align) noexcept {
+    if (op_->front_end_flag_ || bytes > wait_op::reusable_size || align > alignof(std::uintptr_t))
+      return nullptr;
+    op_->front_end_flag_ = true;
+    return op_->reusable_after_complete();
   }
-  void deallocate(T* p, std::size_t n) noexcept {
-    if (reinterpret_cast<unsigned char*>(p) == op_->reusable_after_complete()) {
-      op_->front_end_flag_ = false;
-      return;
-    }
-    std::allocator<T>().deallocate(p, n);
+  bool give_back(void* p) noexcept {
+    if (p != op_->reusable_after_complete()) return false;
+    op_->front_end_flag_ = false;
+    return true;
   }
-  template <typename U>
-  bool operator==(const slab_allocator<U>& o) const noexcept {
-    return op_ == o.op_;
-  }
-  template <typename U>
-  bool operator!=(const slab_allocator<U>& o) const noexcept {
-    return op_ != o.op_;
-  }
+  bool operator==(const op_bytes_slot& o) const noexcept { return op_ == o.op_; }
 
  private:
-  template <typename U>
-  friend class slab_allocator;
   wait_op* op_;
 };
+template <typename T>
+using slab_allocator = slot_allocator<T, op_bytes_slot>;
 
 /// The posted function: owns the operation until it runs (or is destroyed unrun, e.g. by an
 /// io_context shutting down, which then frees the operation without calling the handler).
@@ -103,7 +89,7 @@ class delivery_fn {
     if (op_ != nullptr) Op::destroy(op_);
   }
   void operator()() { Op::finish(std::exchange(op_, nullptr), ec_); }
-  allocator_type get_allocator() const noexcept { return allocator_type(op_); }
+  allocator_type get_allocator() const noexcept { return allocator_type(op_bytes_slot(op_)); }
 
  private:
   Op* op_;

@@ -45,6 +45,7 @@
 #include <optional>
 
 #include <evr/callbacks/detail/asio_forward.hpp>
+#include <evr/callbacks/detail/slot_allocator.hpp>
 #include <evr/reactor/detail/window_duty.hpp>
 #include <evr/reactor/reactor.hpp>
 
@@ -88,57 +89,35 @@ class lateness {
   std::int64_t high_, lo_, hi_;
 };
 
-/// Memory for one posted function at a time, so that what the host posts (from the reactor
-/// thread too) allocates nothing in steady state: a recycling cache is per thread, and memory
-/// allocated on one thread and freed on another never comes back to the first. Asio frees a
-/// posted function's memory before it calls it, so a chain that re-posts itself needs one slot.
+/// Memory for one posted function at a time (slot_allocator.hpp), so that what the host posts
+/// (from the reactor thread too) allocates nothing in steady state.
 class post_slot {
  public:
   static constexpr std::size_t size = 128;
-  void* take(std::size_t n) noexcept {
-    if (n > size || busy_.exchange(true, std::memory_order_acquire)) return nullptr;
-    return bytes_;
-  }
-  bool give_back(void* p) noexcept {
-    if (p != bytes_) return false;
-    busy_.store(false, std::memory_order_release);
-    return true;
-  }
+  /// The handle slot_allocator keeps.
+  class ref {
+   public:
+    explicit ref(post_slot* s) noexcept : s_(s) {}
+    void* take(std::size_t bytes, std::size_t align) noexcept {
+      if (bytes > size || align > alignof(std::max_align_t) ||
+          s_->busy_.exchange(true, std::memory_order_acquire))
+        return nullptr;
+      return s_->bytes_;
+    }
+    bool give_back(void* p) noexcept {
+      if (p != s_->bytes_) return false;
+      s_->busy_.store(false, std::memory_order_release);
+      return true;
+    }
+    bool operator==(const ref& o) const noexcept { return s_ == o.s_; }
+
+   private:
+    post_slot* s_;
+  };
 
  private:
   std::atomic<bool> busy_{false};
   alignas(std::max_align_t) unsigned char bytes_[size];
-};
-
-/// The allocator of a function posted through a post_slot (the heap when the slot is taken).
-template <typename T>
-class post_slot_allocator {
- public:
-  using value_type = T;
-  explicit post_slot_allocator(post_slot* s) noexcept : s_(s) {}
-  template <typename U>
-  post_slot_allocator(const post_slot_allocator<U>& o) noexcept : s_(o.s_) {}  // NOLINT
-  T* allocate(std::size_t n) {
-    if (alignof(T) <= alignof(std::max_align_t))
-      if (void* p = s_->take(sizeof(T) * n)) return static_cast<T*>(p);
-    return std::allocator<T>().allocate(n);
-  }
-  void deallocate(T* p, std::size_t n) noexcept {
-    if (!s_->give_back(p)) std::allocator<T>().deallocate(p, n);
-  }
-  template <typename U>
-  bool operator==(const post_slot_allocator<U>& o) const noexcept {
-    return s_ == o.s_;
-  }
-  template <typename U>
-  bool operator!=(const post_slot_allocator<U>& o) const noexcept {
-    return s_ != o.s_;
-  }
-
- private:
-  template <typename U>
-  friend class post_slot_allocator;
-  post_slot* s_;
 };
 
 class io_context_host final : public poll_host {
@@ -229,8 +208,9 @@ class io_context_host final : public poll_host {
   template <typename F>
   bool post(post_slot& slot, bool continuation, F&& f) noexcept {
     try {
-      auto ex = asio::prefer(io_.get_executor(), asio::execution::blocking.never,
-                             asio::execution::allocator(post_slot_allocator<void>(&slot)));
+      auto ex = asio::prefer(
+          io_.get_executor(), asio::execution::blocking.never,
+          asio::execution::allocator(slot_allocator<void, post_slot::ref>(post_slot::ref(&slot))));
       if (continuation) {
         execute(asio::prefer(ex, asio::execution::relationship.continuation), std::forward<F>(f));
       } else {
