@@ -7,13 +7,14 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/post.hpp>
 #include <asio/read.hpp>
 #include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
+
+#include <evr/callbacks/asio_compat.hpp>
 
 #include "busy_math.hpp"
 
@@ -46,7 +47,7 @@ struct asio::is_match_condition<head_end> : std::true_type {};
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
 
 /// The label requests are counted under (a closed set: see server_metrics::paths).
 std::string_view metrics_path(std::string_view path) {
