@@ -7,9 +7,15 @@
 #   scripts/test.sh boost    # the tests against Boost.Asio (evr::evr_boost; libboost1.81-dev)
 #   scripts/test.sh dev|sim-only|gpu
 #   scripts/test.sh asan -R sim_   # anything after the preset goes to ctest
+#   scripts/test.sh asio=DIR # the whole suite (library, tests, examples, bench, Python) against
+#                            # the standalone Asio in DIR (DIR/asio.hpp: an unpacked release's
+#                            # include/, or /usr/include for Debian's), preset sim-only, in
+#                            # build/asio-<version>; then the demo (self-test + compare line)
 #
 # Environment:
 #   EVR_JOBS=N        parallel build jobs (default: nproc)
+#   EVR_ASIO_PRESET=P mode asio=DIR: the preset it starts from (sim-only, release or dev; default
+#                     sim-only), build/asio-<version>-P when not sim-only
 #   EVR_SKIP_DEPS=1   do not run scripts/install-deps.sh
 #   EVR_FRESH=1       reconfigure from scratch (cmake --fresh)
 #   EVR_BOOST_ROOT=D  preset boost: the Boost under D (D/include/boost, D/lib/.../cmake/Boost-*),
@@ -18,18 +24,40 @@
 # Exits non-zero when any step fails, a test included.
 set -euo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-
 preset="${1:-release}"
 shift || true
+
+# Mode asio=DIR: a preset (EVR_ASIO_PRESET, default sim-only) with -DEVR_ASIO_INCLUDE=DIR, in a
+# build folder of its own named after the Asio version, so that Debian's Asio (build/release ...)
+# and another one (build/asio-1.38.2) are kept side by side.
+asio_dir=""
+if [[ "$preset" == asio=* ]]; then
+  asio_dir="${preset#asio=}"
+  if [[ ! -f "$asio_dir/asio/version.hpp" ]]; then
+    echo "test.sh: asio=$asio_dir: no asio/version.hpp there (give the folder that holds asio.hpp)" >&2
+    exit 2
+  fi
+  asio_dir="$(cd "$asio_dir" && pwd)"  # before the cd below: DIR may be relative to the caller
+  preset="${EVR_ASIO_PRESET:-sim-only}"
+  case "$preset" in
+    sim-only | release | dev) ;;
+    *)
+      echo "test.sh: EVR_ASIO_PRESET=$preset: mode asio=DIR starts from sim-only, release or dev" >&2
+      exit 2
+      ;;
+  esac
+fi
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
 case "$preset" in
   release | dev | sim-only | boost | asan | tsan | gpu) ;;
   -h | --help)
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
-    echo "test.sh: unknown preset '$preset' (release, dev, sim-only, boost, asan, tsan, gpu)" >&2
+    echo "test.sh: unknown preset '$preset' (release, dev, sim-only, boost, asan, tsan, gpu, asio=DIR)" >&2
     exit 2
     ;;
 esac
@@ -37,11 +65,22 @@ esac
 jobs="${EVR_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 build_dir="build/$preset"
 start=$SECONDS
+name="$preset"
 
-step() { echo "==> [test.sh $preset] $*"; }
+cmake_args=()
+if [[ -n "$asio_dir" ]]; then
+  # "#define ASIO_VERSION 103802 // 1.38.2"
+  asio_number="$(sed -n 's/^# *define ASIO_VERSION \([0-9][0-9]*\).*/\1/p' "$asio_dir/asio/version.hpp")"
+  asio_version="$((asio_number / 100000)).$((asio_number / 100 % 1000)).$((asio_number % 100))"
+  build_dir="build/asio-$asio_version"
+  [[ "$preset" == sim-only ]] || build_dir+="-$preset"
+  name="asio=$asio_dir"
+  cmake_args=(-B "$build_dir" -DEVR_ASIO_INCLUDE="$asio_dir")
+fi
+
+step() { echo "==> [test.sh $name] $*"; }
 
 deps_args=()
-cmake_args=()
 if [[ "$preset" == boost && -n "${EVR_BOOST_ROOT:-}" ]]; then
   cmake_args=(-DBoost_ROOT="$EVR_BOOST_ROOT")
 elif [[ "$preset" == boost ]]; then
@@ -60,8 +99,13 @@ fi
 step "configure: cmake --preset $preset ${fresh[*]} -> $build_dir"
 cmake --preset "$preset" "${fresh[@]}" "${cmake_args[@]}"
 
-step "build: cmake --build --preset $preset -j $jobs"
-cmake --build --preset "$preset" -j "$jobs"
+if [[ -n "$asio_dir" ]]; then
+  step "build: cmake --build $build_dir -j $jobs"
+  cmake --build "$build_dir" -j "$jobs"
+else
+  step "build: cmake --build --preset $preset -j $jobs"
+  cmake --build --preset "$preset" -j "$jobs"
+fi
 
 # ThreadSanitizer (gcc 12, clang 14) cannot map its shadow memory when the kernel randomizes mmap
 # with more than 28 bits ("FATAL: ThreadSanitizer: unexpected memory mapping"); run the tests with
@@ -75,7 +119,18 @@ if [[ "$preset" == tsan ]]; then
   fi
 fi
 
-step "test: ctest --preset $preset --output-on-failure $*"
-"${runner[@]}" ctest --preset "$preset" --output-on-failure "$@"
+if [[ -n "$asio_dir" ]]; then
+  # The test presets' settings (release, sim-only, dev: no environment), on this build folder.
+  step "test: ctest --test-dir $build_dir --output-on-failure --no-tests=error $*"
+  ctest --test-dir "$build_dir" --output-on-failure --no-tests=error "$@"
+  # The demo as scripts/demo.sh runs it (its self-test, then the compare line): non-zero unless
+  # its last line says "result: OK".
+  demo=("$build_dir/examples/evr-async-server" --self-test 2000 --connections 16 --compare)
+  step "demo: ${demo[*]}"
+  "${demo[@]}"
+else
+  step "test: ctest --preset $preset --output-on-failure $*"
+  "${runner[@]}" ctest --preset "$preset" --output-on-failure "$@"
+fi
 
 step "passed in $((SECONDS - start)) s"

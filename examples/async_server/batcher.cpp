@@ -4,12 +4,13 @@
 #include <cstring>
 
 #include <asio/co_spawn.hpp>
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/post.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <evr/callbacks/asio_compat.hpp>
+
 namespace {
-constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
 using clock_type = std::chrono::steady_clock;
 }  // namespace
 

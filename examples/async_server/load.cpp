@@ -10,13 +10,14 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/io_context.hpp>
 #include <asio/read.hpp>
 #include <asio/read_until.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
+
+#include <evr/callbacks/asio_compat.hpp>
 
 #include "busy_math.hpp"
 #include "http.hpp"
@@ -26,7 +27,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 using asio::ip::tcp;
-constexpr auto use_tuple = asio::experimental::as_tuple(asio::use_awaitable);
+constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
 
 struct reply {
   int status = 0;
