@@ -6,12 +6,14 @@
 namespace evr::detail {
 namespace {
 
-/// The second smallest and second largest of `v[0..n)` (smallest and largest below 8 values):
-/// one outlier on either side moves neither bound; and the smallest.
-void robust_bounds(const std::int64_t* v, int n, std::int64_t& low, std::int64_t& high,
+/// The second smallest and second largest of `v` (smallest and largest below 8 values): one
+/// outlier on either side moves neither bound; and the smallest.
+template <std::size_t N>
+void robust_bounds(const ring<std::int64_t, N>& v, std::int64_t& low, std::int64_t& high,
                    std::int64_t& shortest) noexcept {
-  std::array<std::int64_t, service_time_model::window> s{};
-  std::copy(v, v + n, s.begin());
+  std::array<std::int64_t, N> s{};
+  const int n = static_cast<int>(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) s[i] = v.at(i);
   std::sort(s.begin(), s.begin() + n);
   const int trim = n >= 8 ? 1 : 0;
   low = s[trim];
@@ -43,37 +45,23 @@ void service_time_model::add(nanoseconds sample) noexcept {
       run_above_ = run_below_ = 0;
     }
   }
-  ring_[static_cast<std::size_t>(next_)] = v;
-  next_ = (next_ + 1) % window;
-  count_ = std::min(count_ + 1, window);
+  samples_.push_back(v);
   if (run_above_ >= regime_run || run_below_ >= regime_run) {
     // The work changed (a longer or shorter kernel): forget the old regime, keep the new samples.
-    std::array<std::int64_t, regime_run> recent{};
-    for (int i = 0; i < regime_run; ++i)
-      recent[static_cast<std::size_t>(i)] =
-          ring_[static_cast<std::size_t>((next_ - regime_run + i + window) % window)];
-    std::copy(recent.begin(), recent.end(), ring_.begin());
-    count_ = regime_run;
-    next_ = regime_run % window;
+    samples_.keep_newest(regime_run);
     run_above_ = run_below_ = 0;
   }
-  robust_bounds(ring_.data(), count_, low_, high_, shortest_);
+  robust_bounds(samples_, low_, high_, shortest_);
   if (run_above_ == 0 && run_below_ == 0) {
     ref_low_ = low_;
     ref_high_ = high_;
   }
 }
 
-void service_time_model::reset() noexcept {
-  count_ = next_ = 0;
-  low_ = high_ = shortest_ = ref_low_ = ref_high_ = 0;
-  run_above_ = run_below_ = 0;
-}
-
 // ------------------------------------------------------------------------------------------------
 // sleep_overshoot
 
-int sleep_overshoot::class_of(nanoseconds sleep) noexcept {
+std::size_t sleep_overshoot::class_of(nanoseconds sleep) noexcept {
   using std::chrono::microseconds;
   if (sleep < microseconds(100)) return 0;
   if (sleep < microseconds(1000)) return 1;
@@ -82,16 +70,11 @@ int sleep_overshoot::class_of(nanoseconds sleep) noexcept {
 }
 
 void sleep_overshoot::add(nanoseconds asked, nanoseconds overshoot) noexcept {
-  ring& r = rings_[static_cast<std::size_t>(class_of(asked))];
-  r.v[static_cast<std::size_t>(r.next)] = std::max<std::int64_t>(0, overshoot.count());
-  r.next = (r.next + 1) % window;
-  r.count = std::min(r.count + 1, window);
-  r.high = *std::max_element(r.v.begin(), r.v.begin() + r.count);
+  classes_[class_of(asked)].add(overshoot.count());  // clamped to >= 0
 }
 
 nanoseconds sleep_overshoot::margin(nanoseconds sleep) const noexcept {
-  const ring& r = of(sleep);
-  return std::max(floor, std::min(nanoseconds(r.high), sleep / 2));
+  return std::max(floor, std::min(nanoseconds(classes_[class_of(sleep)].high()), sleep / 2));
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -60,6 +60,7 @@
 #include <chrono>
 #include <cstdint>
 
+#include <evr/reactor/detail/ring.hpp>
 #include <evr/reactor/options.hpp>
 
 namespace evr::detail {
@@ -85,9 +86,8 @@ class service_time_model {
 
   /// Adds one observed service time (negative values count as 0).
   void add(nanoseconds sample) noexcept;
-  void reset() noexcept;
-  int samples() const noexcept { return count_; }
-  bool ready() const noexcept { return count_ >= min_samples; }
+  int samples() const noexcept { return static_cast<int>(samples_.size()); }
+  bool ready() const noexcept { return samples() >= min_samples; }
   /// Second smallest / second largest of the kept samples (smallest / largest below 8 samples).
   /// Meaningful when samples() > 0.
   nanoseconds low() const noexcept { return nanoseconds(low_); }
@@ -96,10 +96,7 @@ class service_time_model {
   nanoseconds shortest() const noexcept { return nanoseconds(shortest_); }
 
  private:
-  void recompute() noexcept;
-  std::array<std::int64_t, window> ring_{};
-  int count_ = 0;  // samples in ring_ (<= window)
-  int next_ = 0;   // where the next sample goes
+  ring<std::int64_t, window> samples_;
   std::int64_t low_ = 0, high_ = 0, shortest_ = 0;
   std::int64_t ref_low_ = 0, ref_high_ = 0;  // the bounds before the current run began
   int run_above_ = 0, run_below_ = 0;  // consecutive samples well beyond / below the reference
@@ -120,19 +117,13 @@ class sleep_overshoot {
   void add(nanoseconds asked, nanoseconds overshoot) noexcept;
   /// How much earlier than a deadline a sleep of about `sleep` must be asked to end.
   nanoseconds margin(nanoseconds sleep) const noexcept;
-  int samples(nanoseconds sleep) const noexcept { return of(sleep).count; }
 
  private:
-  struct ring {
-    std::array<std::int64_t, window> v{};
-    int count = 0, next = 0;
-    std::int64_t high = initial.count();
-  };
-  static int class_of(nanoseconds sleep) noexcept;
-  const ring& of(nanoseconds sleep) const noexcept {
-    return rings_[static_cast<std::size_t>(class_of(sleep))];
-  }
-  std::array<ring, classes> rings_{};
+  using overshoots = recent_max<window>;
+  static std::size_t class_of(nanoseconds sleep) noexcept;
+  std::array<overshoots, classes> classes_{overshoots(initial.count()), overshoots(initial.count()),
+                                           overshoots(initial.count()),
+                                           overshoots(initial.count())};
 };
 
 /// The predictive policy's view of one stream's oldest pending wait.

@@ -35,7 +35,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -46,6 +45,7 @@
 
 #include <evr/callbacks/detail/asio_forward.hpp>
 #include <evr/callbacks/detail/slot_allocator.hpp>
+#include <evr/reactor/detail/ring.hpp>
 #include <evr/reactor/detail/window_duty.hpp>
 #include <evr/reactor/reactor.hpp>
 
@@ -71,23 +71,7 @@ inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 /// opens the next 32 windows 200 us early at most). The fourth largest (about the 90th) was tried:
 /// 10 % fewer us of polling, but every tenth window opened late (H100, 200 us work: p90 13x the
 /// floor against 1.8x).
-class lateness {
- public:
-  lateness(std::int64_t initial, std::int64_t lo, std::int64_t hi) noexcept
-      : high_(initial), lo_(lo), hi_(hi) {}
-  void add(std::int64_t sample) noexcept {
-    ring_[next_] = std::clamp(sample, lo_, hi_);
-    next_ = (next_ + 1) % ring_.size();
-    count_ = std::min(count_ + 1, ring_.size());
-    high_ = *std::max_element(ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(count_));
-  }
-  std::int64_t high() const noexcept { return high_; }
-
- private:
-  std::array<std::int64_t, 32> ring_{};
-  std::size_t next_ = 0, count_ = 0;
-  std::int64_t high_, lo_, hi_;
-};
+using lateness = recent_max<32>;
 
 /// Memory for one posted function at a time (slot_allocator.hpp), so that what the host posts
 /// (from the reactor thread too) allocates nothing in steady state.
