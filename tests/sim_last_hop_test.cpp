@@ -1,5 +1,5 @@
 // The last hop (callbacks/include/evr/callbacks/detail/io_context_host.hpp, reactor/src/
-// reactor_hosts.cpp): with delivery::post (the default), an io_context's own thread looks for
+// host_pass.cpp): with delivery::post (the default), an io_context's own thread looks for
 // its waits' completions near their predicted end, in passes of the reactor on that thread; with
 // delivery::post_woken the reactor wakes that thread ahead. What must hold whatever the timing:
 // every wait completes exactly once, on its executor; cancellation, strands, several threads, a

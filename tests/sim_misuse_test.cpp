@@ -639,7 +639,7 @@ TEST_CASE("misuse: stop() from a handler while another thread is in stop(): no d
 // a cudaEvent_t, under the submitting thread's current device. When that is not the event's device
 // and the event's device faults, only that wait may fail: the named, healthy device must not be
 // declared faulted (which would fail its waits and refuse every later one). Regression test for
-// the fix in reactor_core::sweep_loose.
+// the fix in the sweep of loose waits (stream_sweep::query_loose).
 TEST_CASE(
     "misuse: a raw event filed under the wrong device; its device faults; the named device is "
     "unharmed") {

@@ -106,30 +106,30 @@ nanoseconds window_open_offset(const idle_settings& settings,
   return earliest - spread / 4 - settings.prespin;
 }
 
-stream_outlook predict(const idle_settings& settings, const service_time_model& model,
-                       idle_time start, idle_time now, const sleep_overshoot& overshoot) noexcept {
-  using phase = stream_outlook::phase;
+namespace {
+
+/// Nothing learned yet: spin briefly (short work is found at once), then naps of a quarter of the
+/// age: lateness at most ~25 % of the wait, at a logarithmic number of wake-ups.
+stream_outlook learning(const idle_settings& settings, idle_time start, idle_time now) noexcept {
   stream_outlook o;
+  o.where = stream_outlook::phase::learning;
   const nanoseconds age = std::max(nanoseconds(0), now - start);
-  if (!model.ready()) {
-    // Nothing learned yet: spin briefly (short work is found at once), then naps of a quarter
-    // of the age: lateness at most ~25 % of the wait, at a logarithmic number of wake-ups.
-    o.where = phase::learning;
-    if (age < settings.spin_window) {
-      o.next_look = now;
-    } else {
-      o.next_look =
-          now + std::clamp<nanoseconds>(age / 4, std::chrono::microseconds(10), settings.max_sleep);
-    }
-    return o;
+  if (age < settings.spin_window) {
+    o.next_look = now;
+  } else {
+    o.next_look =
+        now + std::clamp<nanoseconds>(age / 4, std::chrono::microseconds(10), settings.max_sleep);
   }
-  const nanoseconds low = model.low(), high = model.high();
-  const nanoseconds spread = high - low;
+  return o;
+}
+
+/// The window of a ready model: when a looker must be awake, when it closes, steady or not.
+stream_outlook window_of(const idle_settings& settings, const service_time_model& model,
+                         idle_time start, const sleep_overshoot& overshoot) noexcept {
   // Steady work is spun through; irregular work is polled. What decides is the spread of the
   // work itself, not the window's width: the margin and prespin are spun in either case (they
   // cover the timer, not the work), and counting them made steady work on a machine with late
   // timers look irregular (polled every poll_period: tens of us late).
-  const bool narrow = is_steady(settings, model);
   // The earliest the work is expected to end, a quarter of the spread before the shortest seen
   // lately; the reactor must be awake `prespin` before that, and a sleep of that length ends up
   // to `margin` late. The margin is that of a sleep from the start (about the sleep the reactor
@@ -138,45 +138,57 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   // shortest, as polling early costs little: its second shortest says little about how short it
   // can be (uniform 100 us-5 ms: over 1 ms for about a fifth of the waits, and the work shorter
   // than the window's opening was found when it opened: 1-stream p99 376 us on the H100).
-  const idle_time awake_by = start + window_open_offset(settings, model);
-  const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), awake_by - start));
-  const idle_time close = start + high + std::max(margin, spread / 2);
-  o.window_open = awake_by;
-  o.window_close = close;
-  o.steady = narrow;
-  // Sleep until `awake_by`, early by the margin of a sleep of the time left: a long sleep ends
-  // with a wide margin (the large overshoots of long sleeps), and if it ended early, the rest is
-  // slept again with the narrower margin of a shorter sleep, instead of spun.
-  const nanoseconds left = awake_by - now;
-  if (left > nanoseconds(0)) {
-    idle_time open = std::max(start, awake_by - overshoot.margin(left));
-    // A long sleep's rare late wake-ups (milliseconds on some hosts) are kept away from the
-    // window: the last final_sleep is slept again on its own.
-    if (settings.final_sleep > nanoseconds(0) && left > settings.final_sleep)
-      open = std::min(open, awake_by - settings.final_sleep);
-    // A first sleep is worth it from min_nap on; a second one only when it is long enough to
-    // save more than the wake-up it costs (min_resleep).
-    const nanoseconds worth = now - start < min_resleep ? min_nap : min_resleep;
-    if (open - now >= worth) {
-      o.where = phase::before_window;
-      o.next_look = open;
-      return o;
-    }
+  stream_outlook o;
+  o.window_open = start + window_open_offset(settings, model);
+  const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), o.window_open - start));
+  o.window_close = start + model.high() + std::max(margin, (model.high() - model.low()) / 2);
+  o.steady = is_steady(settings, model);
+  return o;
+}
+
+/// When to wake for a window that opens after `now`; idle_time::max() when it is too near to
+/// sleep for.
+idle_time sleep_until(const idle_settings& settings, const stream_outlook& o, idle_time start,
+                      idle_time now, const sleep_overshoot& overshoot) noexcept {
+  // Sleep until the window opens, early by the margin of a sleep of the time left: a long sleep
+  // ends with a wide margin (the large overshoots of long sleeps), and if it ended early, the
+  // rest is slept again with the narrower margin of a shorter sleep, instead of spun.
+  const nanoseconds left = o.window_open - now;
+  if (left <= nanoseconds(0)) return idle_time::max();
+  idle_time open = std::max(start, o.window_open - overshoot.margin(left));
+  // A long sleep's rare late wake-ups (milliseconds on some hosts) are kept away from the
+  // window: the last final_sleep is slept again on its own.
+  if (settings.final_sleep > nanoseconds(0) && left > settings.final_sleep)
+    open = std::min(open, o.window_open - settings.final_sleep);
+  // A first sleep is worth it from min_nap on; a second one only when it is long enough to save
+  // more than the wake-up it costs (min_resleep).
+  const nanoseconds worth = now - start < min_resleep ? min_nap : min_resleep;
+  return open - now >= worth ? open : idle_time::max();
+}
+
+}  // namespace
+
+stream_outlook predict(const idle_settings& settings, const service_time_model& model,
+                       idle_time start, idle_time now, const sleep_overshoot& overshoot) noexcept {
+  using phase = stream_outlook::phase;
+  if (!model.ready()) return learning(settings, start, now);
+  stream_outlook o = window_of(settings, model, start, overshoot);
+  if (const idle_time wake = sleep_until(settings, o, start, now, overshoot);
+      wake != idle_time::max()) {
+    o.where = phase::before_window;
+    o.next_look = wake;
+  } else if (now <= o.window_close && o.steady) {
+    o.where = phase::window_spin;
+    o.next_look = now;
+  } else if (now <= o.window_close) {
+    o.where = phase::window_poll;
+    o.next_look = now + settings.window_poll_period;
+  } else {
+    // Missed: the work outlasted everything seen lately. Back off with the time since the miss.
+    o.where = phase::missed;
+    o.next_look = now + std::clamp<nanoseconds>((now - o.window_close) / 2, settings.poll_period,
+                                                settings.max_sleep);
   }
-  if (now <= close) {
-    if (narrow) {
-      o.where = phase::window_spin;
-      o.next_look = now;
-    } else {
-      o.where = phase::window_poll;
-      o.next_look = now + settings.window_poll_period;
-    }
-    return o;
-  }
-  // Missed: the work outlasted everything seen lately. Back off with the time since the miss.
-  o.where = phase::missed;
-  o.next_look =
-      now + std::clamp<nanoseconds>((now - close) / 2, settings.poll_period, settings.max_sleep);
   return o;
 }
 

@@ -41,6 +41,17 @@ class intrusive_stack {
   /// Consumer only. Takes what is there and refuses every later push.
   T* close() noexcept { return reverse(detach(closed_marker())); }
 
+  /// Calls `f(element)` for each element of a list that take_all() or close() returned, in that
+  /// order, reading each link before the call (f may free the element or push it elsewhere).
+  template <typename F>
+  static void for_each(T* list, F&& f) {
+    while (list != nullptr) {
+      T* next = list->*Next;
+      f(list);
+      list = next;
+    }
+  }
+
   /// seq_cst: the reactor's last look before sleeping (see wakeup.hpp).
   bool empty_or_closed() const noexcept {
     T* h = head_.load(std::memory_order_seq_cst);

@@ -1,17 +1,8 @@
-// reactor/src/reactor.cpp — evr::reactor (the facade), the core's life cycle (construction,
-// thread start, stop, destruction) and the names of the options.
-//
-// The core is split by what it does; each file says why each step is as it is:
-//   reactor_submit.cpp  the submitting threads' side: stream lookup, markers, the stacks
-//   reactor_loop.cpp    the reactor thread's loop: inputs, acceptance, cancellation, delivery
-//   reactor_sweep.cpp   finding how far each stream got, retiring waits, faults
-//   reactor_idle.cpp    how the thread waits between sweeps (idle_policy.hpp has the logic)
-//   reactor_metrics.cpp counters and histograms
-// docs/architecture.md has the design.
+// reactor/src/reactor.cpp — evr::reactor (the facade over reactor_core), the detail:: entry points
+// of the in-repo front ends, and the names and checks of the options. reactor_core.hpp lists the
+// core's parts; docs/architecture.md has the design.
 #include <evr/reactor/reactor.hpp>
 
-#include <algorithm>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -85,71 +76,10 @@ const reactor_options& validated(const reactor_options& o) {
 
 namespace detail {
 
-reactor_core::reactor_core(device::backend& backend, reactor_options options)
-    : backend_(backend),
-      options_(options),
-      traits_(strategy_traits::of(options.strategy)),
-      pools_(backend,
-             pool_options{.initial = 0, .batch = std::max<std::size_t>(1, options.pool_batch)}),
-      streams_(options.max_streams),
-      fences_(backend),
-      idle_settings_(idle_settings::from(options)) {
-  if (backend_.device_count(device_count_)) device_count_ = 0;
-  // 0: the device's hardware queues (the backend knows; 0 there too means no limit).
-  const std::size_t limit =
-      options_.max_fence_streams != 0 ? options_.max_fence_streams : backend_.hardware_queues();
-  fence_stream_limit_ = limit == 0 ? std::numeric_limits<std::int64_t>::max()
-                                   : static_cast<std::int64_t>(std::min<std::size_t>(
-                                         limit, std::numeric_limits<std::int64_t>::max()));
-  ready_.reserve(256);
-  to_release_.reserve(256);
-  active_.reserve(64);
-}
-
-reactor_core::~reactor_core() {
-  release_events();  // normally empty: every pass releases what it retired
-  // The thread has ended (joined, or it is this thread finishing a self-stop). Events the GPU
-  // may never reach were kept out of the pools; destroy them now (CUDA frees a recorded event
-  // once it completes).
-  for (auto& [pool, ev] : abandoned_) pool->discard_native(ev);
-  if (aborted_fences_) fences_.leak_on_destruction();
-  streams_.for_each([](stream_state* st) {
-    // A host function still queued would touch the state later (it may never run, after a
-    // fault): keep the state for the rest of the process rather than free it under the driver.
-    if (st->host_funcs_outstanding.load(std::memory_order_acquire) == 0) {
-      delete st;
-    } else {
-      retain_for_process_lifetime(st);
-    }
-  });
-}
-
-void reactor_core::start() {
-  thread_ = std::thread([self = shared_from_this()]() mutable { self->run(std::move(self)); });
-  // The thread publishes its id itself; wait so that on_reactor_thread() is exact from now on.
-  while (thread_id_.load(std::memory_order_acquire) == std::thread::id{}) std::this_thread::yield();
-}
-
-void reactor_core::stop(bool destroying) noexcept {
-  stopping_.store(true, std::memory_order_seq_cst);
-  wake_->wake_urgent();
-  if (on_reactor_thread()) {
-    // From an inline handler: the thread cannot join itself, and must not wait for a stop() in
-    // progress on another thread (that one is joining this thread). The flag is enough: the
-    // loop drains and aborts as usual once the handler returns. When the reactor is being
-    // destroyed from here, the thread is detached; it then drops its reference to this core,
-    // which frees it. Otherwise a later stop() or the destructor joins it.
-    if (destroying && thread_.joinable()) thread_.detach();
-    return;
-  }
-  std::lock_guard<std::mutex> lock(stop_mutex_);  // one joiner at a time
-  if (thread_.joinable()) thread_.join();
-}
-
 bool cancel_wait(reactor_core* core, wait_op* op) noexcept {
   // The core is touched only after the CAS won, i.e. while `op` was pending and therefore while
   // the reactor thread (which holds a reference to the core) is still running.
-  if (!reactor_core::request_cancel(op)) return false;
+  if (!control_inbox::request_cancel(op)) return false;
   core->push_cancel(op);
   return true;
 }
@@ -157,6 +87,8 @@ bool cancel_wait(reactor_core* core, wait_op* op) noexcept {
 std::vector<wait_op*> detach_group(reactor_core& core, std::uintptr_t group) {
   return core.detach_group(group);
 }
+
+poll_result poll_here(reactor_core& core, poll_host& host) noexcept { return core.poll_here(host); }
 
 std::error_code reactor_access::submit_hosted(reactor& r, wait_op* op, const wait_target& target,
                                               host_window& window) noexcept {
@@ -180,14 +112,14 @@ reactor::~reactor() { core_->stop(/*destroying=*/true); }
 std::error_code reactor::submit(detail::wait_op* op, const wait_target& target) noexcept {
   return core_->submit(op, target);
 }
-void reactor::cancel(detail::wait_op* op) noexcept { core_->cancel(op); }
+void reactor::cancel(detail::wait_op* op) noexcept { detail::cancel_wait(core_.get(), op); }
 void reactor::cancel_owner(std::uintptr_t owner) noexcept { core_->cancel_owner(owner); }
 void reactor::stop() noexcept { core_->stop(/*destroying=*/false); }
 reactor_metrics reactor::metrics() const noexcept { return core_->metrics(); }
 std::chrono::nanoseconds reactor::cpu_time() const noexcept { return core_->cpu_time(); }
-const reactor_options& reactor::options() const noexcept { return core_->options_; }
-device::backend& reactor::backend() const noexcept { return core_->backend_; }
-pool_set& reactor::pools() noexcept { return core_->pools_; }
+const reactor_options& reactor::options() const noexcept { return core_->options(); }
+device::backend& reactor::backend() const noexcept { return core_->backend(); }
+pool_set& reactor::pools() noexcept { return core_->pools(); }
 bool reactor::running_in_this_thread() const noexcept { return core_->on_reactor_thread(); }
 
 }  // namespace evr

@@ -1,12 +1,12 @@
-// reactor/src/reactor_metrics.cpp — the reactor's counters and latency histograms, and the
-// reactor thread's CPU clock.
-#include <algorithm>
-#include <bit>
+// reactor/src/reactor_metrics.cpp — the reactor's counters and latency histograms as
+// reactor_metrics, and the reactor thread's CPU clock.
+#include <evr/reactor/metrics.hpp>
 
 #if defined(__linux__)
 #include <time.h>
 #endif
 
+#include "counters.hpp"
 #include "reactor_core.hpp"
 
 namespace evr {
@@ -31,35 +31,41 @@ std::uint64_t latency_histogram::quantile_upper_ns(double q) const noexcept {
 
 namespace detail {
 
-reactor_metrics reactor_core::metrics() const noexcept {
+reactor_metrics reactor_counters::snapshot() const noexcept {
   reactor_metrics r;
   auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  r.submitted = get(m_.submitted);
-  r.completed = get(m_.completed);
-  r.cancelled = get(m_.cancelled);
-  r.failed = get(m_.failed);
-  r.rejected = get(m_.rejected);
-  r.detached = get(m_.detached);
+  r.submitted = get(submitted);
+  r.completed = get(completed);
+  r.cancelled = get(cancelled);
+  r.failed = get(failed);
+  r.rejected = get(rejected);
+  r.detached = get(detached);
   const std::uint64_t finished = r.completed + r.cancelled + r.failed + r.detached;
   r.in_flight = r.submitted > finished ? r.submitted - finished : 0;
-  r.sweeps = get(m_.sweeps);
-  r.event_queries = get(m_.event_queries);
-  r.stream_queries = get(m_.stream_queries);
-  r.doorbells = get(m_.doorbells);
-  r.parks = get(m_.parks);
-  r.wakeups = wake_->wakeups();
-  r.streams = streams_.size();
-  r.device_faults = get(m_.device_faults);
-  r.prediction_misses = get(m_.prediction_misses);
-  r.busy_time = std::chrono::nanoseconds(static_cast<std::int64_t>(get(m_.busy_ns)));
-  r.host_passes = get(m_.host_passes);
-  r.host_completions = get(m_.host_completions);
+  r.sweeps = get(sweeps);
+  r.event_queries = get(event_queries);
+  r.stream_queries = get(stream_queries);
+  r.doorbells = get(doorbells);
+  r.parks = get(parks);
+  r.device_faults = get(device_faults);
+  r.prediction_misses = get(prediction_misses);
+  r.busy_time = std::chrono::nanoseconds(static_cast<std::int64_t>(get(busy_ns)));
+  r.host_passes = get(host_passes);
+  r.host_completions = get(host_completions);
   for (int i = 0; i < latency_histogram::buckets; ++i) {
-    r.detect_to_deliver.counts[i] = get(m_.detect_to_deliver[i]);
-    r.submit_to_deliver.counts[i] = get(m_.submit_to_deliver[i]);
-    r.nap_overshoot.counts[i] = get(m_.nap_overshoot[i]);
-    r.fault_probe_time.counts[i] = get(m_.fault_probe_time[i]);
+    const auto b = static_cast<std::size_t>(i);
+    r.detect_to_deliver.counts[b] = get(detect_to_deliver[b]);
+    r.submit_to_deliver.counts[b] = get(submit_to_deliver[b]);
+    r.nap_overshoot.counts[b] = get(nap_overshoot[b]);
+    r.fault_probe_time.counts[b] = get(fault_probe_time[b]);
   }
+  return r;
+}
+
+reactor_metrics reactor_core::metrics() const noexcept {
+  reactor_metrics r = counters_.snapshot();
+  r.wakeups = wake_->wakeups();
+  r.streams = submitter_.stream_count();
   return r;
 }
 

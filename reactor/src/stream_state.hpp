@@ -3,15 +3,17 @@
 //
 // A stream_state is created by the first submission on its stream (on the submitting thread:
 // allocation and fence-word allocation never happen on the reactor thread) and lives as long as
-// the reactor (a stream's identity is its handle; see docs/architecture.md). Fields:
-//   * submit side, any thread: marker_lock_ orders markers; next_seq_ is guarded by it.
+// the reactor (a stream's identity is its handle; see docs/architecture.md). A record shared by
+// the reactor's parts, each section written by the one named:
+//   * submit side (submitter, any thread): marker_lock_ orders markers; next_seq_ is guarded by it.
 //   * device side: fence_host is written by the GPU (fence strategy); host_done, doorbell_rang
 //     and host_funcs_outstanding by host functions on a driver thread.
-//   * reactor side (under the reactor's pass lock: its thread, or a host's pass): the timeline,
-//     the sweep's bookkeeping and the idle policy's model of the stream; a few values of it are
-//     published for submitters (relaxed atomics: a submission reads them only after seeing the
-//     reactor napping, and the reactor stores them before announcing the nap, see wakeup.hpp; a
-//     host's submit-time estimate is a hint either way).
+//   * reactor side (under the pass lock: the reactor thread, or a host's pass): the timeline and
+//     its bookkeeping (wait_registry; the fault probe's time: stream_sweep), and the plan
+//     (idle_governor: the stream's model and when it is looked at next, and by whom). A few
+//     values are published for submitters (relaxed atomics: a submission reads them only after
+//     seeing the reactor napping, and the reactor stores them before announcing the nap, see
+//     wakeup.hpp; a host's submit-time estimate is a hint either way).
 #pragma once
 
 #include <atomic>
@@ -68,52 +70,53 @@ struct stream_state {
   std::atomic<bool> doorbell_rang{false};
   std::atomic<std::int64_t> host_funcs_outstanding{0};
   /// fence / adaptive: markers (fences and events) enqueued and not yet retired (submitters add,
-  /// the reactor subtracts; relaxed: a threshold, reactor_core::busy_streams_).
+  /// the reactor subtracts; relaxed: a threshold, marker_budget).
   std::atomic<std::int64_t> pending_markers{0};
   std::shared_ptr<wakeup> wake;  // shared: a host function may outlive the reactor
 
-  // --- reactor side --------------------------------------------------------------------------
+  // --- reactor side: the timeline (wait_registry) --------------------------------------------
   // On cache lines of its own: submitters write the fields above on every submission, and the
   // reactor reads these for every active stream on every sweep and plan.
   alignas(64) timeline entries;
-  bool active = false;
-  bool doorbell_armed = false;
+  bool active = false;  // in the registry's active streams (it has entries)
   std::uint64_t completed_seq = 0;
-  std::chrono::steady_clock::time_point waiting_since{};  // since the last progress
-  std::chrono::steady_clock::time_point last_probe{};
+  idle_time retired_submit{};     // submission of the newest wait retired by the current look
+  bool retired_in_sweep = false;  // ... and one was (idle_governor learns from it, then clears it)
+  idle_time last_probe{};         // the last fault probe (stream_sweep), or the activation
 
-  // --- reactor side: the idle policy's view of the stream (idle_policy.hpp) -----------------
-  service_time_model model;
-  idle_time last_look{};       // the last sweep that saw the oldest wait still pending
-  idle_time last_done{};       // estimated completion of the newest retired wait
-  idle_time retired_submit{};  // submission of the newest wait retired by the current sweep
-  bool retired_in_sweep = false;
-  bool missed = false;  // the oldest wait outlived its prediction (counted once)
-  /// Predictive: a stream whose oldest wait is before its window is not looked at by sweeps
-  /// before this (the reactor may be sweeping often for other streams' windows or completions;
-  /// each look at a stream with event markers is a driver query). {}: every sweep looks.
-  idle_time query_after{};
-  /// Predictive, irregular work in its window (phase::window_poll): looked at only by the sweeps
-  /// of the reactor's poll tick (every window_poll_period, all such streams in one sweep), or
-  /// when its fault probe is due; not by the sweeps other streams' completions and windows ask.
-  bool on_poll_tick = false;
-  /// Predictive: the stream's last plan (reactor_core::plan_stream), kept until the stream is
-  /// looked at, gets a new wait, or the plan's time comes: planning every active stream before
-  /// every nap cost about as much as the looks themselves with 64 streams.
-  bool plan_stale = true;
-  bool plan_spin = false;  // the plan wants the reactor polling now
-  idle_time plan_wake{};   // when the plan wants the reactor awake (its next look, fault probe)
-  /// When the oldest wait has a host (poll_host.hpp), the plan for it: when the host should look
-  /// (idle_time::max(): not its business now) and whether it should spin from then on; and the
-  /// last wait the host was told of (look_by, wake_until), so that it is told once.
-  idle_time host_look = idle_time::max();
-  bool host_spin = false;
-  std::uint64_t host_told_seq = 0;
+  // --- reactor side: the plan (idle_governor, idle_policy.hpp) --------------------------------
+  struct plan_state {
+    service_time_model model;
+    idle_time last_look{};      // the last look that saw the oldest wait still pending
+    idle_time last_done{};      // estimated completion of the newest retired wait
+    idle_time waiting_since{};  // since the last progress
+    bool missed = false;        // the oldest wait outlived its prediction (counted once)
+    bool doorbell_armed = false;
+    /// Looks before this skip the stream (its oldest wait is before its window; its fault probe
+    /// still comes on time): each look at a stream with event markers is a driver query. {}: every
+    /// sweep looks.
+    idle_time query_after{};
+    /// Irregular work in its window (phase::window_poll): looked at only by the sweeps of the poll
+    /// tick, or when its fault probe is due; not by the sweeps other streams' completions ask.
+    bool on_poll_tick = false;
+    /// The plan below is kept until the stream is looked at, gets a new wait, or its time comes:
+    /// planning every active stream before every nap cost about as much as the looks themselves
+    /// with 64 streams.
+    bool stale = true;
+    bool spin = false;  // the plan wants the reactor polling now
+    idle_time wake{};   // when the plan wants the reactor awake (its next look, fault probe)
+    /// When the oldest wait has a host (poll_host.hpp): when the host should look (max: not its
+    /// business now) and whether it should spin from then on; and the last wait the host was told
+    /// of (look_by, wake_until), so that it is told once.
+    idle_time host_look = idle_time::max();
+    bool host_spin = false;
+    std::uint64_t host_told_seq = 0;
+  } plan;
 
-  // --- published for submitters (wakeup.hpp: may a new wait finish before the reactor looks?) -
-  /// model.low() once ready (irregular work: plus the spacing of its looks), else 0
+  // --- published for submitters (idle_governor::earliest_completion_ns, window_open_ns) ------
+  /// plan.model.low() once ready (irregular work: plus the spacing of its looks), else 0
   std::atomic<std::int64_t> published_low_ns{0};
-  std::atomic<std::uint64_t> published_completed_seq{0};  // = completed_seq
+  std::atomic<std::uint64_t> published_completed_seq{0};  // = completed_seq (wait_registry)
   /// When a wait's window opens, from its service start (window_open_offset), once the model is
   /// ready, else 0: a host arms its timer from it when it submits (reactor_access::submit_hosted).
   std::atomic<std::int64_t> published_open_ns{0};

@@ -10,7 +10,7 @@
 
 namespace evr {
 namespace detail {
-class reactor_core;
+class submitter;
 struct reactor_access;
 }  // namespace detail
 
@@ -60,7 +60,7 @@ class wait_target {
   }
 
  private:
-  friend class detail::reactor_core;
+  friend class detail::submitter;
   friend struct detail::reactor_access;
   enum class kind : unsigned char { stream, event };
 

@@ -10,7 +10,8 @@
 //   * state_ is the exactly-once handshake between completion (reactor thread) and per-operation
 //     cancellation (any thread): whoever moves it away from `pending` decides the outcome. See
 //     reactor::cancel for the protocol.
-//   * Fields marked (reactor) are touched only by the reactor thread after submission.
+//   * Fields marked (reactor) are touched only under the reactor's pass lock after submission
+//     (its thread, or a host's pass: reactor/src/pass_lock.hpp).
 //   * next_ and cancel_next_ are links of the reactor's lock-free submission and control stacks;
 //     the push (release) / exchange (acquire) pair publishes every field written before submit.
 #pragma once

@@ -1,0 +1,228 @@
+// reactor/src/idle_governor.cpp — the idle policy's reactor-wide half: the submitter's wake-up
+// rule, the poll tick, learning from what the sweep saw, and how the reactor thread rests between
+// passes. The per-stream plans are in idle_plans.cpp.
+#include "idle_governor.hpp"
+
+#include <algorithm>
+#include <limits>
+
+namespace evr::detail {
+namespace {
+
+/// While spinning for a predicted completion, the plan is made again at least this often (and at
+/// once after any progress or new wait): a window that closes, or another stream's window that
+/// opens, is noticed this late at most, for a fraction of the cost of planning every sweep.
+constexpr nanoseconds replan_interval = std::chrono::microseconds(10);
+/// While stopping, sweeps are at most this far apart (the drain deadline is checked per pass).
+constexpr nanoseconds closing_nap = std::chrono::milliseconds(1);
+
+rest_step nap_until(std::chrono::steady_clock::time_point until, bool learn_overshoot) noexcept {
+  return {rest_step::kind::nap, until, learn_overshoot};
+}
+
+}  // namespace
+
+idle_governor::idle_governor(const reactor_options& options, const strategy_traits& traits,
+                             device::backend& backend, wait_registry& registry,
+                             reactor_counters& counters)
+    : options_(options),
+      traits_(traits),
+      mode_(idle_traits::of(options.idle, traits)),
+      backend_(backend),
+      registry_(registry),
+      counters_(counters),
+      settings_(idle_settings::from(options)) {}
+
+std::int64_t idle_governor::earliest_completion_ns(const stream_state* st,
+                                                   std::uint64_t seq) const noexcept {
+  // Under the ladder a napping reactor picks the wait up when its nap ends, and host_func's host
+  // function wakes it.
+  if (!mode_.wakes_for_submissions) return std::numeric_limits<std::int64_t>::max();
+  const std::int64_t now = clock::now().time_since_epoch().count();
+  if (st == nullptr) return now;  // a user's event: nothing is known of it
+  // A wait queued behind pending waits of its stream cannot finish before them.
+  if (seq > st->published_completed_seq.load(std::memory_order_relaxed) + 1)
+    return std::numeric_limits<std::int64_t>::max();
+  return now + st->published_low_ns.load(std::memory_order_relaxed);
+}
+
+std::int64_t idle_governor::window_open_ns(const stream_state* st,
+                                           const wait_op& op) const noexcept {
+  // The wait's work starts now when nothing of its stream is pending before it; otherwise the
+  // reactor tells the host once it knows. Only for a fence-word marker (host_of says why).
+  const std::int64_t open = st != nullptr && op.event_ == nullptr
+                                ? st->published_open_ns.load(std::memory_order_relaxed)
+                                : 0;
+  if (open > 0 && op.seq_ == st->published_completed_seq.load(std::memory_order_relaxed) + 1)
+    return op.submitted_at_.time_since_epoch().count() + open;
+  return 0;
+}
+
+bool idle_governor::wants_look(const stream_state& st, clock::time_point now,
+                               poll_tick& tick) const noexcept {
+  // Before its window: the stream's work is not expected to be done, and looking would cost a
+  // driver query on every sweep that other streams' windows ask for.
+  if (now < st.plan.query_after) return false;
+  if (st.plan.on_poll_tick) {
+    // Off the tick, only a due fault probe (strategies that have one) makes this sweep look.
+    const bool probe_due =
+        traits_.fault_probes && now >= st.last_probe + options_.fault_probe_interval;
+    if (!tick.due && !probe_due) return false;
+    ++tick.polled;
+  }
+  return true;
+}
+
+void idle_governor::end_sweep(clock::time_point began, const poll_tick& tick) {
+  if (!tick.due || tick.polled == 0) return;
+  // The next tick: poll_period (or poll_budget's spacing) from now, or later when that many looks
+  // would exceed poll_looks_per_second.
+  tick_period_ = settings_.window_poll_period;
+  if (options_.poll_looks_per_second > 0)
+    tick_period_ = std::max(tick_period_,
+                            nanoseconds(static_cast<std::int64_t>(tick.polled) * 1'000'000'000 /
+                                        static_cast<std::int64_t>(options_.poll_looks_per_second)));
+  poll_tick_ = began + tick_period_;
+  // What a tick's look costs (poll_budget spaces the ticks by it): the sweep, one clock read per
+  // tick, only when there is a budget to keep.
+  if (settings_.poll_budget > 0) look_cost_.add(clock::now() - began);
+}
+
+void idle_governor::looked_at(stream_state& st, clock::time_point now, bool moved) {
+  stream_state::plan_state& p = st.plan;
+  if (moved) {
+    learn(st, now);
+    p.waiting_since = now;
+    p.missed = false;
+    p.query_after = {};
+    p.on_poll_tick = false;
+    p.doorbell_armed = false;
+    st.doorbell_rang.store(false, std::memory_order_relaxed);
+  } else if (mode_.ladder_doorbells && !p.doorbell_armed &&
+             now - p.waiting_since >= options_.doorbell_after) {
+    arm_doorbell(st);  // (the predictive policy arms doorbells when it plans)
+  }
+  p.last_look = now;  // the oldest wait left, if any, was pending now
+  p.stale = true;
+}
+
+void idle_governor::learn(stream_state& st, clock::time_point now) {
+  // The look at `now` saw waits of `st` done that the one at last_look saw pending: the newest
+  // of them finished in between (the midpoint is the estimate; the two are a few hundred ns apart
+  // while the reactor polls). Its service started when it was submitted, or when the wait before
+  // it finished, whichever is later (idle_policy.hpp).
+  stream_state::plan_state& p = st.plan;
+  if (!st.retired_in_sweep) {  // only cancelled waits' markers retired: nothing to sample
+    p.last_done = p.last_look + (now - p.last_look) / 2;
+    return;
+  }
+  st.retired_in_sweep = false;
+  const clock::time_point start = std::max(st.retired_submit, p.last_done);
+  const clock::time_point seen_pending = std::max(p.last_look, start);
+  const clock::time_point done = seen_pending + (now - seen_pending) / 2;
+  p.model.add(done - start);
+  p.last_done = done;
+  // For submitters deciding whether a new wait could finish before a napping reactor looks: the
+  // shortest work seen lately; for irregular work also the spacing of its looks, which its waits
+  // accept as lateness anyway (else every submission on 64 irregular streams woke the reactor for
+  // a sweep of all of them, undoing poll_budget).
+  const bool ready = p.model.ready();
+  std::int64_t low = 0;
+  if (ready) {
+    low = p.model.low().count();
+    if (mode_.predictive && !is_steady(settings_, p.model))
+      low += std::max(settings_.window_poll_period, tick_period_).count();
+  }
+  st.published_low_ns.store(low, std::memory_order_relaxed);
+  st.published_open_ns.store(
+      ready ? std::max<std::int64_t>(1, window_open_offset(settings_, p.model).count()) : 0,
+      std::memory_order_relaxed);
+}
+
+rest_step idle_governor::rest(clock::time_point now, bool progress, bool took_new, bool closing) {
+  if (progress) {
+    ladder_.progress(now);
+  } else if (took_new) {
+    ladder_.new_waits();
+  }
+  if (progress || took_new) replan_at_ = {};
+  // Nothing pending: zero wake-ups until a submission; hosts may run passes meanwhile.
+  if (registry_.idle() && !closing) return {rest_step::kind::park};
+  if (progress) {
+    // More may be done by now: sweep again at once, or, batching (coalesce), once the interval
+    // since this pass began is over. Not while stopping: the drain deadline wants passes.
+    if (options_.coalesce.count() > 0 && !closing && clock::now() < now + options_.coalesce)
+      return nap_until(now + options_.coalesce, /*learn_overshoot=*/false);
+    return {};
+  }
+  switch (mode_.between_looks) {
+    case idle_traits::rest::host_funcs:
+      // A host function wakes the reactor; the timer is the fault probe.
+      return nap_until(now + (closing ? std::min(closing_nap, options_.fault_probe_interval)
+                                      : options_.fault_probe_interval),
+                       /*learn_overshoot=*/false);
+    case idle_traits::rest::spin: return {};
+    case idle_traits::rest::ladder: return rest_ladder(now, closing);
+    case idle_traits::rest::predictive: return rest_predictive(now, closing);
+  }
+  return {};
+}
+
+rest_step idle_governor::rest_ladder(clock::time_point now, bool closing) {
+  nanoseconds nap{};
+  switch (ladder_.next(options_, now, nap)) {
+    case ladder::action::spin: return {};
+    case ladder::action::yield: return {rest_step::kind::yield};
+    case ladder::action::nap: break;
+  }
+  // adaptive: when every pending stream has a doorbell armed, a host function wakes the reactor;
+  // the timer is only the fault probe.
+  const auto& active = registry_.active();
+  bool all_doorbells = traits_.doorbells && !active.empty() && registry_.loose_empty();
+  for (std::size_t i = 0; all_doorbells && i < active.size(); ++i)
+    all_doorbells = active[i]->plan.doorbell_armed;
+  if (all_doorbells) nap = options_.fault_probe_interval;
+  if (closing) nap = std::min(nap, closing_nap);
+  return nap_until(now + nap, /*learn_overshoot=*/false);
+}
+
+rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
+  if (now < replan_at_) return {};  // spinning: the plan made at most replan_interval ago holds
+  clock::time_point wake = now + options_.fault_probe_interval;
+  bool spin = false;
+  // Wide windows are looked at every poll_period (the poll tick), or less often when a tick's
+  // look costs more than poll_budget of a core allows (many streams, each queried on every tick).
+  if (settings_.poll_budget > 0)
+    settings_.window_poll_period =
+        budgeted_poll_period(settings_.poll_period, look_cost_.mean(), settings_.poll_budget);
+  for (stream_state* st : registry_.active()) {
+    if (st->entries.empty()) continue;
+    // A stream's plan holds until it is looked at, gets a new wait, or the plan's time comes.
+    if (st->plan.stale || st->plan.wake <= now) plan(*st, now);
+    if (st->plan.spin) {
+      spin = true;
+    } else {
+      wake = std::min(wake, st->plan.wake);
+    }
+  }
+  if (!registry_.loose_empty()) {
+    // Waits on a user's event: no stream, no model. Spin briefly, then naps of a quarter of the
+    // time since their last progress.
+    const nanoseconds age = now - registry_.loose_since();
+    if (age < options_.spin_window) {
+      spin = true;
+    } else {
+      wake = std::min(wake, now + std::clamp<nanoseconds>(age / 4, std::chrono::microseconds(10),
+                                                          options_.max_sleep));
+    }
+  }
+  if (closing) wake = std::min(wake, now + closing_nap);
+  if (spin || wake - now < min_nap) {
+    replan_at_ = now + replan_interval;
+    return {};
+  }
+  replan_at_ = {};
+  return nap_until(wake, /*learn_overshoot=*/true);
+}
+
+}  // namespace evr::detail

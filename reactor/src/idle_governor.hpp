@@ -1,0 +1,162 @@
+// reactor/src/idle_governor.hpp — the idle policy as one object: when each stream is looked at
+// next and by whom (the reactor, or the host its oldest wait is delivered to), and how the reactor
+// thread waits meanwhile. idle_policy.hpp holds the pure logic it applies (the service-time model,
+// predict(), the ladder); docs/architecture.md, "Idle policy", the why.
+//
+// Chosen once from reactor_options::idle and the strategy (idle_traits), as the strategy is
+// through strategy_traits.
+// Owns: the settings and the reactor-wide state (the ladder, how late sleeps end, the poll tick
+// and what its sweeps cost, when to plan again while spinning); each stream's plan
+// (stream_state::plan) and what is published of it for submitters and hosts (published_low_ns,
+// published_open_ns); the doorbells (adaptive); the submitter's wake-up rule.
+// Reads the wait registry's active streams and loose waits; may fail a device (a doorbell that
+// cannot be armed). The sweep asks it which streams to look at (wants_look) and reports what it
+// saw (looked_at); the registry reports new waits and streams gone idle.
+//
+// Threads: earliest_completion_ns and window_open_ns on any thread (they read immutable settings
+// and relaxed atomics); everything else under the pass lock.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+#include <evr/device/backend.hpp>
+#include <evr/reactor/detail/poll_host.hpp>
+#include <evr/reactor/detail/wait_op.hpp>
+#include <evr/reactor/options.hpp>
+
+#include "counters.hpp"
+#include "idle_policy.hpp"
+#include "strategy_traits.hpp"
+#include "stream_state.hpp"
+#include "wait_registry.hpp"
+
+namespace evr::detail {
+
+/// What reactor_options::idle means for the reactor, with the strategy, computed once.
+struct idle_traits {
+  /// How the reactor thread waits while waits pend and its last pass found nothing: naps until a
+  /// host function wakes it (host_func, whatever the mode), spins, climbs the ladder, or sleeps
+  /// until the streams' plans want it (predictive).
+  enum class rest : unsigned char { host_funcs, spin, ladder, predictive };
+  rest between_looks = rest::predictive;
+  /// idle_mode::predictive: irregular work's published shortest length includes its looks'
+  /// spacing (learn()).
+  bool predictive = false;
+  /// ladder with doorbells (adaptive): a look that finds an old wait pending arms a doorbell.
+  bool ladder_doorbells = false;
+  /// A submission wakes a napping reactor when its wait could finish before the reactor looks:
+  /// only the predictive policy plans its naps (host_func's host function wakes it anyway).
+  bool wakes_for_submissions = false;
+
+  static constexpr idle_traits of(idle_mode m, const strategy_traits& s) noexcept {
+    idle_traits t;
+    t.predictive = m == idle_mode::predictive;
+    t.ladder_doorbells = s.doorbells && m == idle_mode::ladder;
+    t.wakes_for_submissions = t.predictive && !s.host_func_markers;
+    switch (m) {
+      case idle_mode::spin: t.between_looks = rest::spin; break;
+      case idle_mode::ladder: t.between_looks = rest::ladder; break;
+      case idle_mode::predictive: t.between_looks = rest::predictive; break;
+    }
+    if (s.host_func_markers) t.between_looks = rest::host_funcs;
+    return t;
+  }
+};
+
+/// What the reactor thread does after a pass (reactor_core carries it out).
+struct rest_step {
+  enum class kind : unsigned char { go_on, yield, park, nap };
+  kind what = kind::go_on;
+  std::chrono::steady_clock::time_point until{};  // nap: until then, or until woken
+  bool learn_overshoot = false;                   // nap: how late it ends teaches the sleep margins
+};
+
+/// The poll tick as one sweep sees it: whether it has come, and the streams looked at on it.
+struct poll_tick {
+  bool due = false;
+  std::size_t polled = 0;
+};
+
+class idle_governor {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  idle_governor(const reactor_options& options, const strategy_traits& traits,
+                device::backend& backend, wait_registry& registry, reactor_counters& counters);
+  idle_governor(const idle_governor&) = delete;
+  idle_governor& operator=(const idle_governor&) = delete;
+
+  // --- any thread ----------------------------------------------------------------------------
+  /// The submitter's wake-up rule (wakeup::wake_for_submission): the earliest time (steady clock
+  /// ns) a new wait of `st` (nullptr: a user's event) with sequence number `seq` could be done;
+  /// INT64_MAX: never before a napping reactor looks anyway.
+  std::int64_t earliest_completion_ns(const stream_state* st, std::uint64_t seq) const noexcept;
+  /// When `op`'s window opens, for its host to arm a timer (host_window); 0: not known now.
+  std::int64_t window_open_ns(const stream_state* st, const wait_op& op) const noexcept;
+
+  // --- the sweep and the registry ------------------------------------------------------------
+  poll_tick begin_sweep(clock::time_point now) const noexcept { return {now >= poll_tick_, 0}; }
+  /// Whether this sweep looks at `st` (before its window it is skipped; irregular work in its
+  /// window only on the tick, or when its fault probe is due).
+  bool wants_look(const stream_state& st, clock::time_point now, poll_tick& tick) const noexcept;
+  /// The sweep begun at `began` is done: spaces the next tick if this one looked at streams.
+  void end_sweep(clock::time_point began, const poll_tick& tick);
+  /// `st` was looked at: `moved` when waits retired or failed (a service-time sample).
+  void looked_at(stream_state& st, clock::time_point now, bool moved);
+  void new_wait(stream_state& st, const wait_op& op, clock::time_point now,
+                bool activated) noexcept;
+  void went_idle(stream_state& st) noexcept;
+
+  // --- hosts (host_pass.hpp) -----------------------------------------------------------------
+  /// `st`'s oldest wait is `host`'s, and the host's look at it is due.
+  bool host_looks(const stream_state& st, const poll_host& host,
+                  clock::time_point now) const noexcept;
+  /// Plans the host's streams and says when it should look next (out.spin, next_look_ns).
+  void plan_for_host(poll_host& host, clock::time_point now, poll_result& out);
+
+  // --- the reactor thread's rest -------------------------------------------------------------
+  void start(clock::time_point now) noexcept { ladder_.progress(now); }
+  /// After a pass that began at `now`: `progress` (waits retired or cancelled), `took_new`
+  /// (inputs came), `closing` (stopping: naps are short).
+  rest_step rest(clock::time_point now, bool progress, bool took_new, bool closing);
+  void woke_from_park(clock::time_point now) noexcept { ladder_.progress(now); }
+  /// A nap asked for `asked` ended by its deadline, `overshoot` late.
+  void nap_timed_out(nanoseconds asked, nanoseconds overshoot) noexcept {
+    overshoot_.add(asked, overshoot);
+  }
+
+ private:
+  rest_step rest_ladder(clock::time_point now, bool closing);
+  rest_step rest_predictive(clock::time_point now, bool closing);
+  void learn(stream_state& st, clock::time_point now);
+  void plan(stream_state& st, clock::time_point now);
+  void plan_reactor(stream_state& st, stream_outlook o, clock::time_point start,
+                    clock::time_point now, clock::time_point wake);
+  bool plan_hosted(stream_state& st, poll_host& host, const stream_outlook& o,
+                   clock::time_point now, clock::time_point& reactor_wake);
+  void plan_host_polls(stream_state& st, poll_host& host, const stream_outlook& o,
+                       clock::time_point now, nanoseconds grace);
+  void skip_until(stream_state& st, clock::time_point t) const noexcept;
+  clock::time_point service_start(const stream_state& st) const noexcept;
+  static poll_host* host_of(const stream_state& st) noexcept;
+  void arm_doorbell(stream_state& st);
+  static void doorbell_rang(void* state) noexcept;
+
+  const reactor_options& options_;
+  const strategy_traits& traits_;
+  const idle_traits mode_;
+  device::backend& backend_;
+  wait_registry& registry_;
+  reactor_counters& counters_;
+  idle_settings settings_;         // window_poll_period is re-planned (poll_budget); the rest fixed
+  ladder ladder_;                  // idle_mode::ladder
+  sleep_overshoot overshoot_;      // how late timed sleeps end
+  look_cost look_cost_;            // what a poll tick's sweep costs (poll_budget)
+  clock::time_point poll_tick_{};  // when irregular work in its windows is looked at
+  nanoseconds tick_period_{};      // the last spacing of the ticks
+  clock::time_point replan_at_{};  // while spinning, plan again no sooner than this
+};
+
+}  // namespace evr::detail

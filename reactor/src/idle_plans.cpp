@@ -1,0 +1,234 @@
+// reactor/src/idle_plans.cpp — the idle policy's per-stream half: each stream's plan (when it is
+// looked at next, and by whom: the reactor or its oldest wait's host), and the doorbells. The
+// reactor-wide half is in idle_governor.cpp.
+#include "idle_governor.hpp"
+
+#include <algorithm>
+#include <memory>
+
+namespace evr::detail {
+namespace {
+
+std::int64_t ns_of(std::chrono::steady_clock::time_point t) noexcept {
+  return t.time_since_epoch().count();
+}
+
+}  // namespace
+
+void idle_governor::new_wait(stream_state& st, const wait_op& op, clock::time_point now,
+                             bool activated) noexcept {
+  stream_state::plan_state& p = st.plan;
+  p.stale = true;
+  if (!activated) return;
+  p.waiting_since = now;
+  p.doorbell_armed = false;
+  p.missed = false;
+  // Its work cannot have finished before its marker was enqueued, during submission.
+  p.last_look = op.submitted_at_;
+}
+
+void idle_governor::went_idle(stream_state& st) noexcept {
+  stream_state::plan_state& p = st.plan;
+  p.query_after = {};
+  p.on_poll_tick = false;
+  p.host_look = clock::time_point::max();
+  p.host_spin = false;
+}
+
+void idle_governor::plan(stream_state& st, clock::time_point now) {
+  using phase = stream_outlook::phase;
+  stream_state::plan_state& p = st.plan;
+  p.stale = false;
+  const clock::time_point start = service_start(st);
+  const stream_outlook o = predict(settings_, p.model, start, now, overshoot_);
+  if (o.where == phase::missed && !p.missed) {
+    p.missed = true;
+    bump(counters_.prediction_misses);
+  }
+  clock::time_point wake = clock::time_point::max();
+  if (traits_.fault_probes) wake = st.last_probe + options_.fault_probe_interval;
+  // A wait with a host (poll_host.hpp): a host that polls covers the window itself; the reactor
+  // wakes one that must be woken, at `wake_host`.
+  clock::time_point wake_host = clock::time_point::max();
+  if (poll_host* host = host_of(st)) {
+    if (plan_hosted(st, *host, o, now, wake_host)) {
+      p.wake = std::min(wake, p.wake);  // plan_hosted set the look after the window
+      return;
+    }
+    wake = std::min(wake, wake_host);
+  } else {
+    p.host_look = clock::time_point::max();
+    p.host_spin = false;
+  }
+  plan_reactor(st, o, start, now, wake);
+}
+
+void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time_point start,
+                                 clock::time_point now, clock::time_point wake) {
+  using phase = stream_outlook::phase;
+  stream_state::plan_state& p = st.plan;
+  // Sweeps that other streams' windows ask for skip this stream until its own window opens (or
+  // its fault probe is due), as a reactor with this stream alone would sleep until then: with 64
+  // streams and event markers every sweep was 64 driver queries. Only once its model holds 8
+  // samples: a young model (3 samples, or 3 after the work changed) can look steady by chance,
+  // and a skipped stream whose work ended early is found only when its window opens.
+  p.query_after = {};
+  p.on_poll_tick = false;
+  if (o.where == phase::before_window && p.model.samples() >= service_time_model::window / 2) {
+    skip_until(st, o.next_look);
+  } else if (o.where == phase::window_poll) {
+    // Irregular work: looked at on the poll tick, with every other stream in such a window, and
+    // not by the sweeps other streams' completions ask for. A tick already due (no stream was on
+    // it) comes at once.
+    p.on_poll_tick = true;
+    o.next_look = std::max(now, poll_tick_);
+  }
+  if (o.unpredicted()) {
+    // Nothing learned yet, or the prediction failed: let the driver wake the reactor once the
+    // wait is old (adaptive), and then rely on that doorbell and the probe rather than naps.
+    if (traits_.doorbells && !p.doorbell_armed && now - start >= options_.doorbell_after)
+      arm_doorbell(st);
+    if (p.doorbell_armed) {
+      p.spin = false;
+      p.wake = wake;
+      return;
+    }
+  }
+  p.spin = o.next_look <= now;
+  p.wake = std::min(wake, o.next_look);
+}
+
+bool idle_governor::plan_hosted(stream_state& st, poll_host& host, const stream_outlook& o,
+                                clock::time_point now, clock::time_point& reactor_wake) {
+  stream_state::plan_state& p = st.plan;
+  p.host_look = clock::time_point::max();
+  p.host_spin = false;
+  if (o.unpredicted()) return false;  // learning or missed: the reactor's own policy (doorbells)
+  // The reactor looks itself this long after the window closed: a safety net for a host that is
+  // late, busy in a handler, or gone quiet (it then finds the wait and posts it as usual). Not
+  // sooner: the reactor wakes for it once per hosted wait (a host finds it long before), and with
+  // 200 us work 100 us after the window cost about 3 % of a core in wake-ups (H100).
+  const nanoseconds grace =
+      std::max<nanoseconds>(std::chrono::milliseconds(1), 2 * settings_.poll_period);
+  if (host.host_role() == poll_host::role::polls) {
+    plan_host_polls(st, host, o, now, grace);
+    return true;
+  }
+  // role woken: the reactor finds the completion as usual; the host's thread must be awake then.
+  const std::uint64_t seq = st.entries.front().seq;
+  if (p.host_told_seq != seq) {
+    const clock::time_point wake_at =
+        o.window_open - nanoseconds(host.lead_ns.load(std::memory_order_relaxed));
+    if (now >= wake_at) {
+      p.host_told_seq = seq;
+      host.wake_until(ns_of(o.window_close + grace));
+    } else {
+      reactor_wake = wake_at;
+    }
+  }
+  return false;
+}
+
+void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const stream_outlook& o,
+                                    clock::time_point now, nanoseconds grace) {
+  // The host looks through the window; the reactor only after it.
+  using phase = stream_outlook::phase;
+  stream_state::plan_state& p = st.plan;
+  switch (o.where) {
+    case phase::before_window:
+      p.host_look = o.window_open;
+      p.host_spin = o.steady;
+      break;
+    case phase::window_spin:
+      p.host_look = now;
+      p.host_spin = true;
+      break;
+    default:  // window_poll: irregular work, looked at on the host's own tick
+      p.host_look = o.next_look;
+      break;
+  }
+  const clock::time_point safety = o.window_close + grace;
+  skip_until(st, safety);
+  p.on_poll_tick = false;
+  p.spin = false;
+  p.wake = safety;
+  // A window the host does not know of (a wait submitted from another thread, or queued behind
+  // others) is told to it once.
+  const std::uint64_t seq = st.entries.front().seq;
+  if (p.host_told_seq != seq) {
+    p.host_told_seq = seq;
+    const std::int64_t first = ns_of(p.host_look);
+    if (host.looks_at_ns.load(std::memory_order_relaxed) > first) host.look_by(first);
+  }
+}
+
+void idle_governor::plan_for_host(poll_host& host, clock::time_point now, poll_result& out) {
+  for (stream_state* st : registry_.active()) {
+    if (host_of(*st) != &host) continue;
+    stream_state::plan_state& p = st->plan;
+    if (p.stale || p.wake <= now || p.host_look <= now) plan(*st, now);
+    if (p.host_look == clock::time_point::max()) continue;
+    if (p.host_spin && p.host_look <= now) {
+      out.spin = true;
+      ++out.spinning_streams;
+    } else {
+      out.next_look_ns = std::min(out.next_look_ns, ns_of(std::max(p.host_look, now)));
+    }
+  }
+}
+
+bool idle_governor::host_looks(const stream_state& st, const poll_host& host,
+                               clock::time_point now) const noexcept {
+  return host_of(st) == &host && now >= st.plan.host_look;
+}
+
+poll_host* idle_governor::host_of(const stream_state& st) noexcept {
+  if (st.entries.empty()) return nullptr;
+  // Only a fence-word marker: a host's look at it is a memory read. An event marker (more busy
+  // streams than hardware queues, say 64) costs a driver query per look, and a host that looked
+  // through 64 streams' windows was later and costlier than the reactor (docs/architecture.md,
+  // "The last hop"): the reactor finds those and posts.
+  const timeline_entry& e = st.entries.front();
+  return e.op != nullptr && e.event == nullptr ? e.op->host_ : nullptr;
+}
+
+void idle_governor::skip_until(stream_state& st, clock::time_point t) const noexcept {
+  // Never past its fault probe (strategies that have one).
+  st.plan.query_after =
+      traits_.fault_probes ? std::min(t, st.last_probe + options_.fault_probe_interval) : t;
+}
+
+idle_governor::clock::time_point idle_governor::service_start(
+    const stream_state& st) const noexcept {
+  // The oldest wait's work could start once it was submitted and the stream's previous wait was
+  // done (a cancelled wait's marker has no submission time: the previous completion then).
+  const timeline_entry& e = st.entries.front();
+  clock::time_point s = st.plan.last_done;
+  if (e.op != nullptr) s = std::max(s, e.op->submitted_at_);
+  return s;
+}
+
+void idle_governor::arm_doorbell(stream_state& st) {
+  if (backend_.stream_is_capturing(st.native)) return;  // never add work to a user's capture
+  st.host_funcs_outstanding.fetch_add(1, std::memory_order_relaxed);
+  st.doorbell_rang.store(false, std::memory_order_relaxed);
+  std::error_code ec = backend_.launch_host_func(st.native, &idle_governor::doorbell_rang, &st);
+  st.plan.doorbell_armed = true;  // on failure too: no retry every sweep, the probe covers it
+  if (ec) {
+    st.host_funcs_outstanding.fetch_sub(1, std::memory_order_relaxed);
+    if (is_sticky(ec)) registry_.fail_device(st.device, ec);
+    return;
+  }
+  bump(counters_.doorbells);
+}
+
+void idle_governor::doorbell_rang(void* state) noexcept {
+  auto* st = static_cast<stream_state*>(state);
+  // Copied first: once host_funcs_outstanding drops, a reactor being destroyed may delete `st`.
+  std::shared_ptr<wakeup> wake = st->wake;
+  st->doorbell_rang.store(true, std::memory_order_seq_cst);  // seq_cst: part of the wake handshake
+  st->host_funcs_outstanding.fetch_sub(1, std::memory_order_release);  // last touch of `st`
+  wake->wake_urgent();
+}
+
+}  // namespace evr::detail

@@ -1,0 +1,209 @@
+// reactor/src/submitter.cpp — see submitter.hpp.
+#include "submitter.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include <evr/pool/event_pool.hpp>
+
+namespace evr::detail {
+namespace {
+
+constexpr std::uintptr_t per_thread_stream = 0x2;  // cudaStreamPerThread
+constexpr std::uintptr_t legacy_stream = 0x1;      // cudaStreamLegacy
+
+bool is_legacy_default(device::native_stream s) {
+  return s == nullptr || reinterpret_cast<std::uintptr_t>(s) == legacy_stream;
+}
+
+}  // namespace
+
+submitter::submitter(parts p)
+    : p_(std::move(p)), streams_(p_.options.max_streams), fences_(p_.backend) {
+  if (p_.backend.device_count(device_count_)) device_count_ = 0;
+}
+
+submitter::~submitter() {
+  streams_.for_each([](stream_state* st) {
+    // A host function still queued would touch the state later (it may never run, after a
+    // fault): keep the state for the rest of the process rather than free it under the driver.
+    if (st->host_funcs_outstanding.load(std::memory_order_acquire) == 0) {
+      delete st;
+    } else {
+      retain_for_process_lifetime(st);
+    }
+  });
+}
+
+std::error_code submitter::refuse(std::error_code ec) noexcept {
+  p_.counters.rejected.fetch_add(1, std::memory_order_relaxed);
+  return ec;
+}
+
+std::error_code submitter::submit(wait_op* op, const wait_target& target,
+                                  host_window* window) noexcept {
+  if (op == nullptr) return refuse(make_error_code(errc::invalid_argument));
+  if (auto ec = prepare(*op, target)) return refuse(ec);
+  return push(*op, window);
+}
+
+std::error_code submitter::prepare(wait_op& op, const wait_target& target) noexcept {
+  if (p_.inbox.stop_requested()) return make_error_code(errc::reactor_stopped);
+  if (target.backend_ == nullptr) return make_error_code(errc::empty_handle);
+  if (target.backend_ != &p_.backend) return make_error_code(errc::backend_mismatch);
+  if (p_.backend.in_host_func()) return make_error_code(errc::called_from_host_func);
+  op.state_.store(wait_op::pending, std::memory_order_relaxed);
+  op.phase_ = wait_op::phase::queued;
+  op.submitted_at_ = std::chrono::steady_clock::now();
+  op.stream_ = nullptr;
+  op.event_ = nullptr;
+  return target.what_ == wait_target::kind::event ? prepare_event(op, target)
+                                                  : prepare_stream(op, target);
+}
+
+std::error_code submitter::prepare_event(wait_op& op, const wait_target& target) noexcept {
+  if (target.never_recorded_) return make_error_code(errc::event_never_recorded);
+  if (target.native_ == nullptr) return make_error_code(errc::empty_handle);
+  int device = target.device_;
+  if (device < 0 && p_.backend.current_device(device)) device = 0;
+  if (device >= pool_set::max_devices) return make_error_code(errc::no_device);
+  op.event_ = target.native_;
+  op.device_ = static_cast<std::int16_t>(device);
+  return {};
+}
+
+std::error_code submitter::prepare_stream(wait_op& op, const wait_target& target) noexcept {
+  if (reinterpret_cast<std::uintptr_t>(target.native_) == per_thread_stream)
+    return make_error_code(errc::per_thread_default_stream);
+  stream_state* st = nullptr;
+  std::error_code ec = find_stream(target, st);
+  if (!ec) ec = put_marker(*st, op);
+  if (ec && is_sticky(ec)) {
+    // The device is dead: fail its pending waits too. Where the stream's device is unknown (its
+    // very first wait), the calling thread's current device is the best guess: a sticky error
+    // is reported by the calls made in that device's context.
+    int device = st != nullptr ? st->device : -1;
+    if (device < 0 && p_.backend.current_device(device)) device = -1;
+    if (device < 0 && device_count_ == 1) device = 0;  // the only one it can be
+    p_.inbox.report_fault(device, ec);
+  }
+  return ec;
+}
+
+std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
+  // Read before the push: from then on the reactor may complete and free `op` at any moment.
+  stream_state* const st = op.stream_;
+  const std::uint64_t seq = op.seq_;
+  if (window != nullptr) {
+    // A host arms its timer from this (poll_host.hpp).
+    if (const std::int64_t open = p_.idle.window_open_ns(st, op)) window->open_ns = open;
+  }
+  const stack::push_result pushed = submissions_.push(&op);
+  if (pushed != stack::push_result::closed) {
+    // A parked reactor is woken by the push that makes the stack non-empty; a napping one only
+    // when this wait could be done before it looks again (the idle governor's rule).
+    p_.wake->wake_for_submission(pushed == stack::push_result::pushed_to_empty,
+                                 [&] { return p_.idle.earliest_completion_ns(st, seq); });
+    return {};
+  }
+  // The reactor closed between our check and the push. The marker is on the stream: its event
+  // must not be reused before the GPU passes it, so destroy it (CUDA defers the free).
+  if (st != nullptr && op.event_ != nullptr)
+    st->marker_pool.load(std::memory_order_relaxed)->discard_native(op.event_);
+  return refuse(make_error_code(errc::reactor_stopped));
+}
+
+std::error_code submitter::find_stream(const wait_target& target, stream_state*& out) noexcept {
+  const int key_device = [&] {
+    if (!is_legacy_default(target.native_)) return -1;
+    int d = 0;
+    return p_.backend.current_device(d) ? 0 : d;
+  }();
+  if (stream_state* s = streams_.find(target.native_, key_device)) {
+    out = s;
+    return {};
+  }
+  // First wait on this stream: build its state here, on the submitting thread.
+  auto fresh = std::make_unique<stream_state>();
+  fresh->native = target.native_;
+  fresh->key_device = key_device;
+  fresh->wake = p_.wake;
+  if (key_device >= 0) {
+    fresh->device = key_device;
+  } else if (auto ec = p_.backend.stream_device(target.native_, fresh->device)) {
+    return ec;
+  }
+  if (fresh->device < 0 || fresh->device >= pool_set::max_devices)
+    return make_error_code(errc::no_device);
+  if (p_.traits.fence_markers) {
+    if (auto ec = fences_.allocate(fresh->device, fresh->fence_host, fresh->fence_device))
+      return ec;
+  }
+  stream_state* in_table = streams_.insert(fresh.get());
+  if (in_table == nullptr) return make_error_code(errc::stream_table_full);
+  if (in_table == fresh.get()) fresh.release();
+  // else another thread inserted the same stream first; ours is dropped (its fence word stays
+  // allocated and unused: at most one word per such race).
+  out = in_table;
+  return {};
+}
+
+std::error_code submitter::take_event(stream_state& st, event_pool*& pool,
+                                      device::native_event& ev) noexcept {
+  std::error_code ec;
+  pool = p_.pools.get(st.device, event_class::plain, ec);
+  if (ec) return ec;
+  if (st.marker_pool.load(std::memory_order_relaxed) == nullptr)
+    st.marker_pool.store(pool, std::memory_order_relaxed);
+  ev = pool->acquire_native(ec);
+  return ec;
+}
+
+std::error_code submitter::put_marker(stream_state& st, wait_op& op) noexcept {
+  // An event marker (poll; fence strategies past their budget: marker_budget) is taken before the
+  // lock: taking may create a batch of events on this thread.
+  const bool fences = p_.traits.fence_markers;
+  event_pool* pool = nullptr;
+  device::native_event ev = nullptr;
+  if (p_.traits.event_markers || (fences && p_.markers.wants_event(st))) {
+    if (auto ec = take_event(st, pool, ev)) return ec;
+  }
+  std::error_code ec;
+  st.lock_markers();
+  const std::uint64_t seq = ++st.next_seq_;
+  if (ev != nullptr) {
+    ec = p_.backend.record_event(ev, st.native);
+    if (!ec && fences) p_.markers.enqueued(st, /*fence=*/false);
+  } else if (fences) {
+    ec = p_.backend.write_fence(st.native, st.fence_device, seq);
+    if (!ec) p_.markers.enqueued(st, /*fence=*/true);
+  } else {  // host_func
+    st.host_funcs_outstanding.fetch_add(1, std::memory_order_relaxed);
+    ec = p_.backend.launch_host_func(st.native, &submitter::host_func_done, &st);
+    if (ec) st.host_funcs_outstanding.fetch_sub(1, std::memory_order_relaxed);
+  }
+  if (ec) --st.next_seq_;  // no marker went on the stream: keep sequence numbers contiguous
+  st.unlock_markers();
+  if (ec) {
+    if (pool != nullptr) pool->release_native(ev);  // never recorded: safe to reuse
+    return ec;
+  }
+  op.seq_ = seq;
+  op.event_ = ev;
+  op.device_ = static_cast<std::int16_t>(st.device);  // < max_devices (find_stream checked)
+  op.stream_ = &st;
+  return {};
+}
+
+void submitter::host_func_done(void* state) noexcept {
+  auto* st = static_cast<stream_state*>(state);
+  // Copied first: once host_funcs_outstanding drops, a reactor being destroyed may delete `st`.
+  std::shared_ptr<wakeup> wake = st->wake;
+  // release: the GPU's progress up to this host function is published with the count.
+  st->host_done.fetch_add(1, std::memory_order_release);
+  st->host_funcs_outstanding.fetch_sub(1, std::memory_order_release);  // last touch of `st`
+  wake->wake_urgent();
+}
+
+}  // namespace evr::detail
