@@ -2,6 +2,8 @@
 // reactor_metrics, and the reactor thread's CPU clock.
 #include <evr/reactor/metrics.hpp>
 
+#include <utility>
+
 #if defined(__linux__)
 #include <time.h>
 #endif
@@ -32,33 +34,39 @@ std::uint64_t latency_histogram::quantile_upper_ns(double q) const noexcept {
 namespace detail {
 
 reactor_metrics reactor_counters::snapshot() const noexcept {
+  using counter = std::atomic<std::uint64_t> reactor_counters::*;
+  using histogram = histogram_counts reactor_counters::*;
+  static constexpr std::pair<counter, std::uint64_t reactor_metrics::*> counters[] = {
+      {&reactor_counters::submitted, &reactor_metrics::submitted},
+      {&reactor_counters::completed, &reactor_metrics::completed},
+      {&reactor_counters::cancelled, &reactor_metrics::cancelled},
+      {&reactor_counters::failed, &reactor_metrics::failed},
+      {&reactor_counters::rejected, &reactor_metrics::rejected},
+      {&reactor_counters::detached, &reactor_metrics::detached},
+      {&reactor_counters::sweeps, &reactor_metrics::sweeps},
+      {&reactor_counters::event_queries, &reactor_metrics::event_queries},
+      {&reactor_counters::stream_queries, &reactor_metrics::stream_queries},
+      {&reactor_counters::doorbells, &reactor_metrics::doorbells},
+      {&reactor_counters::parks, &reactor_metrics::parks},
+      {&reactor_counters::device_faults, &reactor_metrics::device_faults},
+      {&reactor_counters::prediction_misses, &reactor_metrics::prediction_misses},
+      {&reactor_counters::host_passes, &reactor_metrics::host_passes},
+      {&reactor_counters::host_completions, &reactor_metrics::host_completions}};
+  static constexpr std::pair<histogram, latency_histogram reactor_metrics::*> histograms[] = {
+      {&reactor_counters::detect_to_deliver, &reactor_metrics::detect_to_deliver},
+      {&reactor_counters::submit_to_deliver, &reactor_metrics::submit_to_deliver},
+      {&reactor_counters::nap_overshoot, &reactor_metrics::nap_overshoot},
+      {&reactor_counters::fault_probe_time, &reactor_metrics::fault_probe_time}};
   reactor_metrics r;
-  auto get = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  r.submitted = get(submitted);
-  r.completed = get(completed);
-  r.cancelled = get(cancelled);
-  r.failed = get(failed);
-  r.rejected = get(rejected);
-  r.detached = get(detached);
+  for (const auto& [from, to] : counters) r.*to = (this->*from).load(std::memory_order_relaxed);
+  for (const auto& [from, to] : histograms) {
+    for (std::size_t i = 0; i < latency_histogram::buckets; ++i)
+      (r.*to).counts[i] = (this->*from)[i].load(std::memory_order_relaxed);
+  }
   const std::uint64_t finished = r.completed + r.cancelled + r.failed + r.detached;
   r.in_flight = r.submitted > finished ? r.submitted - finished : 0;
-  r.sweeps = get(sweeps);
-  r.event_queries = get(event_queries);
-  r.stream_queries = get(stream_queries);
-  r.doorbells = get(doorbells);
-  r.parks = get(parks);
-  r.device_faults = get(device_faults);
-  r.prediction_misses = get(prediction_misses);
-  r.busy_time = std::chrono::nanoseconds(static_cast<std::int64_t>(get(busy_ns)));
-  r.host_passes = get(host_passes);
-  r.host_completions = get(host_completions);
-  for (int i = 0; i < latency_histogram::buckets; ++i) {
-    const auto b = static_cast<std::size_t>(i);
-    r.detect_to_deliver.counts[b] = get(detect_to_deliver[b]);
-    r.submit_to_deliver.counts[b] = get(submit_to_deliver[b]);
-    r.nap_overshoot.counts[b] = get(nap_overshoot[b]);
-    r.fault_probe_time.counts[b] = get(fault_probe_time[b]);
-  }
+  r.busy_time =
+      std::chrono::nanoseconds(static_cast<std::int64_t>(busy_ns.load(std::memory_order_relaxed)));
   return r;
 }
 
