@@ -9,8 +9,8 @@ enum class delivery : unsigned char {
   /// The default. Posted; when the executor runs on an io_context, a thread of that context
   /// wakes itself (a timer it arms) shortly before the wait's predicted completion and looks for
   /// it in place of the reactor, so the handler runs within microseconds of the GPU finishing
-  /// instead of after a wake-up of a parked thread (20-70 us on an H100 host). Costs that thread
-  /// the polling through the prediction's window (docs/benchmarks.md, "The last hop").
+  /// instead of after the wake-up of a parked thread (tens of us). Costs that thread the polling
+  /// through the prediction's window (docs/benchmarks.md, "The last hop").
   post,
   /// Posted; the reactor wakes the executor's thread shortly before the predicted completion and
   /// the thread spins until the completion arrives (io_context executors). The reactor still

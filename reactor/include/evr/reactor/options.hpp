@@ -1,4 +1,5 @@
-// evr/reactor/options.hpp — how a reactor learns of completions and how it idles.
+// evr/reactor/options.hpp — how a reactor learns of completions and how it idles. Each option
+// says what it does and what it costs; measured figures are in docs/benchmarks.md.
 #pragma once
 
 #include <chrono>
@@ -19,8 +20,9 @@ enum class strategy {
   /// per stream (fault_probe_interval) catches sticky faults, since a faulted stream never writes.
   fence,
   /// Enqueues a host function per wait (cudaLaunchHostFunc) that counts and wakes the reactor, so
-  /// the reactor sleeps until woken. Slow (~75 us on an H100) but costs no CPU while waiting. A
-  /// fault probe as for fence catches faults (host functions never run after one).
+  /// the reactor sleeps until woken. Slow (the driver's host-function thread adds tens of us) but
+  /// costs no CPU while waiting. A fault probe as for fence catches faults (host functions never
+  /// run after one).
   host_func,
   /// The default: fence marks, the predictive idle policy (idle_mode::predictive), and, for a
   /// wait the prediction does not cover (the first waits of a stream, a missed prediction) once it
@@ -70,9 +72,8 @@ struct reactor_options {
   std::chrono::nanoseconds max_sleep = std::chrono::microseconds(1000);
   /// predictive: the nap between looks while a completion is expected but its time is too
   /// uncertain to spin through (irregular work): the period of the poll tick. Each nap costs the
-  /// reactor a few us of CPU (a futex wait and wake): 50 us is about 8 % of a core while such a
-  /// window is open, and finds the completion about 25 us late on average. Many streams on the
-  /// tick stretch it (poll_looks_per_second).
+  /// reactor a few us of CPU (a futex wait and wake), and the completion is found half a period
+  /// late on average. Many streams on the tick stretch it (poll_looks_per_second).
   std::chrono::nanoseconds poll_period = std::chrono::microseconds(50);
   /// predictive: spin through the window in which a completion is expected when the work is
   /// steady: the spread of its recent service times is at most this fraction of the longest (or
@@ -82,19 +83,17 @@ struct reactor_options {
   /// predictive: streams looked at per second, at most, on the poll tick (the one sweep, every
   /// poll_period, that looks at every stream whose irregular work is in its window); 0: no limit.
   /// With more streams on the tick than poll_period allows at this rate, the ticks are spaced
-  /// further apart: 64 streams at the default are looked at every 160 us instead of 50. Why: with
-  /// event markers (more busy streams than hardware queues) a look is a driver query, about
-  /// 0.5 us of the reactor's CPU on the H100 with 64 busy streams, and 64 streams of irregular work
-  /// looked at every 50 us took 47-80 % of a core (p50 41-54 us); at the default, 27-42 % (p50
-  /// 61-107 us); at 200 000, 24-26 % (p50 163-193 us, p99 up to 2.5 ms) (docs/benchmarks.md). Up
-  /// to 20 streams on the tick, the default changes nothing. Higher: lower latency for many
-  /// streams of irregular work, more CPU.
+  /// further apart: 64 streams at the default are looked at every 160 us instead of 50; up to 20
+  /// streams, the default changes nothing. Why: with event markers (more busy streams than
+  /// hardware queues) each look is a driver query, and looking at many streams of irregular work
+  /// every poll_period takes most of a core. Higher: lower latency for many streams of irregular
+  /// work, more CPU.
   std::size_t poll_looks_per_second = 400000;
   /// predictive: the share of one core that the poll tick's sweeps may take, measured (each
   /// tick's sweep is timed); 0 (default): no limit. The ticks are then spaced by the sweep's mean
-  /// time / poll_budget. On the H100 a tick's sweep with 64 busy streams takes tens of us (its
-  /// queries, the completions it finds), so 0.1 spaced them about 1 ms apart: 14 % of a core,
-  /// but p50 0.5-0.7 ms. For users who must bound the CPU whatever the latency.
+  /// time / poll_budget, so a tick's sweep of many busy streams (tens of us) spaces them by
+  /// milliseconds at a small budget: latency of the same order. For users who must bound the CPU
+  /// whatever the latency.
   double poll_budget = 0.0;
   /// predictive: how long before the earliest predicted completion the reactor is awake and
   /// polling. A thread that has just woken runs its first microseconds slower (cold caches, a
@@ -104,21 +103,18 @@ struct reactor_options {
   /// predictive: the longest single sleep that ends right before a predicted completion. A
   /// longer sleep towards a window is cut short so that its last `final_sleep` is slept again on
   /// its own. Why: how late a timed sleep wakes grows with its length on some hosts (the idle
-  /// state the core enters; a virtual CPU halted for long): on the H100 host, sleeps of about
-  /// 1 ms woke >= 64 us late 122 times in 900, cut ones 3 times in 1800, and the completions
-  /// found > 50 us late halved over two runs of 1-20 ms work (docs/benchmarks.md, "where the
-  /// tail comes from"). Costs one more wake-up (a few us of CPU) per predicted completion of
-  /// work longer than it. 0: no cut.
+  /// state the core enters; a virtual CPU halted for long), and a late wake-up is a late
+  /// completion (docs/benchmarks.md, "Where the tail comes from"). Costs one more wake-up (a few
+  /// us of CPU) per predicted completion of work longer than it. 0: no cut.
   std::chrono::nanoseconds final_sleep = std::chrono::microseconds(250);
   /// Batching under load: after a pass that delivered completions, the reactor naps until
   /// `coalesce` after that pass began (a submission or a host function ends the nap early), so
   /// that the next pass finds a batch instead of the one or two completions the GPU produced
-  /// since. Why: a GPU that works through a queue of markers completes one every 1-2 us (H100:
-  /// about 1.7 us per queued fence write, 0.9 us per event record), and a reactor that keeps up
-  /// pays a whole pass (sweep, delivery, about 0.4-1 us) for each. Costs up to `coalesce` plus
-  /// the host's timer lateness of latency for completions that come while it naps; only passes
-  /// that delivered are followed by such a nap, so a lone completion is found as before.
-  /// 0 (default): sweep again at once. For throughput-bound users (stress tests, batch
+  /// since. Why: a GPU that works through a queue of markers completes one every microsecond or
+  /// two, and a reactor that keeps up pays a whole pass (sweep, delivery) for each. Costs up to
+  /// `coalesce` plus the host's timer lateness of latency for completions that come while it
+  /// naps; only passes that delivered are followed by such a nap, so a lone completion is found
+  /// as before. 0 (default): sweep again at once. For throughput-bound users (stress tests, batch
   /// pipelines), not for latency-bound ones.
   std::chrono::nanoseconds coalesce{0};
   /// adaptive: age of a wait that the prediction does not cover after which one host-function
@@ -135,8 +131,8 @@ struct reactor_options {
   std::size_t max_streams = 4096;
   /// fence / adaptive: fence markers pending on one device beyond which new waits on that device
   /// record a pooled event instead. The driver queues only so many stream memory operations
-  /// behind unfinished work (about 1021 on the H100) and then blocks the enqueuing thread inside
-  /// cuStreamWriteValue64; event records were seen not to block at 8192.
+  /// behind unfinished work (about a thousand per device) and then blocks the enqueuing thread
+  /// inside cuStreamWriteValue64; event records were seen not to block.
   std::size_t max_pending_fences = 512;
   /// fence / adaptive: busy streams (with waits pending) per device up to which waits get fence
   /// markers; while more streams of the device are busy, new waits there record pooled events
@@ -144,9 +140,9 @@ struct reactor_options {
   /// work before it on its stream is done, and the driver spreads streams over a few hardware
   /// queues (8 unless CUDA_DEVICE_MAX_CONNECTIONS says otherwise, 32 at most): with more busy
   /// streams than queues, streams share queues and fences would hold up unrelated streams' work
-  /// (H100, 64 streams of irregular work: p99 of milliseconds with fences, ~80 us with events). 0:
-  /// the backend's number of hardware queues (CUDA: CUDA_DEVICE_MAX_CONNECTIONS or 8; simulated
-  /// device: no limit). SIZE_MAX: no limit.
+  /// (milliseconds at p99). Costs a driver query per look at such a stream instead of a memory
+  /// read. 0: the backend's number of hardware queues (CUDA: CUDA_DEVICE_MAX_CONNECTIONS or 8;
+  /// simulated device: no limit). SIZE_MAX: no limit.
   std::size_t max_fence_streams = 0;
   /// Events created per pool growth (pools of the reactor's own events).
   std::size_t pool_batch = 64;

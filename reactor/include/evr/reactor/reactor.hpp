@@ -1,17 +1,8 @@
 // evr/reactor/reactor.hpp — the background thread that turns GPU progress into completions.
 //
-// Data path (docs/architecture.md has the long version):
-//   submit (any thread, lock-free) → timeline (reactor thread) → sweep (reactor thread) → deliver.
-//
-// * submit: the caller's thread puts a marker on the stream (a pooled event record, a fence write
-//   or a host function, by strategy) under a per-stream spin lock that keeps marker order equal to
-//   sequence order (two threads enqueueing on one stream serialize there, as they do inside the
-//   driver), then pushes the operation onto a lock-free stack; only the push that finds the
-//   reactor asleep pays for waking it.
-// * timeline: per stream, pending waits in marker order (a ring buffer, reactor thread only).
-// * sweep: per stream with pending waits, find how far the stream got (see evr::strategy), retire
-//   every wait up to there, return their events to the pool (the GPU is past them).
-// * deliver: each retired wait's complete_ runs once, after the sweep (batched).
+// Data path (docs/architecture.md has the long version): submit (any thread: a marker on the
+// stream, a lock-free push) → timeline (per stream, in marker order) → sweep (how far each stream
+// got, by strategy: see evr::strategy) → deliver (each retired wait completed once, in batches).
 //
 // Guarantees: every submitted wait completes exactly once: with {} when the work before it is
 // done; with the device error when it failed (sticky errors fail every wait of that device, and

@@ -2,14 +2,12 @@
 // and that is awake when they land. Not public: the in-repo Asio front end (callbacks/) implements
 // it; docs/architecture.md, "The last hop", has the why.
 //
-// The reactor finds GPU work near the floor, but a handler posted to a thread parked in
-// epoll_wait runs 20-70 us later (H100 host): the kernel wakes a thread that sleeps on an
-// unpredictable event slowly, and slower the longer it slept. A thread that wakes itself with a
-// timer it armed (the idle governor knows when) wakes within a few us. So a host comes in two
-// roles, one per wait (wait_op::host_), chosen by the front end:
+// A handler posted to a thread parked in epoll_wait runs tens of us after the reactor found its
+// completion; a thread that wakes itself with a timer it armed wakes within a few us. So a host
+// comes in two roles, one per wait (wait_op::host_), chosen by the front end:
 //   * polls (the default): the host arms its own timer for the window in which the reactor
 //     predicts the wait's completion, and through the window it sweeps the reactor's streams of
-//     its own waits itself (reactor_access::poll_here: a pass under the reactor's pass lock that
+//     its own waits itself (detail::poll_here: a pass under the reactor's pass lock that
 //     runs no user code); completions it finds are posted to its own thread and run next. The
 //     reactor thread sleeps through such a window and looks only after it closed (a safety net
 //     for a host that is late or busy).
