@@ -52,7 +52,7 @@ inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 /// wait), used once, then the heap. Measured (Asio 1.22, x86-64): an io_context's wrapper of the
 /// delivery function is 56 bytes (its operation header, delivery_fn, this allocator), also behind
 /// an any_io_executor; a strand's and a thread_pool's 56-64. A larger one goes to the heap
-/// (tests/sim_reactor_test.cpp counts allocations). wait_op::front_end_flag_ says "in use".
+/// (tests/sim_delivery_test.cpp counts allocations). wait_op::front_end_flag_ says "in use".
 class op_bytes_slot {
  public:
   explicit op_bytes_slot(wait_op* op) noexcept : op_(op) {}
