@@ -212,6 +212,52 @@ TEST_CASE("sender: stop while pending cancels the wait: set_stopped on the react
   }
 }
 
+namespace {
+/// Requests stop on `source` when its wait completes (on the reactor thread), as when_all /
+/// when_any do for the siblings of a completed sender.
+struct stopping_receiver {
+  using receiver_concept = ex::receiver_t;
+  std::stop_source* source;
+  std::atomic<int>* done;
+  void set_value() && noexcept {
+    source->request_stop();
+    done->fetch_add(1);
+  }
+  void set_error(std::error_code) && noexcept { done->fetch_add(1); }
+  void set_stopped() && noexcept { done->fetch_add(1); }
+};
+}  // namespace
+
+TEST_CASE("sender: a stop requested on the reactor thread by another completion cancels a wait") {
+  for (evr::strategy s : evr::test::all_strategies) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+    evr::reactor r(sim, quick_options(s));
+    evr::stream held(sim, 0), quick(sim, 0);
+    REQUIRE(sim.launch_kernel(held.native()) == std::error_code{});
+    std::stop_source source;
+    outcome o(&r);
+    std::atomic<int> done{0};
+    evr::test::op_slot<stoppable_op> pending;
+    evr::test::op_slot<ex::connect_result_t<evr::gpu_sender, stopping_receiver>> stopper;
+    pending.construct([&] {
+      return ex::connect(evr::async_wait(r, held),
+                         stoppable_receiver{&o, stop_env{source.get_token()}});
+    });
+    stopper.construct([&] {
+      return ex::connect(evr::async_wait(r, quick), stopping_receiver{&source, &done});
+    });
+    ex::start(pending.get());
+    ex::start(stopper.get());
+    sim.step(quick.native());  // its marker: the stopper completes and requests the stop
+    REQUIRE(wait_until([&] { return o.calls() == 1; }));
+    CHECK(done.load() == 1);
+    CHECK(o.stops.load() == 1);
+    CHECK(o.on_reactor.load());
+    sim.run_until_blocked();
+  }
+}
+
 TEST_CASE("sender: a reactor shutting down aborts a pending wait with set_error, not set_stopped") {
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
   evr::stream st(sim, 0);
