@@ -39,14 +39,13 @@ class thread_pool {
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
 
-  /// Runs `t` on a worker (FIFO); wakes one.
+  /// Runs `t` on a worker (FIFO); wakes one. The notify is made under the lock: once the task
+  /// ran, its owner may destroy the pool, and the enqueuing thread must be done with it by then.
   void enqueue(task* t) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      t->next = nullptr;
-      (tail_ != nullptr ? tail_->next : head_) = t;
-      tail_ = t;
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    t->next = nullptr;
+    (tail_ != nullptr ? tail_->next : head_) = t;
+    tail_ = t;
     ready_.notify_one();
   }
 
