@@ -10,9 +10,9 @@ namespace evr {
 /// Power-of-two latency buckets: bucket i counts samples in [2^i, 2^(i+1)) nanoseconds
 /// (bucket 0 also holds 0 and 1 ns).
 struct latency_histogram {
-  static constexpr int buckets = 40;
-  std::array<std::uint64_t, buckets> counts{};
-  std::uint64_t total() const noexcept;
+  static constexpr int buckets = 40;            ///< up to 2^40 ns (about 18 minutes)
+  std::array<std::uint64_t, buckets> counts{};  ///< samples per bucket
+  std::uint64_t total() const noexcept;         ///< the number of samples
   /// Upper bound (ns) of the bucket holding quantile q in [0,1]; 0 when empty.
   std::uint64_t quantile_upper_ns(double q) const noexcept;
 };
@@ -27,9 +27,9 @@ struct reactor_metrics {
   std::uint64_t rejected = 0;   ///< waits refused at submission (stopped reactor, bad input)
   /// waits handed back unrun because their execution context shut down (reactor_service)
   std::uint64_t detached = 0;
-  std::uint64_t in_flight = 0;  ///< submitted - (completed + cancelled + failed + detached)
-  std::uint64_t sweeps = 0;     ///< passes over the pending streams
-  std::uint64_t event_queries = 0;
+  std::uint64_t in_flight = 0;       ///< submitted - (completed + cancelled + failed + detached)
+  std::uint64_t sweeps = 0;          ///< passes over the pending streams
+  std::uint64_t event_queries = 0;   ///< event queries (driver calls) made by the reactor
   std::uint64_t stream_queries = 0;  ///< fault probes
   std::uint64_t doorbells = 0;       ///< host-function doorbells armed (adaptive)
   std::uint64_t parks = 0;           ///< times the thread slept (timed or indefinite)
