@@ -159,6 +159,7 @@ class backend {
   /// prepare_polling_thread does, and returns its previous mode, which end_borrowed_polling puts
   /// back. The default (no capture modes) does nothing.
   virtual int begin_borrowed_polling() noexcept { return 0; }
+  /// Puts back the capture mode begin_borrowed_polling returned.
   virtual void end_borrowed_polling(int previous_mode) noexcept { (void)previous_mode; }
   /// True when the calling thread is running one of this backend's host functions.
   virtual bool in_host_func() const noexcept = 0;

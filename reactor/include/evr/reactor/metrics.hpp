@@ -45,9 +45,10 @@ struct reactor_metrics {
   /// busy_time / completions is the reactor's cost per completion under load.
   std::chrono::nanoseconds busy_time{0};
   /// Passes run on the threads that completions are delivered to, near a predicted completion
-  /// (delivery::post to an io_context: the last hop), and the completions
-  /// those passes found. The reactor thread sleeps through such windows.
+  /// (delivery::post to an io_context: the last hop). The reactor thread sleeps through such
+  /// windows.
   std::uint64_t host_passes = 0;
+  /// The completions those passes found.
   std::uint64_t host_completions = 0;
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;
