@@ -5,6 +5,12 @@
 // opens the gate, and t1 is taken where the completion is first known to the code that wanted it
 // (the handler, the thread blocked in a wait, ...). Every method runs in the same process, on the
 // same stream, one after another; each row discards warm-up samples.
+//
+// The sender rows (evr::async_wait, evr/callbacks/sender.hpp) sit beside on_complete's: the
+// operation state is built in place before the sample (as a P2300 algorithm builds it), its
+// receiver stamps t1 on the reactor thread, or after continues_on a thread pool of bench code
+// (sender_pool.hpp; stdexec is not a dependency). "sender over on_complete" is their p50 minus
+// on_complete's, per strategy: the price of the sender front end.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -14,8 +20,12 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <stop_token>
 #include <string>
+#include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <asio.hpp>
@@ -24,6 +34,7 @@
 
 #include "bench_device.hpp"
 #include "cli.hpp"
+#include "sender_pool.hpp"
 #include "stats.hpp"
 #include "subcommands.hpp"
 
@@ -54,6 +65,48 @@ class stamp {
 
  private:
   std::atomic<std::int64_t> ns_{0};
+};
+
+/// A receiver that stamps t1 when the wait completes (its last access to itself); with a stop
+/// token in its environment when `Env` has one.
+template <class Env>
+struct stamp_receiver {
+  using receiver_concept = exec::receiver_t;
+  stamp* t1;
+  Env env{};
+  void set_value() && noexcept { t1->set(); }
+  void set_error(std::error_code) && noexcept { t1->set(); }
+  void set_stopped() && noexcept { t1->set(); }
+  Env get_env() const noexcept { return env; }
+};
+
+/// An environment with a std::stop_token (a stop callback is registered for every wait).
+struct stop_token_env {
+  std::stop_token token;
+  std::stop_token query(exec::get_stop_token_t) const noexcept { return token; }
+};
+
+/// One operation state at a time, built in place (operation states cannot move). The previous
+/// one is destroyed when the next is built: by then its completion has long returned.
+template <class Op>
+class op_slot {
+ public:
+  op_slot() = default;
+  op_slot(const op_slot&) = delete;
+  ~op_slot() { reset(); }
+  template <class Make>
+  Op& construct(Make&& make) {
+    reset();
+    op_ = ::new (static_cast<void*>(storage_)) Op(make());
+    return *op_;
+  }
+  void reset() {
+    if (op_ != nullptr) std::exchange(op_, nullptr)->~Op();
+  }
+
+ private:
+  alignas(Op) unsigned char storage_[sizeof(Op)];
+  Op* op_ = nullptr;
 };
 
 /// One method: arm() enqueues the notification behind the gate (and starts whatever will wait),
@@ -333,6 +386,28 @@ int latency_main(int argc, char** argv) {
     rows.push_back(std::move(s));
   }
 
+  {
+    // The thread pool the sender rows continue on (bench/sender_pool.hpp): a task queued from
+    // another thread to a parked worker.
+    thread_pool pool(2);
+    struct stamp_task : thread_pool::task {
+      stamp* t1;
+    } task;
+    task.t1 = &t1;
+    task.run = [](thread_pool::task* t) noexcept { static_cast<stamp_task*>(t)->t1->set(); };
+    series s{"thread pool hand-off -> parked worker (sender_pool.hpp)", "hand-off", {}};
+    for (int i = 0; i < cfg.warmup + cfg.samples; ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(cfg.gap_us));
+      t1.reset();
+      const auto t0 = bench_clock::now();
+      pool.enqueue(&task);
+      const auto t = t1.wait();
+      if (i >= cfg.warmup) s.samples.push_back(ns_between(t0, t));
+    }
+    std::fprintf(stderr, "  %-44s p50 %8.2f us\n", s.name.c_str(), s.p50() / 1000.0);
+    rows.push_back(std::move(s));
+  }
+
   // ---- evr: each strategy x each delivery -----------------------------------------------------
   struct evr_row {
     strategy strat;
@@ -358,6 +433,48 @@ int latency_main(int argc, char** argv) {
                                                 "on_complete");
                                 },
                                 [&] { return t1.wait(); }}));
+    {
+      // The sender: the same wait as on_complete's, as a P2300 operation (no stop token in the
+      // receiver's environment, then a std::stop_token: a stop callback per wait).
+      using plain_op = exec::connect_result_t<gpu_sender, stamp_receiver<exec::empty_env>>;
+      op_slot<plain_op> op;
+      rows.push_back(run.measure({tag + ", sender, inline on reactor", "evr", false,
+                                  [&] {
+                                    t1.reset();
+                                    exec::start(op.construct([&] {
+                                      return exec::connect(async_wait(r, run.stream()),
+                                                           stamp_receiver<exec::empty_env>{&t1});
+                                    }));
+                                  },
+                                  [&] { return t1.wait(); }}));
+      using stop_op = exec::connect_result_t<gpu_sender, stamp_receiver<stop_token_env>>;
+      op_slot<stop_op> sop;
+      std::stop_source source;
+      rows.push_back(run.measure({tag + ", sender + stop token, inline on reactor", "evr", false,
+                                  [&] {
+                                    t1.reset();
+                                    exec::start(sop.construct([&] {
+                                      return exec::connect(async_wait(r, run.stream()),
+                                                           stamp_receiver<stop_token_env>{
+                                                               &t1, {source.get_token()}});
+                                    }));
+                                  },
+                                  [&] { return t1.wait(); }}));
+      thread_pool pool(2);
+      using pool_sender = decltype(continues_on(async_wait(r, run.stream()), pool.get_scheduler()));
+      using pool_op = exec::connect_result_t<pool_sender, stamp_receiver<exec::empty_env>>;
+      op_slot<pool_op> pop;
+      rows.push_back(run.measure({tag + ", sender, continued on a thread pool", "evr", false,
+                                  [&] {
+                                    t1.reset();
+                                    exec::start(pop.construct([&] {
+                                      return exec::connect(continues_on(async_wait(r, run.stream()),
+                                                                        pool.get_scheduler()),
+                                                           stamp_receiver<exec::empty_env>{&t1});
+                                    }));
+                                  },
+                                  [&] { return t1.wait(); }}));
+    }
     for (bool spin : {true, false}) {
       io_thread io(spin);
       gpu_waiter waiter(io.io().get_executor(), r);
@@ -407,6 +524,8 @@ int latency_main(int argc, char** argv) {
       handoff = find("asio::post -> io thread spinning in poll()")->p50();
     if (s.name.find("parked io") != std::string::npos)
       handoff = find("asio::post -> io thread parked in run()")->p50();
+    if (s.name.find("thread pool") != std::string::npos)
+      handoff = find("thread pool hand-off -> parked worker (sender_pool.hpp)")->p50();
     const double overhead = s.p50() - (mech->p50() + handoff);
     std::printf("  %-60s %8.2f us\n", s.name.c_str(), overhead / 1000);
     if (overheads_json.size() > 1) overheads_json += ",";
@@ -414,6 +533,24 @@ int latency_main(int argc, char** argv) {
                       ",\"overhead_ns\":" + json_writer::number(overhead) + "}";
   }
   overheads_json += "]";
+
+  // The sender front end against on_complete, the same wait delivered the same way (goal on the
+  // H100: at most 0.2 us at p50).
+  std::printf("\nsender over on_complete at p50 (same strategy, both inline on the reactor):\n");
+  std::string sender_json = "[";
+  for (auto& s : rows) {
+    const auto at = s.name.find(", sender");
+    if (s.group != "evr" || at == std::string::npos) continue;
+    if (s.name.find("inline on reactor") == std::string::npos) continue;
+    const series* base = find(s.name.substr(0, at) + ", inline on reactor");
+    if (base == nullptr) continue;
+    const double over = s.p50() - base->p50();
+    std::printf("  %-60s %8.2f us\n", s.name.c_str(), over / 1000);
+    if (sender_json.size() > 1) sender_json += ",";
+    sender_json += "{\"name\":" + json_writer::quote(s.name) +
+                   ",\"over_on_complete_p50_ns\":" + json_writer::number(over) + "}";
+  }
+  sender_json += "]";
 
   if (!cfg.json.empty()) {
     std::FILE* f = std::fopen(cfg.json.c_str(), "w");
@@ -431,7 +568,8 @@ int latency_main(int argc, char** argv) {
             ",\"p99_ns\":" + json_writer::number(s.p99()) +
             ",\"samples_ns\":" + json_writer::array(s.samples) + "}");
     }
-    j.raw("],\"overheads\":" + overheads_json + "}\n");
+    j.raw("],\"overheads\":" + overheads_json + ",\"sender_over_on_complete\":" + sender_json +
+          "}\n");
     std::fclose(f);
   }
   return 0;

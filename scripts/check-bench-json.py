@@ -36,7 +36,9 @@ def main():
         names = [r["name"] for r in doc["rows"]]
         for needed in ("floor", "raw cudaEventQuery", "cudaLaunchHostFunc + std::promise",
                        "asio::post -> io thread parked", "evr fence", "evr poll", "evr adaptive",
-                       "evr host_func"):
+                       "evr host_func", "sender, inline on reactor",
+                       "sender + stop token, inline on reactor",
+                       "sender, continued on a thread pool", "thread pool hand-off"):
             if not any(needed in n for n in names):
                 fail(f"no row for '{needed}'")
         for r in doc["rows"]:
@@ -46,6 +48,10 @@ def main():
                 fail(f"{r['name']}: {len(r['samples_ns'])} samples, expected {doc['samples']}")
         if not doc["overheads"]:
             fail("no overheads")
+        if not doc.get("sender_over_on_complete"):
+            fail("no sender_over_on_complete")
+        for r in doc["sender_over_on_complete"]:
+            number(r["over_on_complete_p50_ns"], f"sender_over_on_complete.{r['name']}")
     elif sub == "throughput":
         for r in doc["rows"]:
             number(r["completions_per_second"], r["name"])

@@ -22,9 +22,10 @@ set -euo pipefail
 # libhttp-parser-dev: the HTTP layer of examples/async_server; python3-prometheus-client: the ctest
 # that parses its /metrics page (run with Debian's /usr/bin/python3). python3-dev, pybind11-dev: the
 # Python binding (python/); pytest, pytest-asyncio, aiohttp, uvloop: its tests, example and bench.
+# doxygen: the API reference (scripts/docs.sh).
 readonly base_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev doctest-dev libcli11-dev
   libhttp-parser-dev python3-prometheus-client python3-dev pybind11-dev python3-pytest
-  python3-pytest-asyncio python3-aiohttp python3-uvloop)
+  python3-pytest-asyncio python3-aiohttp python3-uvloop doxygen)
 readonly extra_packages=(wrk python3-matplotlib)
 # Debian 12 has Boost 1.74 (libboost-dev) and 1.81; 1.74's Asio (1.18) is older than evr needs.
 # One libboost*-dev at a time (see --no-remove below).

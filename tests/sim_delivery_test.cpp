@@ -14,16 +14,19 @@
 #include <new>
 #include <random>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <evr/callbacks/sender.hpp>
 #include <evr/evr.hpp>
 #include <evr/sim/device.hpp>
 
 #include "support/asio.hpp"
 #include "support/helpers.hpp"
 #include "support/instant_backend.hpp"
+#include "support/test_receiver.hpp"
 
 using namespace std::chrono_literals;
 using evr::test::quick_options;
@@ -103,6 +106,65 @@ TEST_CASE("zero heap allocations per wait in steady state (Asio front end, poste
     // reactor's, and freed into the io_context thread's: about one per three waits here. Posting
     // through the context's thread instead would recycle it but lose the strand's order when
     // several threads run the context: see docs/architecture.md.)
+  }
+}
+
+namespace {
+
+// The sender's operation state, built in place again for every wait; its receiver says when it
+// has completed (the operation state may be destroyed from then on).
+template <class Env>
+struct alloc_receiver {
+  using receiver_concept = evr::exec::receiver_t;
+  std::atomic<int>* done;
+  Env env{};
+  void set_value() && noexcept { done->fetch_add(1, std::memory_order_release); }
+  void set_error(std::error_code) && noexcept { std::abort(); }
+  void set_stopped() && noexcept { std::abort(); }
+  Env get_env() const noexcept { return env; }
+};
+
+template <class Env>
+std::uint64_t sender_allocations(evr::reactor& r, evr::stream& st, Env env, int measured) {
+  using op_type = evr::exec::connect_result_t<evr::gpu_sender, alloc_receiver<Env>>;
+  constexpr int warmup = 3000;
+  evr::test::op_slot<op_type> slot;
+  std::atomic<int> done{0};
+  std::uint64_t at_start = 0;
+  for (int i = 0; i < warmup + measured; ++i) {
+    if (i == warmup) at_start = g_allocations.load();
+    slot.construct([&] {
+      return evr::exec::connect(evr::async_wait(r, st), alloc_receiver<Env>{&done, env});
+    });
+    evr::exec::start(slot.get());
+    while (done.load(std::memory_order_acquire) != i + 1) std::this_thread::yield();
+  }
+  const std::uint64_t n = g_allocations.load() - at_start;
+  slot.reset();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("sender: zero heap allocations per wait beyond the operation state") {
+  // The operation state (the reactor's operation, the receiver, the stop callback) lives where
+  // connect's result is put: here a slot reused for every wait. Nothing else is allocated per
+  // wait, with or without a stop callback (the std::stop_source's shared state is made once).
+  evr::test::instant_backend device;
+  constexpr int measured = 20000;
+  for (evr::strategy s : {evr::strategy::poll, evr::strategy::fence}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::reactor r(device, quick_options(s));
+    evr::stream st = evr::stream::wrap(device, reinterpret_cast<void*>(0x1000));
+    const std::uint64_t plain = sender_allocations(r, st, evr::exec::empty_env{}, measured);
+    std::stop_source source;
+    const std::uint64_t stoppable =
+        sender_allocations(r, st, evr::test::stop_env{source.get_token()}, measured);
+    MESSAGE(std::string(evr::to_string(s))
+            << ": " << plain << " heap allocations in " << measured << " waits (no stop token), "
+            << stoppable << " (std::stop_token)");
+    CHECK(plain == 0);
+    CHECK(stoppable == 0);
   }
 }
 

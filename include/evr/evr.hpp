@@ -9,7 +9,9 @@
 //              evr::reactor_metrics, evr::strategy, evr::idle_mode, evr::delivery,
 //              evr::wait_target (what a wait waits for: built from a stream or an event)
 //   callbacks/ evr::gpu_waiter / basic_gpu_waiter (Asio), evr::reactor_service and
-//              evr::use_reactor, evr::on_complete, evr::wait_handle, evr::release_after
+//              evr::use_reactor, evr::on_complete, evr::wait_handle, evr::release_after,
+//              evr::async_wait / evr::gpu_sender / basic_gpu_sender (a std::execution sender, no
+//              Asio) and the sender protocol's vocabulary, namespace evr::exec
 //
 // Everything in namespace evr::detail (and every header under a detail/ folder) is internal and
 // may change at any time: the operation type the reactor completes (detail::wait_op), the
@@ -22,13 +24,17 @@
 // evr::evr_boost (Boost.Asio); see evr/callbacks/detail/asio_forward.hpp. Names that moved between
 // Asio versions (as_tuple, deferred) are in <evr/callbacks/asio_compat.hpp>, not included here.
 //
-// The simulated device is not part of it: <evr/sim/device.hpp>, target evr::sim.
+// Not included here: the simulated device (<evr/sim/device.hpp>, target evr::sim), and
+// <evr/callbacks/stdexec.hpp> (evr::stdexec_protocol: the sender in NVIDIA stdexec's vocabulary;
+// it includes stdexec).
 #pragma once
 
+#include <evr/callbacks/exec.hpp>
 #include <evr/callbacks/gpu_waiter.hpp>
 #include <evr/callbacks/on_complete.hpp>
 #include <evr/callbacks/reactor_service.hpp>
 #include <evr/callbacks/release_after.hpp>
+#include <evr/callbacks/sender.hpp>
 #include <evr/callbacks/wait_handle.hpp>
 #include <evr/device/backend.hpp>
 #include <evr/device/error.hpp>

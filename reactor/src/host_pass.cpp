@@ -15,13 +15,18 @@ poll_result host_pass::run(poll_host& host) noexcept {
   p_.devices.begin_borrowed();
   const std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
   bump(p_.counters.host_passes);
+  bool replan = false;
   for (stream_state* st : p_.registry.active()) {
     if (!p_.idle.host_looks(*st, host, now) || p_.registry.device_fault(st->device)) continue;
     p_.sweep.look_at(*st, now, /*may_probe=*/false);  // probes and faults stay the reactor's
+    replan = replan || idle_governor::handed_back(*st, host);
   }
   p_.sweep.drop_idle_streams();
   p_.idle.plan_for_host(host, now, out);
   if (!p_.batch.empty()) deliver(now, out);
+  // A stream whose next wait is no longer this host's would otherwise wait for the reactor's
+  // safety look (a window's close and more): the reactor plans it now.
+  if (replan) p_.wake->wake_urgent();
   p_.devices.end_borrowed();
   // Published inside the pass, so that a plan the reactor makes next sees it: a window the host
   // will not look at in time is told to it (idle_governor::plan_hosted).

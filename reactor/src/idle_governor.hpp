@@ -113,6 +113,12 @@ class idle_governor {
   /// `st`'s oldest wait is `host`'s, and the host's look at it is due.
   bool host_looks(const stream_state& st, const poll_host& host,
                   clock::time_point now) const noexcept;
+  /// After the host's look at `st`: waits remain but the oldest is no longer `host`'s (a wait
+  /// of another host, or one the reactor delivers). The reactor planned the stream as the
+  /// host's (trusting its looks), so it must plan again now.
+  static bool handed_back(const stream_state& st, const poll_host& host) noexcept {
+    return !st.entries.empty() && host_of(st) != &host;
+  }
   /// Plans the host's streams and says when it should look next (out.spin, next_look_ns).
   void plan_for_host(poll_host& host, clock::time_point now, poll_result& out);
 

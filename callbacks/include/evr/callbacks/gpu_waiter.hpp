@@ -64,27 +64,38 @@
 namespace evr {
 inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 
+/// An Asio I/O object whose async_wait completes when the GPU work before a point of a stream (or
+/// captured by an event) is done. Completion signature, cancellation, delivery, memory, thread
+/// safety and lifetime: see the file comment of <evr/callbacks/gpu_waiter.hpp> (also on the
+/// reference's file page). `Executor`: the I/O executor (default: asio::any_io_executor).
 template <typename Executor = asio::any_io_executor>
 class basic_gpu_waiter {
  public:
+  /// The I/O executor: handlers without an executor of their own are delivered there.
   using executor_type = Executor;
 
   /// Rebinds the waiter to another executor type (Asio convention).
   template <typename OtherExecutor>
   struct rebind_executor {
+    /// The waiter type with `OtherExecutor` as its I/O executor.
     using other = basic_gpu_waiter<OtherExecutor>;
   };
 
+  /// A waiter on `ex` whose waits `r` serves; `r` must outlive the waiter. Registers `r` with the
+  /// reactor_service of `ex`'s execution context (whose shutdown detaches this waiter's waits).
   basic_gpu_waiter(const executor_type& ex, reactor& r) : impl_(ex, r) {}
   /// Finds the reactor through the executor's context (evr::reactor_service; attach one with
   /// evr::use_reactor). Throws evr::error when none is attached and CUDA is not compiled in.
   explicit basic_gpu_waiter(const executor_type& ex)
       : impl_(ex, reactor_service::of(asio::query(ex, asio::execution::context)).get()) {}
+  /// As basic_gpu_waiter(const executor_type&) with `context.get_executor()`.
   template <typename ExecutionContext, typename = std::enable_if_t<std::is_convertible_v<
                                            ExecutionContext&, asio::execution_context&>>>
   explicit basic_gpu_waiter(ExecutionContext& context) : basic_gpu_waiter(context.get_executor()) {}
 
+  /// Takes over `other`'s waits (cancel() and the destructor of `other` no longer reach them).
   basic_gpu_waiter(basic_gpu_waiter&&) noexcept = default;
+  /// Cancels this waiter's pending waits, then takes over `other`'s.
   basic_gpu_waiter& operator=(basic_gpu_waiter&& other) noexcept {
     if (this != &other) {
       cancel();
@@ -98,14 +109,19 @@ class basic_gpu_waiter {
   /// Cancels every pending wait of this waiter.
   ~basic_gpu_waiter() { cancel(); }
 
+  /// The I/O executor.
   executor_type get_executor() const noexcept { return impl_.executor; }
+  /// The reactor that serves this waiter's waits.
   reactor& get_reactor() const noexcept { return *impl_.reactor_ptr; }
 
-  /// How later waits reach their handlers (evr::delivery). Not thread-safe against async_wait.
+  /// How the waits started from now on reach their handlers (evr::delivery; default:
+  /// delivery::post). Not thread-safe against async_wait on the same waiter. May allocate (the
+  /// first use of a delivery on a context creates its poll host).
   void set_delivery(delivery how) {
     impl_.how = how;
     impl_.host = host_for(impl_.executor, *impl_.reactor_ptr, how);
   }
+  /// The delivery of the waits started from now on.
   delivery get_delivery() const noexcept { return impl_.how; }
 
   /// Starts a wait for `target`: a stream (the work queued on it so far), an evr::event, or a raw
@@ -216,6 +232,7 @@ class basic_gpu_waiter {
   impl_type impl_;
 };
 
+/// The waiter most code uses: its I/O executor is an asio::any_io_executor.
 using gpu_waiter = basic_gpu_waiter<>;
 
 }  // namespace EVR_ASIO_FLAVOUR_NAMESPACE

@@ -89,6 +89,9 @@ class shared_callback_op final : public shared_wait_op {
 
 }  // namespace detail
 
+/// Calls `fn(std::error_code)` once, on the reactor thread, when the GPU is past `target` (see the
+/// file comment for the outcomes). Returns {} when the wait started; on refusal returns the error
+/// and `fn` is neither called nor kept. Not cancellable (the overload with a wait_handle is).
 template <typename Fn>
 std::error_code on_complete(reactor& r, const wait_target& target, Fn&& fn) {
   static_assert(std::is_invocable_v<std::decay_t<Fn>&, std::error_code>,

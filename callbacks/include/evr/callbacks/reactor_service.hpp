@@ -42,10 +42,14 @@
 namespace evr {
 inline namespace EVR_ASIO_FLAVOUR_NAMESPACE {
 
+/// The Asio service that finds a reactor through an execution context and detaches a context's
+/// waits when it shuts down. Thread safety: use(), get() and track() are thread-safe. Lifetime:
+/// an attached reactor must outlive the waiters that use it. See the file comment.
 class reactor_service : public asio::execution_context::service {
  public:
-  static inline asio::execution_context::id id;
+  static inline asio::execution_context::id id;  ///< the service's identity (Asio convention)
 
+  /// Made by Asio (use of() to get a context's service).
   explicit reactor_service(asio::execution_context& context)
       : asio::execution_context::service(context) {}
 

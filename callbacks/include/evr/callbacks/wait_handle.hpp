@@ -72,7 +72,9 @@ struct wait_handle_access;
 class wait_handle {
  public:
   wait_handle() noexcept = default;
+  /// Takes `other`'s wait; `other` becomes empty.
   wait_handle(wait_handle&& other) noexcept : op_(std::exchange(other.op_, nullptr)) {}
+  /// Forgets the wait held before (never cancels it) and takes `other`'s.
   wait_handle& operator=(wait_handle&& other) noexcept {
     if (this != &other) {
       reset();

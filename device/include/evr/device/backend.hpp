@@ -43,16 +43,18 @@ enum class event_flags : unsigned {
   blocking_sync = 2,  ///< synchronize() sleeps instead of spinning (cudaEventBlockingSync)
   interprocess = 4,   ///< may be exported to another process; requires !timing
 };
+/// The union of two flag sets.
 constexpr event_flags operator|(event_flags a, event_flags b) noexcept {
   return static_cast<event_flags>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
 }
+/// true when `set` contains `f`.
 constexpr bool has_flag(event_flags set, event_flags f) noexcept {
   return (static_cast<unsigned>(set) & static_cast<unsigned>(f)) != 0;
 }
 
 /// An exported interprocess event (64 bytes, same layout as cudaIpcEventHandle_t).
 struct ipc_event_handle {
-  unsigned char bytes[64] = {};
+  unsigned char bytes[64] = {};  ///< the driver's opaque handle bytes
 };
 
 /// A block of 64-bit words in host memory that the device can write with stream memory
@@ -65,7 +67,9 @@ struct fence_block {
   static constexpr std::size_t stride_words = 8;  ///< 64 bytes between consecutive words
   void* allocation = nullptr;  ///< backend-private: what free_fence_block releases
 
+  /// Host address of word `i` (what the host reads).
   std::uint64_t* host_word(std::size_t i) const noexcept { return host + i * stride_words; }
+  /// Device address of word `i` (what write_fence is given).
   std::uint64_t device_word(std::size_t i) const noexcept {
     return device_address + i * stride_words * sizeof(std::uint64_t);
   }
@@ -78,12 +82,15 @@ class backend {
 
   /// "cuda" or "sim".
   virtual std::string_view name() const noexcept = 0;
+  /// true for a simulated device (evr::sim::device): no timing claims.
   virtual bool is_simulated() const noexcept = 0;
   /// One human-readable line: device name(s), driver and runtime versions.
   virtual std::string describe() const = 0;
+  /// The number of devices (0 and an error when there is none or no driver).
   virtual std::error_code device_count(int& count) noexcept = 0;
 
   // --- events --------------------------------------------------------------------------------
+  /// Creates an event on `device` (cudaEventCreateWithFlags). Slow: never on the reactor thread.
   virtual std::error_code create_event(int device, event_flags flags,
                                        native_event& out) noexcept = 0;
   /// May block in the driver (see CUDA-NOTES): never called on the reactor thread.
@@ -92,20 +99,28 @@ class backend {
   virtual std::error_code record_event(native_event event, native_stream stream) noexcept = 0;
   /// {} complete (also for a never-recorded event, as in CUDA), not_ready, or an error.
   virtual std::error_code query_event(native_event event) noexcept = 0;
+  /// Blocks the calling thread until `event` completes (cudaEventSynchronize).
   virtual std::error_code synchronize_event(native_event event) noexcept = 0;
+  /// Milliseconds between two completed timing events (cudaEventElapsedTime).
   virtual std::error_code elapsed_ms(native_event start, native_event end, float& ms) noexcept = 0;
+  /// Exports an interprocess event (cudaIpcGetEventHandle); errc::unsupported on sim.
   virtual std::error_code export_event(native_event event, ipc_event_handle& out) noexcept = 0;
+  /// Opens an event exported by another process (cudaIpcOpenEventHandle).
   virtual std::error_code import_event(const ipc_event_handle& handle,
                                        native_event& out) noexcept = 0;
 
   // --- streams -------------------------------------------------------------------------------
   /// Creates a non-blocking stream (never synchronizes with the legacy default stream).
   virtual std::error_code create_stream(int device, int priority, native_stream& out) noexcept = 0;
+  /// Destroys `stream`; work already queued on it still runs (as cudaStreamDestroy).
   virtual void destroy_stream(native_stream stream) noexcept = 0;
+  /// The device `stream` belongs to.
   virtual std::error_code stream_device(native_stream stream, int& device) noexcept = 0;
+  /// The priority `stream` was created with.
   virtual std::error_code stream_priority(native_stream stream, int& priority) noexcept = 0;
   /// {} when every operation enqueued so far is done, not_ready, or an error.
   virtual std::error_code query_stream(native_stream stream) noexcept = 0;
+  /// Blocks the calling thread until every operation enqueued on `stream` so far is done.
   virtual std::error_code synchronize_stream(native_stream stream) noexcept = 0;
   /// Later work on `stream` waits until `event` completes (cudaStreamWaitEvent).
   virtual std::error_code stream_wait_event(native_stream stream, native_event event) noexcept = 0;
@@ -124,6 +139,7 @@ class backend {
   /// Allocates `words` fence words for `device`, zero-initialised. Slow; never on the reactor.
   virtual std::error_code allocate_fence_block(int device, std::size_t words,
                                                fence_block& out) noexcept = 0;
+  /// Frees a block from allocate_fence_block; writes still queued to it never land.
   virtual void free_fence_block(fence_block& block) noexcept = 0;
   /// Enqueues a 64-bit write of `value` to `device_address` (cuStreamWriteValue64). Once the
   /// device faulted the write never lands.
@@ -133,6 +149,7 @@ class backend {
   // --- threads -------------------------------------------------------------------------------
   /// Makes `device` current for the calling thread (cudaSetDevice).
   virtual std::error_code set_current_device(int device) noexcept = 0;
+  /// The calling thread's current device (cudaGetDevice).
   virtual std::error_code current_device(int& device) noexcept = 0;
   /// Called once by a thread that will poll: switches it to the relaxed stream-capture mode so
   /// that its queries never invalidate a graph capture running on another thread.
@@ -142,6 +159,7 @@ class backend {
   /// prepare_polling_thread does, and returns its previous mode, which end_borrowed_polling puts
   /// back. The default (no capture modes) does nothing.
   virtual int begin_borrowed_polling() noexcept { return 0; }
+  /// Puts back the capture mode begin_borrowed_polling returned.
   virtual void end_borrowed_polling(int previous_mode) noexcept { (void)previous_mode; }
   /// True when the calling thread is running one of this backend's host functions.
   virtual bool in_host_func() const noexcept = 0;

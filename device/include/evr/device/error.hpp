@@ -37,9 +37,12 @@ enum class errc {
   operation_aborted,
 };
 
+/// The category of evr::errc (name "evr").
 const std::error_category& evr_category() noexcept;
+/// The category of CUDA errors: values are cudaError_t (the simulator uses the same values).
 const std::error_category& cuda_category() noexcept;
 
+/// An error_code of evr_category() (what makes `ec == errc::...` work).
 std::error_code make_error_code(errc e) noexcept;
 
 /// Wraps a cudaError_t value (0 is success and yields an empty error_code).
@@ -48,22 +51,22 @@ std::error_code make_cuda_error(int cuda_error_value) noexcept;
 /// The cudaError_t values evr reasons about. Named here so that code built without the CUDA
 /// toolkit (the simulator-only build) can use them; they equal the CUDA runtime's values.
 namespace cuda_value {
-inline constexpr int success = 0;
-inline constexpr int invalid_value = 1;
-inline constexpr int no_device = 100;
-inline constexpr int invalid_device = 101;
-inline constexpr int invalid_resource_handle = 400;
-inline constexpr int not_ready = 600;
-inline constexpr int illegal_address = 700;
-inline constexpr int launch_timeout = 702;
-inline constexpr int hardware_stack_error = 714;
-inline constexpr int illegal_instruction = 715;
-inline constexpr int misaligned_address = 716;
-inline constexpr int invalid_address_space = 717;
-inline constexpr int invalid_pc = 718;
-inline constexpr int launch_failure = 719;
-inline constexpr int captured_event = 907;
-inline constexpr int insufficient_driver = 35;
+inline constexpr int success = 0;                    ///< cudaSuccess
+inline constexpr int invalid_value = 1;              ///< cudaErrorInvalidValue
+inline constexpr int no_device = 100;                ///< cudaErrorNoDevice
+inline constexpr int invalid_device = 101;           ///< cudaErrorInvalidDevice
+inline constexpr int invalid_resource_handle = 400;  ///< cudaErrorInvalidResourceHandle
+inline constexpr int not_ready = 600;                ///< cudaErrorNotReady (pending)
+inline constexpr int illegal_address = 700;          ///< cudaErrorIllegalAddress (sticky)
+inline constexpr int launch_timeout = 702;           ///< cudaErrorLaunchTimeout (sticky)
+inline constexpr int hardware_stack_error = 714;     ///< cudaErrorHardwareStackError (sticky)
+inline constexpr int illegal_instruction = 715;      ///< cudaErrorIllegalInstruction (sticky)
+inline constexpr int misaligned_address = 716;       ///< cudaErrorMisalignedAddress (sticky)
+inline constexpr int invalid_address_space = 717;    ///< cudaErrorInvalidAddressSpace (sticky)
+inline constexpr int invalid_pc = 718;               ///< cudaErrorInvalidPc (sticky)
+inline constexpr int launch_failure = 719;           ///< cudaErrorLaunchFailure (sticky)
+inline constexpr int captured_event = 907;           ///< cudaErrorCapturedEvent
+inline constexpr int insufficient_driver = 35;       ///< cudaErrorInsufficientDriver
 }  // namespace cuda_value
 
 /// True for a CUDA "not ready" status (work still pending: not an error for a query).
@@ -78,6 +81,7 @@ bool is_sticky(const std::error_code& ec) noexcept;
 /// encountered (cuda error 700)".
 class error : public std::system_error {
  public:
+  /// `context` names the call and its objects; what() adds the error's message.
   error(std::error_code ec, const std::string& context) : std::system_error(ec, context) {}
 };
 

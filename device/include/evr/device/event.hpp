@@ -18,6 +18,11 @@ namespace evr {
 
 class stream;
 
+/// A move-only RAII GPU event, created lazily on its first record() on the recording stream's
+/// device. Errors: the throwing members throw evr::error, the std::error_code overloads never
+/// throw. Thread safety: distinct objects concurrently; one object not recorded from two threads
+/// at once; const members concurrently. Lifetime: an owned native event is destroyed with the
+/// object (CUDA defers the free while work still uses it). See the file comment.
 class event {
  public:
   /// An empty handle. Operations on it fail with errc::empty_handle.
@@ -30,12 +35,13 @@ class event {
   /// Wraps a user's native event of `device` without owning it.
   static event wrap(device::backend& backend, device::native_event native, int device) noexcept;
 
-  event(event&& other) noexcept;
+  event(event&& other) noexcept;             ///< takes `other`'s event; `other` becomes empty
   event& operator=(event&& other) noexcept;  ///< destroys the event held before, if owned
   event(const event&) = delete;
   event& operator=(const event&) = delete;
   ~event();
 
+  /// false for an empty (default-constructed or moved-from) handle.
   explicit operator bool() const noexcept { return backend_ != nullptr; }
 
   /// Captures the work enqueued on `s` so far. Creates the native event on first use.
@@ -46,6 +52,7 @@ class event {
   void block(const stream& s) const;
   /// true when complete (or never recorded, as in CUDA); false when pending; throws on error.
   bool query() const;
+  /// Blocks until the event completes (cudaEventSynchronize); throws on error.
   void synchronize() const;
   /// Milliseconds between this event (start) and `end`. Both must be timing events, recorded,
   /// and complete; otherwise errc::timing_disabled / errc::event_never_recorded or the CUDA error.
@@ -54,14 +61,14 @@ class event {
   device::ipc_event_handle ipc_handle() const;
 
   // error_code overloads: never throw.
-  void record(const stream& s, std::error_code& ec) noexcept;
-  std::error_code query(std::error_code& ec) const noexcept;  ///< {} / not_ready / error
+  void record(const stream& s, std::error_code& ec) noexcept;  ///< record(), errors in `ec`
+  std::error_code query(std::error_code& ec) const noexcept;   ///< {} / not_ready / error
 
-  bool recorded() const noexcept { return recorded_; }
-  bool created() const noexcept { return native_ != nullptr; }
-  device::native_event native() const noexcept { return native_; }
-  device::backend* backend() const noexcept { return backend_; }
-  device::event_flags flags() const noexcept { return flags_; }
+  bool recorded() const noexcept { return recorded_; }          ///< true once recorded (or opened)
+  bool created() const noexcept { return native_ != nullptr; }  ///< the native event exists
+  device::native_event native() const noexcept { return native_; }  ///< nullptr before creation
+  device::backend* backend() const noexcept { return backend_; }    ///< nullptr when empty
+  device::event_flags flags() const noexcept { return flags_; }     ///< as constructed
   /// Device of the first recording stream; nullopt before the first record.
   std::optional<int> device() const noexcept;
 

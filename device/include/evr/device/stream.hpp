@@ -13,6 +13,10 @@ namespace evr {
 
 class event;
 
+/// A move-only RAII GPU stream: created by evr (owned, destroyed with the object) or wrapping a
+/// user's stream (not owned). Errors: the throwing members throw evr::error, the std::error_code
+/// overloads never throw. Thread safety: const members and enqueueing concurrently (as CUDA
+/// streams allow), but not while the object is moved or destroyed. See the file comment.
 class stream {
  public:
   /// An empty handle (no stream). Every operation on it fails with errc::empty_handle.
@@ -27,7 +31,7 @@ class stream {
   static stream wrap(CUstream_st* native) { return wrap(device::cuda_backend(), native); }
 #endif
 
-  stream(stream&& other) noexcept;
+  stream(stream&& other) noexcept;             ///< takes `other`'s stream; `other` becomes empty
   stream& operator=(stream&& other) noexcept;  ///< destroys the stream held before, if owned
   stream(const stream&) = delete;
   stream& operator=(const stream&) = delete;
@@ -35,9 +39,9 @@ class stream {
 
   /// True unless empty. (The legacy default stream has a null native handle and is not empty.)
   explicit operator bool() const noexcept { return backend_ != nullptr; }
-  device::native_stream native() const noexcept { return native_; }
-  device::backend* backend() const noexcept { return backend_; }
-  bool owns() const noexcept { return owned_; }
+  device::native_stream native() const noexcept { return native_; }  ///< the native handle
+  device::backend* backend() const noexcept { return backend_; }     ///< nullptr when empty
+  bool owns() const noexcept { return owned_; }  ///< true when destroying it destroys the stream
   /// Identity for maps and logs (the native handle's address).
   std::uintptr_t id() const noexcept { return reinterpret_cast<std::uintptr_t>(native_); }
 
@@ -51,7 +55,7 @@ class stream {
 
   // error_code overloads: never throw.
   std::error_code query(std::error_code& ec) const noexcept;  ///< returns {} / not_ready / error
-  void synchronize(std::error_code& ec) const noexcept;
+  void synchronize(std::error_code& ec) const noexcept;       ///< synchronize(), errors in `ec`
 
   /// Releases ownership and returns the native handle.
   device::native_stream release() noexcept;

@@ -53,13 +53,14 @@ enum class event_class : unsigned char {
   interprocess = 2,  ///< interprocess | no timing
   blocking = 3,      ///< blocking-sync | no timing
 };
-inline constexpr int event_class_count = 4;
+inline constexpr int event_class_count = 4;  ///< the number of event_class values
 /// The creation flags of a class: plain none, timing timing, interprocess interprocess,
 /// blocking blocking_sync.
 device::event_flags flags_of(event_class c) noexcept;
 /// "plain", "timing", "interprocess", "blocking" ("invalid" for a value out of range).
 const char* to_string(event_class c) noexcept;
 
+/// How an event_pool grows.
 struct pool_options {
   std::size_t initial = 0;  ///< events created by the constructor (on the constructing thread)
   std::size_t batch = 32;   ///< events created at once when the cache runs dry (>= 1)
@@ -85,17 +86,17 @@ class event_pool;
 class pooled_event {
  public:
   pooled_event() noexcept = default;
-  pooled_event(pooled_event&& other) noexcept;
+  pooled_event(pooled_event&& other) noexcept;  ///< takes `other`'s event; `other` is empty
   pooled_event& operator=(pooled_event&& other) noexcept;  ///< releases the event held before
   pooled_event(const pooled_event&) = delete;
   pooled_event& operator=(const pooled_event&) = delete;
   ~pooled_event();
 
-  explicit operator bool() const noexcept { return native_ != nullptr; }
-  device::native_event native() const noexcept { return native_; }
+  explicit operator bool() const noexcept { return native_ != nullptr; }  ///< holds an event
+  device::native_event native() const noexcept { return native_; }        ///< nullptr when empty
   /// The pool's device and class; -1 and plain for an empty handle.
   int device() const noexcept;
-  event_class klass() const noexcept;
+  event_class klass() const noexcept;  ///< see device()
   /// Returns the event to its pool now (see the pool's contract). Idempotent. Thread-safe with
   /// respect to other handles; one handle must not be used by two threads at once.
   void release() noexcept;
@@ -108,6 +109,10 @@ class pooled_event {
   device::native_event native_ = nullptr;
 };
 
+/// The events of one device and one event_class, recycled without locks. Thread safety: every
+/// member is thread-safe. Lifetime: events handed out may outlive the pool (they are destroyed
+/// when released then); the backend must outlive both. Errors: evr::error, or std::error_code
+/// with the non-throwing overloads. Contract and costs: see the file comment.
 class event_pool {
  public:
   /// Creates options.initial events at once. Throws evr::error: errc::invalid_argument for
@@ -128,7 +133,7 @@ class event_pool {
   /// nullptr and `ec` set on failure. Every event acquired must be given back exactly once,
   /// through release_native or discard_native of this pool object (which must still exist then).
   device::native_event acquire_native(std::error_code& ec) noexcept;
-  void release_native(device::native_event event) noexcept;
+  void release_native(device::native_event event) noexcept;  ///< gives back an acquire_native event
   /// Destroys an acquired event instead of caching it (accounted as released): for an event the
   /// GPU may never get past (aborted at shutdown, or of a faulted device). CUDA frees a recorded
   /// event once it completes.
@@ -140,9 +145,9 @@ class event_pool {
   /// Walks every thread's counters under a process-wide mutex (see the file comment).
   pool_stats stats() const noexcept;
 
-  int device() const noexcept;
-  event_class klass() const noexcept;
-  device::backend& backend() const noexcept;
+  int device() const noexcept;                ///< the device its events belong to
+  event_class klass() const noexcept;         ///< the class of its events
+  device::backend& backend() const noexcept;  ///< the backend that creates them
 
  private:
   pool_detail::pool_state* state_;

@@ -37,9 +37,14 @@
 
 namespace evr {
 
+/// Pooled events named by integer ids, for language bindings: stale or unknown ids are refused
+/// with errc::unknown_event_id, never a crash. Thread safety: every member is thread-safe (not the
+/// destructor); one id may be used by several threads at once. Lifetime: its pool_set and backend
+/// must outlive it; the destructor returns live ids' events. Errors: evr::error, or
+/// std::error_code with the non-throwing overloads. See the file comment.
 class event_registry {
  public:
-  using id_type = std::uint64_t;
+  using id_type = std::uint64_t;  ///< slot index (low 32 bits) and generation (high 32)
   /// Never issued: acquire's error_code overload returns it on failure.
   static constexpr id_type invalid_id = 0;
   /// Ids live at once, at most (slots are recycled; acquire fails beyond).
@@ -76,20 +81,25 @@ class event_registry {
 
   // --- error_code overloads: never throw ------------------------------------------------------
   id_type acquire(int device, event_class klass,
-                  std::error_code& ec) noexcept;  ///< invalid_id on failure
-  void release(id_type id, std::error_code& ec) noexcept;
+                  std::error_code& ec) noexcept;           ///< invalid_id on failure
+  void release(id_type id, std::error_code& ec) noexcept;  ///< release(id), errors in `ec`
+  /// record(id, stream), errors in `ec`.
   void record(id_type id, device::native_stream stream, std::error_code& ec) noexcept;
+  /// wait(id, stream), errors in `ec`.
   void wait(id_type id, device::native_stream stream, std::error_code& ec) noexcept;
   /// false and `ec` set on failure; `ec` stays clear when the work is merely pending.
   bool query(id_type id, std::error_code& ec) noexcept;
-  void synchronize(id_type id, std::error_code& ec) noexcept;
+  void synchronize(id_type id, std::error_code& ec) noexcept;  ///< synchronize(id), errors in `ec`
+  /// elapsed_time(start, end), errors in `ec` (0 then).
   float elapsed_time(id_type start, id_type end, std::error_code& ec) noexcept;
+  /// native(id), errors in `ec` (nullptr then).
   device::native_event native(id_type id, std::error_code& ec) noexcept;
 
   /// The device and class of a live id; -1 / plain and `ec` set otherwise.
   int device_of(id_type id, std::error_code& ec) const noexcept;
-  event_class class_of(id_type id, std::error_code& ec) const noexcept;
+  event_class class_of(id_type id, std::error_code& ec) const noexcept;  ///< see device_of
 
+  /// The pools its events come from.
   pool_set& pools() noexcept { return pools_; }
 
  private:

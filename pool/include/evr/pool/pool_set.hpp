@@ -16,10 +16,14 @@
 
 namespace evr {
 
+/// The event pools of one backend, one per device and event_class, created on first use.
+/// Thread safety: every member is thread-safe. Lifetime: the pools live as long as the set.
+/// Errors: evr::error, or std::error_code with the non-throwing get(). See the file comment.
 class pool_set {
  public:
-  static constexpr int max_devices = 64;
+  static constexpr int max_devices = 64;  ///< device indices are in [0, max_devices)
 
+  /// An empty set over `backend` (which must outlive it); `options` for every pool it makes.
   explicit pool_set(device::backend& backend, pool_options options = {});
   ~pool_set();
   pool_set(const pool_set&) = delete;
@@ -39,7 +43,7 @@ class pool_set {
   /// Sum of the stats of every pool (peak_in_use: the sum of the pools' peaks).
   pool_stats stats() const noexcept;
 
-  device::backend& backend() const noexcept { return backend_; }
+  device::backend& backend() const noexcept { return backend_; }  ///< its backend
 
  private:
   device::backend& backend_;

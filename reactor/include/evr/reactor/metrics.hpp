@@ -10,9 +10,9 @@ namespace evr {
 /// Power-of-two latency buckets: bucket i counts samples in [2^i, 2^(i+1)) nanoseconds
 /// (bucket 0 also holds 0 and 1 ns).
 struct latency_histogram {
-  static constexpr int buckets = 40;
-  std::array<std::uint64_t, buckets> counts{};
-  std::uint64_t total() const noexcept;
+  static constexpr int buckets = 40;            ///< up to 2^40 ns (about 18 minutes)
+  std::array<std::uint64_t, buckets> counts{};  ///< samples per bucket
+  std::uint64_t total() const noexcept;         ///< the number of samples
   /// Upper bound (ns) of the bucket holding quantile q in [0,1]; 0 when empty.
   std::uint64_t quantile_upper_ns(double q) const noexcept;
 };
@@ -27,9 +27,9 @@ struct reactor_metrics {
   std::uint64_t rejected = 0;   ///< waits refused at submission (stopped reactor, bad input)
   /// waits handed back unrun because their execution context shut down (reactor_service)
   std::uint64_t detached = 0;
-  std::uint64_t in_flight = 0;  ///< submitted - (completed + cancelled + failed + detached)
-  std::uint64_t sweeps = 0;     ///< passes over the pending streams
-  std::uint64_t event_queries = 0;
+  std::uint64_t in_flight = 0;       ///< submitted - (completed + cancelled + failed + detached)
+  std::uint64_t sweeps = 0;          ///< passes over the pending streams
+  std::uint64_t event_queries = 0;   ///< event queries (driver calls) made by the reactor
   std::uint64_t stream_queries = 0;  ///< fault probes
   std::uint64_t doorbells = 0;       ///< host-function doorbells armed (adaptive)
   std::uint64_t parks = 0;           ///< times the thread slept (timed or indefinite)
@@ -45,9 +45,10 @@ struct reactor_metrics {
   /// busy_time / completions is the reactor's cost per completion under load.
   std::chrono::nanoseconds busy_time{0};
   /// Passes run on the threads that completions are delivered to, near a predicted completion
-  /// (delivery::post to an io_context: the last hop), and the completions
-  /// those passes found. The reactor thread sleeps through such windows.
+  /// (delivery::post to an io_context: the last hop). The reactor thread sleeps through such
+  /// windows.
   std::uint64_t host_passes = 0;
+  /// The completions those passes found.
   std::uint64_t host_completions = 0;
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;

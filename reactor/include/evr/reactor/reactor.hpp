@@ -69,10 +69,18 @@ std::vector<wait_op*> detach_group(reactor_core& core, std::uintptr_t group);
 poll_result poll_here(reactor_core& core, poll_host& host) noexcept;
 }  // namespace detail
 
+/// The background thread that watches GPU progress and completes waits, each exactly once (see
+/// the file comment for the data path and the guarantees). Waits are started through the front
+/// ends: gpu_waiter, on_complete, async_wait (a sender), release_after. Thread safety: every member
+/// may be called from any thread. Lifetime: destroying it stops it (stop()); it may be destroyed
+/// from one of its own inline handlers. Errors: the constructor throws std::invalid_argument for
+/// invalid options; waits report theirs to their handlers.
 class reactor {
  public:
   /// A reactor on the CUDA backend with default options. Starts its thread.
   reactor();
+  /// A reactor on `backend` (which must outlive it) with `options`, validated (throws
+  /// std::invalid_argument naming a bad option). Starts its thread.
   explicit reactor(device::backend& backend, reactor_options options = {});
   ~reactor();  ///< stop() and join
   reactor(const reactor&) = delete;
@@ -87,11 +95,12 @@ class reactor {
   /// another thread waits for the shutdown to finish.
   void stop() noexcept;
 
+  /// A snapshot of the counters and latency histograms (see reactor_metrics).
   reactor_metrics metrics() const noexcept;
   /// CPU time the reactor thread has used so far (thread CPU clock; 0 where unsupported).
   std::chrono::nanoseconds cpu_time() const noexcept;
-  const reactor_options& options() const noexcept;
-  device::backend& backend() const noexcept;
+  const reactor_options& options() const noexcept;  ///< the options, as validated
+  device::backend& backend() const noexcept;        ///< the backend it watches
   /// The pools of the reactor's own marker events (strategy::poll).
   pool_set& pools() noexcept;
   /// true while the calling thread is the reactor's thread (e.g. inside an inline handler).

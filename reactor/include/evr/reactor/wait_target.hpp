@@ -14,6 +14,10 @@ class submitter;
 struct reactor_access;
 }  // namespace detail
 
+/// What a wait waits for: the work queued so far on a stream (at the moment the wait starts), or
+/// an event as last recorded. A cheap value type that does not own what it names, built
+/// implicitly from an evr::stream, an evr::event or (CUDA backend) a cudaStream_t / cudaEvent_t;
+/// waits on an empty target are refused with errc::empty_handle.
 class wait_target {
  public:
   /// An empty target: waits on it are refused with errc::empty_handle.

@@ -274,7 +274,9 @@ class io_context_host final : public poll_host {
       timer_margin_ns.store(margin_.high(), std::memory_order_relaxed);
     }
     armed_for_ = never;
-    if (pending_ > 0) start_polling();
+    // A poll chain may have started since the timer was armed (a look came due sooner): one
+    // chain at a time (a second would double the looks and take the heap for its posts).
+    if (pending_ > 0 && !polling_) start_polling();
   }
 #endif
 

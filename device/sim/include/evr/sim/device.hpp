@@ -58,32 +58,41 @@
 
 namespace evr::sim {
 
+/// Who runs a simulated stream's operations.
 enum class run_mode {
   threaded,  ///< a worker thread per stream runs operations as they come
   manual,    ///< operations run only when the test calls step()/run_until_blocked()
 };
 
+/// How a simulated device is built.
 struct options {
-  int devices = 1;
-  run_mode mode = run_mode::threaded;
+  int devices = 1;                     ///< number of simulated GPUs (device indices 0..devices-1)
+  run_mode mode = run_mode::threaded;  ///< who runs the operations
 };
 
 /// Counters of the calls made into the simulated device (to assert, e.g., how many queries a
 /// reactor sweep made). Read with device::counters(); reset with reset_counters().
 struct call_counters {
-  std::uint64_t event_queries = 0;
-  std::uint64_t stream_queries = 0;
-  std::uint64_t event_records = 0;
-  std::uint64_t host_funcs_launched = 0;
-  std::uint64_t host_funcs_run = 0;
-  std::uint64_t fence_writes_enqueued = 0;
-  std::uint64_t fence_writes_landed = 0;
-  std::uint64_t events_created = 0;
-  std::uint64_t events_destroyed = 0;
+  std::uint64_t event_queries = 0;          ///< query_event calls (failed ones too)
+  std::uint64_t stream_queries = 0;         ///< query_stream calls (failed ones too)
+  std::uint64_t event_records = 0;          ///< record_event calls (failed ones too)
+  std::uint64_t host_funcs_launched = 0;    ///< host functions enqueued successfully
+  std::uint64_t host_funcs_run = 0;         ///< host functions that ran
+  std::uint64_t fence_writes_enqueued = 0;  ///< fence writes enqueued successfully
+  std::uint64_t fence_writes_landed = 0;    ///< fence writes that reached their word
+  std::uint64_t events_created = 0;         ///< events created (create_event, import_event)
+  std::uint64_t events_destroyed = 0;       ///< events destroyed
 };
 
+/// A simulated GPU with the CUDA semantics evr relies on: pass it wherever evr takes a backend.
+/// Thread safety: every member may be called from any thread concurrently. Lifetime: destroying
+/// it destroys the streams still alive (pending work is dropped); reactors and events using it
+/// must be gone first. Errors: the backend calls report std::error_code as CUDA would; the
+/// constructor throws std::system_error when its threads cannot start. See the file comment for
+/// the model and the two run modes.
 class device final : public evr::device::backend {
  public:
+  /// A device of `opts.devices` simulated GPUs, run as `opts.mode` says.
   explicit device(options opts = {});
   ~device() override;
   device(const device&) = delete;
@@ -109,7 +118,7 @@ class device final : public evr::device::backend {
 
   /// A stalled stream runs no operation until resume().
   void stall(evr::device::native_stream stream);
-  void resume(evr::device::native_stream stream);
+  void resume(evr::device::native_stream stream);  ///< lets a stalled stream run again
 
   // --- manual mode -----------------------------------------------------------------------------
   /// Runs up to `n` operations of `stream` on the calling thread; returns how many ran (fewer if
@@ -123,9 +132,9 @@ class device final : public evr::device::backend {
   /// Threaded mode: blocks until every stream is empty (or stalled/faulted). For test teardown.
   void wait_idle();
 
-  call_counters counters() const;
-  void reset_counters();
-  run_mode mode() const noexcept;
+  call_counters counters() const;  ///< the calls made so far (since reset_counters())
+  void reset_counters();           ///< zeroes counters()
+  run_mode mode() const noexcept;  ///< as constructed
 
   // --- evr::device::backend --------------------------------------------------------------------
   std::string_view name() const noexcept override;
