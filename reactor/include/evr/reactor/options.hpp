@@ -31,6 +31,7 @@ enum class strategy {
   adaptive,
 };
 
+/// The strategy's name: "poll", "fence", "host_func" or "adaptive" (static storage).
 const char* to_string(strategy s) noexcept;
 /// "poll", "fence", "host_func" or "adaptive"; std::nullopt for anything else.
 std::optional<evr::strategy> strategy_from_string(std::string_view name) noexcept;
@@ -51,6 +52,7 @@ enum class idle_mode {
   spin,
 };
 
+/// The idle mode's name: "predictive", "ladder" or "spin" (static storage).
 const char* to_string(idle_mode m) noexcept;
 /// "predictive", "ladder" or "spin"; std::nullopt for anything else.
 std::optional<idle_mode> idle_mode_from_string(std::string_view name) noexcept;
@@ -58,6 +60,7 @@ std::optional<idle_mode> idle_mode_from_string(std::string_view name) noexcept;
 /// Every duration must be >= 0 and spin_fraction and poll_budget in [0, 1]; the reactor's
 /// constructor refuses anything else with std::invalid_argument naming the option.
 struct reactor_options {
+  /// How the reactor learns that a wait's work is done; see strategy.
   evr::strategy strategy = strategy::adaptive;
   /// How the reactor waits while waits are pending; see idle_mode.
   idle_mode idle = idle_mode::predictive;
