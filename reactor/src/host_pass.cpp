@@ -23,7 +23,7 @@ poll_result host_pass::run(poll_host& host) noexcept {
   }
   p_.sweep.drop_idle_streams();
   p_.idle.plan_for_host(host, now, out);
-  if (!p_.batch.empty()) deliver(now, out);
+  if (!p_.batch.empty()) deliver(now);
   // A stream whose next wait is no longer this host's would otherwise wait for the reactor's
   // safety look (a window's close and more): the reactor plans it now.
   if (replan) p_.wake->wake_urgent();
@@ -40,14 +40,13 @@ poll_result host_pass::run(poll_host& host) noexcept {
   return out;
 }
 
-void host_pass::deliver(std::chrono::steady_clock::time_point now, poll_result& out) {
+void host_pass::deliver(std::chrono::steady_clock::time_point now) {
   // Posted completions only: a pass on a host's thread runs no user code. A batch with an inline
   // completion (a later wait of one of the host's streams, say) is the reactor thread's.
   if (!p_.batch.posted_only()) {
     p_.wake->wake_urgent();
     return;
   }
-  out.delivered = static_cast<std::uint32_t>(p_.batch.size());
   bump(p_.counters.host_completions, p_.batch.size());
   p_.batch.deliver(now);
   p_.registry.release_markers();

@@ -45,7 +45,7 @@ class host_pass {
   poll_result run(poll_host& host) noexcept;
 
  private:
-  void deliver(std::chrono::steady_clock::time_point now, poll_result& out);
+  void deliver(std::chrono::steady_clock::time_point now);
   parts p_;
 };
 

@@ -136,8 +136,8 @@ class io_context_host final : public poll_host {
   /// A hosted wait finished (its handler is about to run on this context, it was destroyed with
   /// the context, or it was refused). The last one ends the timer's wait, so run() may return.
   void wait_finished() noexcept {
-    delivered_.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mutex_);
+    ++delivered_;
     if (--pending_ == 0) disarm();
   }
 
@@ -335,14 +335,14 @@ class io_context_host final : public poll_host {
         return;
       }
       awake_until_ = until;
-      seen = delivered_.load(std::memory_order_relaxed);
+      seen = delivered_;
     }
     stay_awake(seen);
   }
 
   void stay_awake(std::uint64_t seen) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!closed_ && now_ns() < awake_until_ && delivered_.load(std::memory_order_relaxed) == seen) {
+    if (!closed_ && now_ns() < awake_until_ && delivered_ == seen) {
       // Out of memory: stop keeping awake; the completion comes as a plain post.
       if (post(poll_slot_, /*continuation=*/true, [this, seen] { stay_awake(seen); })) return;
     }
@@ -364,7 +364,7 @@ class io_context_host final : public poll_host {
   window_duty duty_;              // how much of the time its windows are open
   post_slot poll_slot_;           // the poll chain (or the keep-awake chain: one role per host)
   post_slot told_slot_;           // what the reactor posts (look_by, wake_until)
-  std::atomic<std::uint64_t> delivered_{0};  // hosted waits finished here
+  std::uint64_t delivered_ = 0;   // (mutex_) hosted waits finished here
   lateness margin_{20'000, 2'000, 200'000};  // timer wake-ups: how late (ns)
   lateness lead_{50'000, 10'000, 500'000};   // role woken: post to run (ns)
 };

@@ -90,8 +90,6 @@ struct poll_result {
   /// How many of the host's streams are in such a window now (their windows overlap when more
   /// than one: the host may then poll on a tick instead of spinning through their union).
   std::uint32_t spinning_streams = 0;
-  /// Completions were found and handed over (posted) by this pass.
-  std::uint32_t delivered = 0;
   /// When the host should look next (steady clock ns): the earliest window of its waits, or the
   /// next poll tick of irregular work in its window; poll_host::never when it has none pending.
   std::int64_t next_look_ns = poll_host::never;
