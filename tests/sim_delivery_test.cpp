@@ -171,10 +171,13 @@ TEST_CASE("sender: zero heap allocations per wait beyond the operation state") {
 TEST_CASE("gpu_waiter: handlers on another context run there, the waiter's context never run") {
   // A handler is posted to its own executor; it does not depend on the waiter's context.
   evr::test::instant_backend device;
-  evr::reactor r(device, quick_options(evr::strategy::poll));
-  evr::stream st = evr::stream::wrap(device, reinterpret_cast<void*>(0x1000));
+  // Declared before the reactor, so destroyed after its thread ended: after a handler ran, the
+  // reactor thread may still be inside the post that woke `runs` (Asio signals after unlocking),
+  // and `runs` is not a context evr serves (nothing of evr's waits for it in its destructor).
   asio::io_context never_run, runs;
   asio::thread_pool pool(1);
+  evr::reactor r(device, quick_options(evr::strategy::poll));
+  evr::stream st = evr::stream::wrap(device, reinterpret_cast<void*>(0x1000));
   evr::basic_gpu_waiter<asio::io_context::executor_type> waiter(never_run.get_executor(), r);
   std::atomic<int> ran{0};
   auto strand = asio::make_strand(runs);
