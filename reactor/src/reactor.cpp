@@ -3,6 +3,7 @@
 // core's parts; docs/architecture.md has the design.
 #include <evr/reactor/reactor.hpp>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -114,6 +115,12 @@ std::error_code reactor::submit(detail::wait_op* op, const wait_target& target) 
 }
 void reactor::cancel(detail::wait_op* op) noexcept { detail::cancel_wait(core_.get(), op); }
 void reactor::cancel_owner(std::uintptr_t owner) noexcept { core_->cancel_owner(owner); }
+
+std::uintptr_t reactor::new_owner_id() noexcept {
+  // Relaxed: only uniqueness matters, which the read-modify-write gives in any order.
+  static std::atomic<std::uintptr_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 void reactor::stop() noexcept { core_->stop(/*destroying=*/false); }
 reactor_metrics reactor::metrics() const noexcept { return core_->metrics(); }
 std::chrono::nanoseconds reactor::cpu_time() const noexcept { return core_->cpu_time(); }

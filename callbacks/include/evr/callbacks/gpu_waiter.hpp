@@ -51,7 +51,6 @@
 // its waits (their handlers still run, with operation_aborted, if the context is alive).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <utility>
 
@@ -141,18 +140,16 @@ class basic_gpu_waiter {
   }
 
  private:
-  /// An owner id that moves (a moved-from waiter cancels nothing).
+  /// An owner id that moves (a moved-from waiter cancels nothing). Ids come from the reactor
+  /// library (unique in the process), not from a static of this template: each executor type
+  /// would have its own counter, and waiters of two types would cancel each other's waits.
   struct owner_id {
-    std::uintptr_t value = next();
+    std::uintptr_t value = detail::reactor_access::new_owner_id();
     owner_id() = default;
     owner_id(owner_id&& o) noexcept : value(std::exchange(o.value, 0)) {}
     owner_id& operator=(owner_id&& o) noexcept {
       value = std::exchange(o.value, 0);
       return *this;
-    }
-    static std::uintptr_t next() noexcept {
-      static std::atomic<std::uintptr_t> counter{0};
-      return counter.fetch_add(1, std::memory_order_relaxed) + 1;
     }
   };
 

@@ -126,6 +126,13 @@ class reactor {
   /// Cancels every pending wait whose owner_ is `owner` (an I/O object's cancel()). Always safe.
   void cancel_owner(std::uintptr_t owner) noexcept;
 
+  /// A new owner id for an I/O object's waits (wait_op::owner_), never 0, unique in the process
+  /// across every front end, executor type and reactor: one counter, defined in reactor.cpp (a
+  /// counter in a header template would be one per instantiation, and two waiters of different
+  /// executor types would share ids, so one's cancel() would abort the other's waits).
+  /// Thread-safe, lock-free.
+  static std::uintptr_t new_owner_id() noexcept;
+
   std::shared_ptr<detail::reactor_core> core_;
 };
 
@@ -146,6 +153,7 @@ struct reactor_access {
                                        host_window& window) noexcept;
   static void cancel(reactor& r, wait_op* op) noexcept { r.cancel(op); }
   static void cancel_owner(reactor& r, std::uintptr_t owner) noexcept { r.cancel_owner(owner); }
+  static std::uintptr_t new_owner_id() noexcept { return reactor::new_owner_id(); }
   /// Blocks until the GPU is past `t` (errors ignored); nothing for an empty target.
   static void synchronize(const wait_target& t) noexcept {
     if (t.backend_ == nullptr) return;

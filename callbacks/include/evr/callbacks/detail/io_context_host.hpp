@@ -110,6 +110,12 @@ class io_context_host final : public poll_host {
       : poll_host(r), io_(io), core_(std::move(core)) {
     timer_margin_ns.store(margin_.high(), std::memory_order_relaxed);
     lead_ns.store(lead_.high(), std::memory_order_relaxed);
+#if EVR_HAS_IO_CONTEXT_HOST
+    // Now, not at the first window that needs it: the descriptor's first use creates Asio's
+    // descriptor service and epoll reactor (heap), which would otherwise fall into a steady
+    // state that allocates nothing per wait. Failing here leaves arm() to try again.
+    if (r == role::polls) (void)open_timer();
+#endif
   }
   ~io_context_host() { close(); }
 
@@ -141,19 +147,35 @@ class io_context_host final : public poll_host {
     if (--pending_ == 0) disarm();
   }
 
+  // What the reactor tells the host (look_by, wake_until) is coalesced: one post in flight at a
+  // time carries the earliest look (the latest keep-awake), so told_slot_ is always free when
+  // it is needed and the host never takes the heap, however the threads are scheduled.
+
   void look_by(std::int64_t open_ns) noexcept override {
-    // Out of memory: the reactor's look after the window finds the wait.
-    (void)post(told_slot_, /*continuation=*/false, [this, open_ns] {
+    {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (pending_ > 0) arm(open_ns, now_ns());
-    });
+      told_look_ns_ = std::min(told_look_ns_, open_ns);
+      if (std::exchange(told_posted_, true)) return;  // the post in flight takes it
+    }
+    // Out of memory: the reactor's look after the window finds the wait.
+    if (!post(told_slot_, /*continuation=*/false, [this] { take_told_look(); })) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      told_posted_ = false;
+    }
   }
 
   void wake_until(std::int64_t until_ns) noexcept override {
     const std::int64_t posted = now_ns();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      told_until_ns_ = std::max(told_until_ns_, until_ns);
+      if (std::exchange(told_posted_, true)) return;  // the post in flight takes it
+    }
     // Out of memory: the completion is posted as usual, only later.
-    (void)post(told_slot_, /*continuation=*/false,
-               [this, until_ns, posted] { keep_awake(until_ns, posted); });
+    if (!post(told_slot_, /*continuation=*/false, [this, posted] { take_told_wake(posted); })) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      told_posted_ = false;
+    }
   }
 
   /// Closes the timerfd: no more timer waits. reactor_service's shutdown.
@@ -322,6 +344,25 @@ class io_context_host final : public poll_host {
     }
   }
 
+  /// The post of look_by: arms for the earliest look told since it was posted.
+  void take_told_look() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    told_posted_ = false;
+    const std::int64_t at = std::exchange(told_look_ns_, never);
+    if (pending_ > 0 && at != never) arm(at, now_ns());
+  }
+
+  /// The post of wake_until: keeps awake until the latest time told since it was posted.
+  void take_told_wake(std::int64_t posted) {
+    std::int64_t until = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      told_posted_ = false;
+      until = std::exchange(told_until_ns_, 0);
+    }
+    keep_awake(until, posted);
+  }
+
   /// Role woken: keeps this thread awake (re-posting itself) until `until` or a hosted wait's
   /// completion ran here; learns how late the wake-up was (the lead the reactor gives).
   void keep_awake(std::int64_t until, std::int64_t posted) {
@@ -364,7 +405,10 @@ class io_context_host final : public poll_host {
   window_duty duty_;              // how much of the time its windows are open
   post_slot poll_slot_;           // the poll chain (or the keep-awake chain: one role per host)
   post_slot told_slot_;           // what the reactor posts (look_by, wake_until)
-  std::uint64_t delivered_ = 0;   // (mutex_) hosted waits finished here
+  bool told_posted_ = false;      // (mutex_) a post of told_slot_ is in flight
+  std::int64_t told_look_ns_ = never;        // (mutex_) the earliest look told since then
+  std::int64_t told_until_ns_ = 0;           // (mutex_) the latest keep-awake told since then
+  std::uint64_t delivered_ = 0;              // (mutex_) hosted waits finished here
   lateness margin_{20'000, 2'000, 200'000};  // timer wake-ups: how late (ns)
   lateness lead_{50'000, 10'000, 500'000};   // role woken: post to run (ns)
 };
