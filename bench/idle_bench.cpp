@@ -10,6 +10,9 @@
 // handler (or when the waiting thread returns), as in the floor measurement (kernel writes an
 // ack, the host spins on it) taken in the same run. The next job of a lane is launched once its
 // previous one was seen done: each lane is a closed loop, one request in flight, back to back.
+// Lockstep workloads (--lockstep-streams, 16 and 64) launch every lane's job together and the next
+// round once all were seen done, as a server's burst of requests does: every window overlaps, and
+// the floor is one thread spinning over all the lanes' acks.
 //
 // Rows (idle_rows.hpp): the floor; each evr method delivered inline on the reactor thread (one
 // driver thread launches the jobs); the default delivered to an io_context thread, which also runs
@@ -126,6 +129,10 @@ struct idle_settings_cli {
   std::string device = "auto";
   std::vector<double> lengths_us{20, 200, 1000, 5000, 20000};
   std::vector<int> lanes{1, 64};
+  /// Streams launched together each round (workload::lockstep), and their steady lengths.
+  std::vector<int> lockstep_lanes{16, 64};
+  std::vector<double> lockstep_lengths_us{1000, 5000, 20000};
+  bool lockstep = true;
   double jitter = 0.05;
   double scale = 1.0;
   bool steady = true;
@@ -141,6 +148,7 @@ struct idle_settings_cli {
 
 /// Samples measured per workload (before --scale): enough jobs for p99 within a few seconds.
 int default_samples(const workload& w) {
+  if (w.lockstep) return 1280;  // at least 20 rounds of 64 streams
   if (w.lanes > 1) return 640;
   const double mean = w.mean_us();
   if (mean <= 50) return 1000;
@@ -150,29 +158,41 @@ int default_samples(const workload& w) {
   return 60;
 }
 
+/// For `lanes` streams: the steady `lengths_us`, then (when `irregular`) uniform and bimodal work.
+void add_workloads(std::vector<workload>& out, int lanes, bool lockstep,
+                   const std::vector<double>& lengths_us, bool irregular, double jitter) {
+  for (double d : lengths_us) {
+    workload w;
+    w.kind = workload::shape::steady;
+    w.d_us = d;
+    w.jitter = jitter;
+    w.lanes = lanes;
+    w.lockstep = lockstep;
+    out.push_back(w);
+  }
+  if (!irregular) return;
+  workload u;
+  u.kind = workload::shape::uniform;
+  u.lanes = lanes;
+  u.lockstep = lockstep;
+  out.push_back(u);
+  workload b;
+  b.kind = workload::shape::bimodal;
+  b.jitter = jitter;
+  b.lanes = lanes;
+  b.lockstep = lockstep;
+  out.push_back(b);
+}
+
 std::vector<workload> workloads(const idle_settings_cli& cfg) {
   std::vector<workload> out;
-  for (int lanes : cfg.lanes) {
-    for (double d : cfg.steady ? cfg.lengths_us : std::vector<double>{}) {
-      workload w;
-      w.kind = workload::shape::steady;
-      w.d_us = d;
-      w.jitter = cfg.jitter;
-      w.lanes = lanes;
-      out.push_back(w);
-    }
-    if (cfg.irregular) {
-      workload u;
-      u.kind = workload::shape::uniform;
-      u.lanes = lanes;
-      out.push_back(u);
-      workload b;
-      b.kind = workload::shape::bimodal;
-      b.jitter = cfg.jitter;
-      b.lanes = lanes;
-      out.push_back(b);
-    }
-  }
+  const std::vector<double> none;
+  for (int lanes : cfg.lanes)
+    add_workloads(out, lanes, /*lockstep=*/false, cfg.steady ? cfg.lengths_us : none, cfg.irregular,
+                  cfg.jitter);
+  for (int lanes : cfg.lockstep ? cfg.lockstep_lanes : std::vector<int>{})
+    add_workloads(out, lanes, /*lockstep=*/true, cfg.steady ? cfg.lockstep_lengths_us : none,
+                  cfg.irregular, cfg.jitter);
   for (auto& w : out)
     w.samples = std::max(20, static_cast<int>(std::lround(default_samples(w) * cfg.scale)));
   return out;
@@ -183,7 +203,8 @@ std::vector<workload> workloads(const idle_settings_cli& cfg) {
 int idle_main(int argc, char** argv) {
   idle_settings_cli cfg;
   CLI::App app{
-      "GPU work of the lengths users run (20 us..20 ms, steady and irregular, 1 and 64 streams): "
+      "GPU work of the lengths users run (20 us..20 ms, steady and irregular, 1 and 64 streams "
+      "each in its own loop, 16 and 64 in lockstep): "
       "how late each way of waiting finds it (ratio to the floor of the same run) and the CPU it "
       "costs; plus 1000 waits on a 100 ms kernel and the idle reactor.",
       "evr-bench idle"};
@@ -198,6 +219,18 @@ int idle_main(int argc, char** argv) {
       ->check(CLI::Range(1, 256))
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option("--lockstep-streams", cfg.lockstep_lanes,
+                 "stream counts launched together each round, the next round once all were seen "
+                 "done (a burst of requests: every window overlaps)")
+      ->check(CLI::Range(2, 256))
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--lockstep-lengths-us", cfg.lockstep_lengths_us,
+                 "steady work lengths of the lockstep workloads, us")
+      ->check(CLI::Range(1.0, 1e6))
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_flag("!--no-lockstep", cfg.lockstep, "skip the lockstep workloads");
   app.add_option("--jitter", cfg.jitter, "steady work: +- this fraction of the length")
       ->check(CLI::Range(0.0, 0.5))
       ->capture_default_str();
@@ -270,7 +303,8 @@ int idle_main(int argc, char** argv) {
                floor.p99() / 1000);
 
   const std::vector<workload> list = workloads(cfg);
-  const int max_lanes = *std::max_element(cfg.lanes.begin(), cfg.lanes.end());
+  int max_lanes = 1;
+  for (const workload& w : list) max_lanes = std::max(max_lanes, w.lanes);
   dev->reserve_gates(static_cast<std::size_t>(max_lanes) + 1);
   std::vector<scenario_result> results;
   std::uint64_t seed = 12345;

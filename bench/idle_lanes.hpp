@@ -39,6 +39,9 @@ struct workload {
   double jitter = 0.05;              // steady: +- this fraction, uniform
   double lo_us = 100, hi_us = 5000;  // uniform: the range; bimodal: the two lengths (+- jitter)
   int lanes = 1;
+  /// Every lane's job launched together, the next round once all were seen done (a server's
+  /// burst of requests): the windows of all lanes overlap. Else each lane is its own closed loop.
+  bool lockstep = false;
   int samples = 100;  // measured jobs over all lanes
 
   std::string name() const {
@@ -56,7 +59,8 @@ struct workload {
                       us_text(hi_us).c_str());
         break;
     }
-    return std::string(buf) + ", " + std::to_string(lanes) + (lanes == 1 ? " stream" : " streams");
+    return std::string(buf) + ", " + std::to_string(lanes) + (lanes == 1 ? " stream" : " streams") +
+           (lockstep ? " in lockstep" : "");
   }
   const char* kind_name() const {
     switch (kind) {

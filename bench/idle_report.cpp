@@ -103,6 +103,32 @@ void inline_goals(std::string& json, const scenario_result& sc, const row_result
   }
 }
 
+/// The goals of many streams in lockstep (issue 32), for the default's posted row `p`: the figure
+/// users see, every thread evr adds or wakes counted.
+template <typename Ratio>
+void lockstep_goals(std::string& json, const scenario_result& sc, const row_result& p,
+                    Ratio ratio) {
+  const workload& w = sc.w;
+  if (w.kind == workload::shape::steady) {
+    if (w.d_us < 1000) return;
+    goal(json,
+         w.name() +
+             ", posted: p50 <= 3x floor, p99 <= 15x floor p99, CPU <= 30% (reactor + io "
+             "thread)",
+         ratio(p, 0.5) <= 3 && ratio(p, 0.99) <= 15 && p.cpu_percent() <= 30,
+         fmt("p50 %.2fx, p99 %.2fx, CPU %.1f%%", ratio(p, 0.5), ratio(p, 0.99), p.cpu_percent()));
+    return;
+  }
+  const row_result* b = find_row(sc, "blocking-sync", "");
+  if (b == nullptr || b->samples.empty() || w.lanes > 16) return;
+  const series s{"", "", p.samples}, bs{"", "", b->samples};
+  goal(json, w.name() + ", posted: p50 <= 1/2 and p99 <= 1/3 of blocking-sync (thread per stream)",
+       s.p50() * 2 <= bs.p50() && s.p99() * 3 <= bs.p99(),
+       fmt("p50 %.1f us vs %.1f, p99 %.1f us vs %.1f", s.p50() / 1000, bs.p50() / 1000,
+           s.p99() / 1000, bs.p99() / 1000) +
+           fmt(", CPU %.1f%%", p.cpu_percent()));
+}
+
 }  // namespace
 
 std::uint64_t at_least(const latency_histogram& h, std::uint64_t ns) {
@@ -133,7 +159,9 @@ std::string evaluate_goals(const std::vector<scenario_result>& results, const se
     if (p != nullptr && p->samples.empty()) p = nullptr;
     if (d != nullptr && !d->samples.empty()) inline_goals(json, sc, *d, ratio);
     if (p == nullptr) continue;
-    if (w.kind == workload::shape::steady && w.lanes == 1 && w.d_us >= 200) {
+    if (w.lockstep) {
+      lockstep_goals(json, sc, *p, ratio);
+    } else if (w.kind == workload::shape::steady && w.lanes == 1 && w.d_us >= 200) {
       const double cap = w.d_us >= 1000 ? 15 : 30;
       goal(json,
            where + ", posted: p50 <= 2.5x floor, p90 <= 5x floor p90, CPU <= " + fmt("%g", cap) +
@@ -162,7 +190,7 @@ std::string evaluate_goals(const std::vector<scenario_result>& results, const se
   }
   // 64 streams: CPU per completion no higher than with one stream, same work.
   for (const auto& many : results) {
-    if (many.w.lanes == 1) continue;
+    if (many.w.lanes == 1 || many.w.lockstep) continue;
     for (const auto& one : results) {
       if (one.w.lanes != 1 || one.w.kind != many.w.kind || one.w.d_us != many.w.d_us) continue;
       const row_result* a = find_row(one, "default", "inline");
@@ -232,6 +260,7 @@ void write_json(const std::string& path, const std::string& device, const std::s
           ",\"kind\":" + json_writer::quote(sc.w.kind_name()) + ",\"length_us\":" +
           json_writer::number(sc.w.kind == workload::shape::steady ? sc.w.d_us : sc.w.mean_us()) +
           ",\"streams\":" + std::to_string(sc.w.lanes) +
+          ",\"lockstep\":" + (sc.w.lockstep ? "true" : "false") +
           ",\"seconds\":" + json_writer::number(sc.seconds) + ",\"rows\":[");
     for (std::size_t k = 0; k < sc.rows.size(); ++k)
       j.raw(std::string(k ? "," : "") + row_json(sc.rows[k], floor_of(sc, floor)));

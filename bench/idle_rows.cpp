@@ -2,6 +2,7 @@
 #include "idle_rows.hpp"
 
 #include <algorithm>
+#include <barrier>
 #include <functional>
 #include <future>
 #include <stdexcept>
@@ -29,10 +30,12 @@ void drive(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes, const w
     l->launched = 0;
     l->in_flight = false;
   }
-  int warm_done = 0, finished_lanes = 0;
+  int warm_done = 0, finished_lanes = 0, in_flight = 0;
   std::int64_t wall0 = now_ns();
   while (finished_lanes < lanes_n) {
     bool busy = false;
+    // In lockstep a round starts only when every lane's job of the last one was seen done.
+    const bool may_launch = !w.lockstep || in_flight == 0;
     for (auto& lp : lanes) {
       lane& l = *lp;
       if (l.in_flight) {
@@ -41,6 +44,7 @@ void drive(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes, const w
         if (t1 == 0) continue;
         busy = true;
         l.in_flight = false;
+        --in_flight;
         if (l.launched > warmup_per_lane) {
           out.samples.push_back(static_cast<double>(t1 - l.t_open.load(std::memory_order_acquire)));
         } else if (++warm_done == lanes_n * warmup_per_lane) {
@@ -49,8 +53,9 @@ void drive(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes, const w
         }
         if (l.launched == quota) ++finished_lanes;
       }
-      if (!l.in_flight && l.launched < quota) {
+      if (may_launch && !l.in_flight && l.launched < quota) {
         busy = true;
+        ++in_flight;
         dev.close_gate(l.gate);
         l.t_open.store(0, std::memory_order_relaxed);
         l.t_done.store(0, std::memory_order_relaxed);
@@ -185,6 +190,14 @@ class io_loops {
     waiter_.async_wait(l.stream, [this, p = &l](asio_error_code ec) { job_done(*p, ec); });
   }
 
+  /// Lockstep: the last lane of a round seen done starts the next round, every lane at once.
+  void round_done() {
+    if (++round_done_ < static_cast<int>(lanes_.size())) return;
+    round_done_ = 0;
+    for (auto& l : lanes_)
+      if (l->launched < quota_) next_job(*l);
+  }
+
   void job_done(lane& l, asio_error_code ec) {
     const std::int64_t t1 = now_ns();
     if (ec) l.failed.store(true, std::memory_order_relaxed);
@@ -197,8 +210,13 @@ class io_loops {
       reactor_cpu = -r_.cpu_time();
       m0 = r_.metrics();
     }
-    if (l.launched < quota_) {
-      next_job(l);
+    const bool last = l.launched == quota_;
+    if (!last) {
+      if (w_.lockstep) {
+        round_done();
+      } else {
+        next_job(l);
+      }
     } else if (++finished_ == static_cast<int>(lanes_.size())) {
       wall_ns += now_ns();
       io_cpu_ns += thread_cpu_ns();
@@ -214,7 +232,7 @@ class io_loops {
   reactor& r_;
   gpu_waiter& waiter_;
   const int quota_;
-  int warm_done_ = 0, finished_ = 0;
+  int warm_done_ = 0, finished_ = 0, round_done_ = 0;
   bool measuring_ = false;
   std::promise<void> done_;
 };
@@ -276,6 +294,8 @@ row_result run_baseline(bench_device& dev, std::vector<std::unique_ptr<lane>>& l
     bool failed = false;
   };
   std::vector<per_thread> results(lanes.size());
+  // Lockstep: every thread launches its round's job together with the others.
+  std::barrier round(static_cast<std::ptrdiff_t>(lanes.size()));
   std::vector<std::thread> threads;
   for (std::size_t i = 0; i < lanes.size(); ++i) {
     threads.emplace_back([&, i] {
@@ -285,6 +305,7 @@ row_result run_baseline(bench_device& dev, std::vector<std::unique_ptr<lane>>& l
       if (b.kind == baseline::how::blocking_sync_event)
         evr::throw_if(be.create_event(0, device::event_flags::blocking_sync, ev), "create event");
       for (int k = 0; k < quota; ++k) {
+        if (w.lockstep) round.arrive_and_wait();
         launch_gate(dev, l);
         std::promise<void> promise;
         std::future<void> done = promise.get_future();

@@ -131,7 +131,12 @@ bool idle_governor::plan_hosted(stream_state& st, poll_host& host, const stream_
 
 void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const stream_outlook& o,
                                     clock::time_point now, nanoseconds grace) {
-  // The host looks through the window; the reactor only after it.
+  // The host looks through the window. The reactor does not wake for it before the window closed
+  // (plus `grace`), but a sweep it makes anyway (for other streams) looks from the window on: a
+  // hosted wait is a fence word, a look a memory read. Without that, with more busy streams than
+  // the host's (16 in lockstep: 8 of fence words, 8 of events), the reactor spun through the
+  // others' windows holding the pass lock, the host's passes found it taken, and its waits were
+  // found only after the reactor's own windows closed: hundreds of us late at p99.
   using phase = stream_outlook::phase;
   stream_state::plan_state& p = st.plan;
   switch (o.where) {
@@ -148,7 +153,7 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
       break;
   }
   const clock::time_point safety = o.window_close + grace;
-  skip_until(st, safety);
+  skip_until(st, std::min(p.host_look, safety));
   p.on_poll_tick = false;
   p.spin = false;
   p.wake = safety;
