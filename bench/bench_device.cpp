@@ -48,6 +48,14 @@ class sim_bench_device final : public bench_device {
       if (done != nullptr) done->store(1, std::memory_order_release);
     });
   }
+  void launch_gate_signalling(device::native_stream stream, std::size_t gate,
+                              const signal_ref& done) override {
+    std::atomic<int>* flag = &gates_[gate];
+    sim_.launch_kernel(stream, {}, [flag, done] {
+      while (flag->load(std::memory_order_acquire) == 0) flag->wait(0, std::memory_order_acquire);
+      sim::signal(done);
+    });
+  }
   void open_gate(std::size_t gate) override {
     gates_[gate].store(1, std::memory_order_release);
     gates_[gate].notify_all();
@@ -113,6 +121,12 @@ class cuda_bench_device final : public bench_device {
                                                       dev_ + gate_index(gate),
                                                       ack ? dev_ + ack_index(gate) : nullptr)),
           "gate kernel");
+  }
+  void launch_gate_signalling(device::native_stream stream, std::size_t gate,
+                              const signal_ref& done) override {
+    check(static_cast<cudaError_t>(launch_gate_signal_kernel(static_cast<CUstream_st*>(stream),
+                                                             dev_ + gate_index(gate), done)),
+          "gate kernel (signalling)");
   }
   void open_gate(std::size_t gate) override {
     std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -27,6 +27,10 @@ class bench_device {
   /// Enqueues on `stream` a one-thread kernel spinning until open_gate(gate); with `ack`, the
   /// kernel writes the ack word (host-visible) just before it exits.
   virtual void launch_gate(device::native_stream stream, bool ack, std::size_t gate = 0) = 0;
+  /// The same gate kernel, signalling `done` (an evr::signal_slot's ref) as it ends instead of
+  /// writing the ack: the kernel of a device-signalled wait.
+  virtual void launch_gate_signalling(device::native_stream stream, std::size_t gate,
+                                      const signal_ref& done) = 0;
   virtual void open_gate(std::size_t gate = 0) = 0;
   /// The ack word the gate kernel writes (floor measurement); each gate has its own.
   virtual bool acked(std::size_t gate = 0) const = 0;

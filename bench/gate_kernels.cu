@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <evr/device/signal.cuh>
+
 namespace {
 __global__ void gate_kernel(volatile int* gate, volatile int* ack) {
   while (*gate == 0) {
@@ -10,6 +12,14 @@ __global__ void gate_kernel(volatile int* gate, volatile int* ack) {
     __threadfence_system();
     *ack = 1;
   }
+}
+
+// The gate kernel of a device-signalled wait: it signals an evr slot as it ends (evr::signal
+// makes the write system-visible and counts), instead of writing an ack.
+__global__ void gate_signal_kernel(volatile int* gate, evr::signal_ref done) {
+  while (*gate == 0) {
+  }
+  evr::signal(done);
 }
 
 __global__ void busy_kernel(unsigned long long ns) {
@@ -25,6 +35,12 @@ __global__ void tiny_kernel() {}
 
 int evr::bench::launch_gate_kernel(CUstream_st* stream, volatile int* gate, volatile int* ack) {
   gate_kernel<<<1, 1, 0, stream>>>(gate, ack);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int evr::bench::launch_gate_signal_kernel(CUstream_st* stream, volatile int* gate,
+                                          const evr::signal_ref& done) {
+  gate_signal_kernel<<<1, 1, 0, stream>>>(gate, done);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -56,7 +56,7 @@ namespace {
 /// "evr default, NAME" (tuning runs compare them with the default in one run). Keys: strategy,
 /// idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, spin_fraction, poll_budget,
 /// poll_looks (per second), spin_window_us, max_sleep_us, doorbell_after_us, fence_streams (a
-/// number, or "unlimited").
+/// number, or "unlimited"), host_events (0 or 1: reactor_options::host_event_waits).
 /// Throws std::invalid_argument naming what is wrong.
 evr_method parse_variant(const std::string& spec) {
   const std::size_t colon = spec.find(':');
@@ -116,6 +116,8 @@ evr_method parse_variant(const std::string& spec) {
       o.poll_budget = number();
     } else if (key == "poll_looks") {
       o.poll_looks_per_second = static_cast<std::size_t>(number());
+    } else if (key == "host_events") {
+      o.host_event_waits = number() != 0;
     } else if (key == "fence_streams") {
       o.max_fence_streams = value == "unlimited" ? SIZE_MAX : static_cast<std::size_t>(number());
     } else {
@@ -138,8 +140,9 @@ struct idle_settings_cli {
   bool steady = true;
   bool irregular = true;
   bool idle_case = true;
-  std::vector<std::string> methods{"default", "fence-spin",    "poll-spin",         "host_func",
-                                   "ladder",  "blocking-sync", "host-func-promise", "stream-sync"};
+  std::vector<std::string> methods{"default",    "signal", "fence-spin",    "poll-spin",
+                                   "host_func",  "ladder", "blocking-sync", "host-func-promise",
+                                   "stream-sync"};
   bool posted = true;
   std::vector<std::string> deliveries{"post", "woken", "plain", "busy"};
   int floor_samples = 300;
@@ -238,9 +241,9 @@ int idle_main(int argc, char** argv) {
       ->check(CLI::Range(0.001, 100.0))
       ->capture_default_str();
   app.add_option("--methods", cfg.methods,
-                 "default, fence-spin, poll-spin, host_func, ladder, blocking-sync, "
-                 "host-func-promise, stream-sync")
-      ->check(CLI::IsMember({"default", "fence-spin", "poll-spin", "host_func", "ladder",
+                 "default, signal (the default, the kernel signalling a slot), fence-spin, "
+                 "poll-spin, host_func, ladder, blocking-sync, host-func-promise, stream-sync")
+      ->check(CLI::IsMember({"default", "signal", "fence-spin", "poll-spin", "host_func", "ladder",
                              "blocking-sync", "host-func-promise", "stream-sync"}))
       ->delimiter(',')
       ->capture_default_str();
@@ -263,7 +266,7 @@ int idle_main(int argc, char** argv) {
                  "NAME:key=value[,key=value]: also the default with these options changed (keys: "
                  "strategy, idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, "
                  "spin_fraction, poll_budget, poll_looks, spin_window_us, "
-                 "max_sleep_us, doorbell_after_us, fence_streams); repeatable");
+                 "max_sleep_us, doorbell_after_us, fence_streams, host_events); repeatable");
   app.add_option("--json", cfg.json, "write the results here");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   std::vector<evr_method> extra;

@@ -114,6 +114,14 @@ struct lane {
   std::atomic<bool> failed{false};
   int launched = 0;
   bool in_flight = false;
+  /// Rows of device-signalled waits: the slot the gate kernel signals (from the row's reactor),
+  /// and the ticket of the job in flight. Empty otherwise.
+  evr::signal_slot slot;
+  evr::signal_ticket ticket;
+  /// What a wait on the job in flight names: the slot's signal, or the stream.
+  evr::wait_target target() const {
+    return slot ? evr::wait_target(stream, ticket) : evr::wait_target(stream);
+  }
 };
 
 /// Opens each lane's gate at its due time: a thread spinning over the lanes (on the simulated
@@ -178,12 +186,37 @@ inline int per_lane_quota(const workload& w) {
   return warmup_per_lane + (w.samples + w.lanes - 1) / w.lanes;
 }
 
-inline void launch_gate(bench_device& dev, lane& l) {
+/// Launches lane `l`'s next gate kernel: with `ack`, one that writes the ack (the floor); with a
+/// slot, one that signals it (arming the lane's ticket); else a plain one.
+inline void launch_gate(bench_device& dev, lane& l, bool ack = false) {
   dev.close_gate(l.gate);
   l.t_open.store(0, std::memory_order_relaxed);
   l.t_done.store(0, std::memory_order_relaxed);
-  dev.launch_gate(l.stream.native(), false, l.gate);
+  if (l.slot) {
+    l.ticket = l.slot.arm();
+    dev.launch_gate_signalling(l.stream.native(), l.gate, l.slot.ref());
+  } else {
+    dev.launch_gate(l.stream.native(), ack, l.gate);
+  }
 }
+
+/// For the rows of method `signalled`: a slot of `r` per lane (else none), given back by the
+/// returned guard's destructor.
+struct lane_slots {
+  lane_slots(std::vector<std::unique_ptr<lane>>& lanes, reactor& r, bool signalled)
+      : lanes_(lanes) {
+    if (!signalled) return;
+    for (auto& l : lanes_) l->slot = r.pools().signals(0).acquire();
+  }
+  ~lane_slots() {
+    for (auto& l : lanes_) l->slot.release();
+  }
+  lane_slots(const lane_slots&) = delete;
+  lane_slots& operator=(const lane_slots&) = delete;
+
+ private:
+  std::vector<std::unique_ptr<lane>>& lanes_;
+};
 
 inline void schedule_open(const workload& w, lane& l) {
   l.due.store(now_ns() + w.draw(l.rng).count(), std::memory_order_release);

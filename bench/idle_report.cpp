@@ -161,6 +161,13 @@ std::string evaluate_goals(const std::vector<scenario_result>& results, const se
     if (p == nullptr) continue;
     if (w.lockstep) {
       lockstep_goals(json, sc, *p, ratio);
+      const row_result* sig = find_row(sc, "signal", "post");
+      if (sig != nullptr && !sig->samples.empty() && w.kind == workload::shape::steady &&
+          w.d_us >= 1000)
+        goal(json, where + ", device-signalled, posted: p50 <= 2x floor, CPU <= 20%",
+             ratio(*sig, 0.5) <= 2 && sig->cpu_percent() <= 20,
+             fmt("p50 %.2fx, p99 %.2fx, CPU %.1f%%", ratio(*sig, 0.5), ratio(*sig, 0.99),
+                 sig->cpu_percent()));
     } else if (w.kind == workload::shape::steady && w.lanes == 1 && w.d_us >= 200) {
       const double cap = w.d_us >= 1000 ? 15 : 30;
       goal(json,

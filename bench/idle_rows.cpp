@@ -56,10 +56,7 @@ void drive(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes, const w
       if (may_launch && !l.in_flight && l.launched < quota) {
         busy = true;
         ++in_flight;
-        dev.close_gate(l.gate);
-        l.t_open.store(0, std::memory_order_relaxed);
-        l.t_done.store(0, std::memory_order_relaxed);
-        dev.launch_gate(l.stream.native(), ack, l.gate);
+        launch_gate(dev, l, ack);
         submit(l);
         schedule_open(w, l);
         ++l.launched;
@@ -132,12 +129,13 @@ row_result run_evr_inline(bench_device& dev, std::vector<std::unique_ptr<lane>>&
                           const workload& w, const evr_method& m) {
   row_result out = evr_row(m, "inline");
   reactor r(dev.backend(), m.options);
+  lane_slots slots(lanes, r, m.signalled);
   std::chrono::nanoseconds cpu0{};
   reactor_metrics metrics0{};
   drive(
       dev, lanes, w, /*ack=*/false,
       [&](lane& l) {
-        evr::throw_if(on_complete(r, l.stream,
+        evr::throw_if(on_complete(r, l.target(),
                                   [p = &l](std::error_code ec) {
                                     if (ec) p->failed.store(true, std::memory_order_relaxed);
                                     p->t_done.store(now_ns(), std::memory_order_release);
@@ -187,7 +185,7 @@ class io_loops {
     ++l.launched;
     const std::int64_t c1 = thread_cpu_ns();
     if (measuring_) user_cpu_ns += c1 - c0;
-    waiter_.async_wait(l.stream, [this, p = &l](asio_error_code ec) { job_done(*p, ec); });
+    waiter_.async_wait(l.target(), [this, p = &l](asio_error_code ec) { job_done(*p, ec); });
   }
 
   /// Lockstep: the last lane of a round seen done starts the next round, every lane at once.
@@ -243,6 +241,7 @@ row_result run_evr_posted(bench_device& dev, std::vector<std::unique_ptr<lane>>&
                           const workload& w, const evr_method& m, io_delivery how) {
   row_result out = evr_row(m, to_string(how));
   reactor r(dev.backend(), m.options);
+  lane_slots slots(lanes, r, m.signalled);
   asio::io_context io(1);
   gpu_waiter waiter(io.get_executor(), r);
   switch (how) {

@@ -13,14 +13,20 @@ struct evr_method {
   std::string key;   ///< e.g. "default", "fence-spin"
   std::string name;  ///< e.g. "evr default (adaptive, predictive)"
   reactor_options options;
+  /// The work's kernel signals an evr::signal_slot and the wait names it (a device-signalled
+  /// wait), instead of a wait on the stream.
+  bool signalled = false;
 };
 
-/// The default; fence and poll spinning (the latency floor of each mechanism, one core busy);
-/// host_func (no CPU while waiting, the driver's host-function latency); adaptive with the older
-/// ladder idle policy (what the default was before the predictive policy).
+/// The default; the default with device-signalled waits; fence and poll spinning (the latency floor
+/// of each mechanism, one core busy); host_func (no CPU while waiting, the driver's host-function
+/// latency); adaptive with the older ladder idle policy (what the default was before the predictive
+/// policy).
 inline std::vector<evr_method> evr_methods() {
   std::vector<evr_method> m;
   m.push_back({"default", "evr default (adaptive, predictive)", reactor_options{}});
+  m.push_back(
+      {"signal", "evr default, device-signalled (kernel signals a slot)", reactor_options{}, true});
   reactor_options o;
   o.strategy = strategy::fence;
   o.idle = idle_mode::spin;

@@ -12,6 +12,7 @@
 #include <evr/evr.hpp>
 
 #include "support/device_under_test.hpp"
+#include "support/gpu_kernels.hpp"
 #include "support/helpers.hpp"
 
 TEST_CASE("graph capture on another thread is not invalidated by the reactor's polling") {
@@ -57,4 +58,34 @@ TEST_CASE("graph capture on another thread is not invalidated by the reactor's p
   cudaGraphDestroy(graph);
   cudaFree(buffer);
   MESSAGE("captured 20 memsets while the reactor made " << (q1 - q0) << " event queries");
+}
+
+TEST_CASE("a kernel captured in a CUDA graph signals its slot on every replay") {
+  // What the kernel is given (signal_ref) never changes, so the graph is captured once and each
+  // replay is one more signal: arm() once per launch of the graph.
+  evr::device::backend& be = evr::test::dut().backend();
+  evr::reactor r(be, evr::test::quick_options(evr::strategy::adaptive));
+  evr::stream st(be, 0);
+  evr::signal_slot slot = r.pools().signals(0).acquire();
+  auto cs = static_cast<cudaStream_t>(st.native());
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(evr::test::gpu::launch_signal_captured(cs, slot.ref(), 30, 16) == cudaSuccess);
+  REQUIRE(cudaStreamEndCapture(cs, &graph) == cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  std::atomic<int> ok{0}, bad{0};
+  constexpr int replays = 40;
+  for (int i = 0; i < replays; ++i) {
+    const evr::signal_ticket t = slot.arm();
+    REQUIRE(cudaGraphLaunch(exec, cs) == cudaSuccess);
+    REQUIRE_FALSE(evr::on_complete(r, evr::wait_target(st, t),
+                                   [&](std::error_code ec) { (ec ? bad : ok).fetch_add(1); }));
+  }
+  CHECK(evr::test::wait_until([&] { return ok + bad == replays; }));
+  CHECK(bad.load() == 0);
+  CHECK(slot.signalled() == static_cast<std::uint64_t>(replays));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }

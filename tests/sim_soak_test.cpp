@@ -1,6 +1,7 @@
 // Soak on the simulated device: many reactor lifetimes, each served by 16 submitting threads over
 // 64 streams of 2 simulated devices, with random strategies, random cancellation through both
-// front ends, and a stop() at a random point while waits are pending. Asserts, per lifetime:
+// front ends, device-signalled waits (fence and adaptive), and a stop() at a random point while
+// waits are pending. Asserts, per lifetime:
 // every wait completes exactly once (successes + aborts + errors + refusals == attempts, each
 // wait's own counter == 1), the reactor's counters agree, the marker pool balances; across
 // lifetimes: the heap does not grow after warm-up.
@@ -113,6 +114,9 @@ struct submitter_state {
   std::unique_ptr<evr::wait_handle[]> handles;    // on_complete waits with a handle
   std::optional<strand_type> strand;
   std::optional<evr::basic_gpu_waiter<strand_type>> waiter;
+  /// Device-signalled waits: one slot per stream (a slot is signalled in launch order, and only
+  /// this thread launches on it), taken on first use.
+  std::vector<evr::signal_slot> slots;
 };
 
 }  // namespace
@@ -175,8 +179,11 @@ TEST_CASE(
       std::vector<std::uint64_t> thread_seeds(threads);
       for (auto& s : thread_seeds) s = rng();
       std::vector<std::thread> submitters;
+      // Device-signalled waits where the strategy serves them (fence words and a fault probe).
+      const bool signals = strat == evr::strategy::fence || strat == evr::strategy::adaptive;
       for (int t = 0; t < threads; ++t) {
         submitter_state& me = state[t];
+        me.slots.resize(streams);
         me.handles.reset(new evr::wait_handle[per_thread]);
         me.strand.emplace(asio::make_strand(io));
         me.waiter.emplace(*me.strand, r);
@@ -190,10 +197,18 @@ TEST_CASE(
             if (trng() % 8 == 0)
               sim.launch_kernel(st.native(), std::chrono::microseconds(trng() % 20));
             evr::wait_target target = st;
+            const std::size_t which = static_cast<std::size_t>(&st - ss.data());
             if (trng() % 32 == 0) {  // a wait on a user's event (the reactor's "loose" path)
               my.events.emplace_back(sim);
               my.events.back().record(st);
               target = my.events.back();
+            } else if (signals && trng() % 16 == 0) {  // a device-signalled wait
+              evr::signal_slot& slot = my.slots[which];
+              if (!slot) slot = r.pools().signals(static_cast<int>(which % devices)).acquire();
+              const evr::signal_ticket ticket = slot.arm();
+              sim.launch_kernel(st.native(), std::chrono::microseconds(trng() % 20),
+                                [ref = slot.ref()] { evr::sim::signal(ref); });
+              target = evr::wait_target(st, ticket);
             }
             const bool cancel = trng() % 10 == 0;
             switch (trng() % 3) {

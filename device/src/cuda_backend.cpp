@@ -80,6 +80,17 @@ class device_guard {
   int previous_ = -1;
 };
 
+/// Zeroes `bytes` of device memory at `p` and waits for it, on a stream of its own that does not
+/// synchronize with the legacy default stream: the caller does not wait for other work.
+std::error_code zero_device_memory(void* p, std::size_t bytes) noexcept {
+  cudaStream_t s = nullptr;
+  if (auto ec = check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))) return ec;
+  std::error_code ec = check(cudaMemsetAsync(p, 0, bytes, s));
+  if (!ec) ec = check(cudaStreamSynchronize(s));
+  (void)check(cudaStreamDestroy(s));
+  return ec;
+}
+
 // --- cuStreamWriteValue64, fetched from the driver at run time --------------------------------
 
 // The signature of cuStreamWriteValue64 (as cuStreamWriteValue64_v2 in cuda.h since CUDA 12).
@@ -376,6 +387,37 @@ class cuda_backend_impl final : public backend {
   void free_fence_block(fence_block& block) noexcept override {
     if (block.allocation != nullptr) (void)check(cudaFreeHost(block.allocation));
     block = fence_block{};
+  }
+
+  std::error_code allocate_signal_block(int device, std::size_t slots,
+                                        signal_block& out) noexcept override {
+    out = signal_block{};
+    fence_block words;  // the host words: mapped, not write-combined, one per line, zeroed
+    if (auto ec = allocate_fence_block(device, slots, words)) return ec;
+    device_guard guard;
+    void* counters = nullptr;
+    std::error_code ec = guard.enter(device);
+    if (!ec) ec = check(cudaMalloc(&counters, slots * signal_block::counter_bytes));
+    if (!ec) ec = zero_device_memory(counters, slots * signal_block::counter_bytes);
+    if (ec) {
+      if (counters != nullptr) (void)check(cudaFree(counters));
+      free_fence_block(words);
+      return ec;
+    }
+    out.host = words.host;
+    out.device_words = words.device_address;
+    out.device_counters = reinterpret_cast<std::uintptr_t>(counters);
+    out.slots = slots;
+    out.host_allocation = words.allocation;
+    out.device_allocation = counters;
+    return {};
+  }
+
+  void free_signal_block(signal_block& block) noexcept override {
+    // cudaFree and cudaFreeHost wait for the device's work: a signal still to come lands first.
+    if (block.device_allocation != nullptr) (void)check(cudaFree(block.device_allocation));
+    if (block.host_allocation != nullptr) (void)check(cudaFreeHost(block.host_allocation));
+    block = signal_block{};
   }
 
   std::error_code write_fence(native_stream stream, std::uint64_t device_address,

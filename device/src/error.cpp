@@ -38,6 +38,9 @@ class evr_category_impl final : public std::error_category {
       case errc::unsupported: return "not supported by this device backend";
       case errc::operation_aborted:
         return "the wait was aborted: cancelled, or the reactor stopped before the work was done";
+      case errc::not_signalled:
+        return "the stream got past the work without its signal: the kernel did not call "
+               "evr::signal for the slot, or the slot was armed more often than signalled";
     }
     return "unknown evr error " + std::to_string(value);
   }

@@ -23,10 +23,48 @@ pool_set::pool_set(device::backend& backend, pool_options options)
 }
 
 pool_set::~pool_set() {
-  for (auto& slot : pools_) {
-    // relaxed: destruction cannot race with get() (the caller's contract).
-    delete slot.load(std::memory_order_relaxed);
+  // relaxed: destruction cannot race with get() (the caller's contract).
+  for (auto& slot : pools_) delete slot.load(std::memory_order_relaxed);
+  for (auto& slot : signal_pools_) delete slot.load(std::memory_order_relaxed);
+}
+
+std::error_code pool_set::check_device(int device) noexcept {
+  if (device < device_count_) return {};
+  int count = 0;
+  if (std::error_code count_ec = backend_.device_count(count)) return count_ec;
+  device_count_ = count;
+  return device < device_count_ ? std::error_code{} : make_error_code(errc::no_device);
+}
+
+signal_pool& pool_set::signals(int device) {
+  std::error_code ec;
+  signal_pool* pool = signals(device, ec);
+  if (pool == nullptr)
+    throw error(ec, "evr::pool_set::signals(device " + std::to_string(device) + ")");
+  return *pool;
+}
+
+signal_pool* pool_set::signals(int device, std::error_code& ec) noexcept {
+  ec.clear();
+  if (device < 0 || device >= max_devices) {
+    ec = make_error_code(errc::no_device);
+    return nullptr;
   }
+  auto& slot = signal_pools_[static_cast<std::size_t>(device)];
+  // acquire: pairs with the release store below, so the pool is fully constructed when seen.
+  if (signal_pool* pool = slot.load(std::memory_order_acquire)) return pool;
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  if (signal_pool* pool = slot.load(std::memory_order_relaxed)) return pool;
+  if ((ec = check_device(device))) return nullptr;
+  signal_pool* pool = nullptr;
+  try {
+    pool = new signal_pool(backend_, device);
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+    return nullptr;
+  }
+  slot.store(pool, std::memory_order_release);  // release: publishes the constructed pool
+  return pool;
 }
 
 event_pool& pool_set::get(int device, event_class klass) {
@@ -54,18 +92,7 @@ event_pool* pool_set::get(int device, event_class klass, std::error_code& ec) no
   std::lock_guard<std::mutex> lock(create_mutex_);
   // relaxed: stores happen under create_mutex_, which we hold.
   if (event_pool* pool = slot.load(std::memory_order_relaxed)) return pool;
-  if (device >= device_count_) {
-    int count = 0;
-    if (std::error_code count_ec = backend_.device_count(count)) {
-      ec = count_ec;
-      return nullptr;
-    }
-    device_count_ = count;
-    if (device >= device_count_) {
-      ec = make_error_code(errc::no_device);
-      return nullptr;
-    }
-  }
+  if ((ec = check_device(device))) return nullptr;
   event_pool* pool = nullptr;
   try {
     pool = new event_pool(backend_, device, klass, options_);

@@ -19,7 +19,7 @@ poll_result host_pass::run(poll_host& host) noexcept {
   for (stream_state* st : p_.registry.active()) {
     if (!p_.idle.host_looks(*st, host, now) || p_.registry.device_fault(st->device)) continue;
     p_.sweep.look_at(*st, now, /*may_probe=*/false);  // probes and faults stay the reactor's
-    replan = replan || idle_governor::handed_back(*st, host);
+    replan = replan || p_.idle.handed_back(*st, host);
   }
   p_.sweep.drop_idle_streams();
   p_.idle.plan_for_host(host, now, out);

@@ -49,10 +49,10 @@ std::int64_t idle_governor::earliest_completion_ns(const stream_state* st,
 std::int64_t idle_governor::window_open_ns(const stream_state* st,
                                            const wait_op& op) const noexcept {
   // The wait's work starts now when nothing of its stream is pending before it; otherwise the
-  // reactor tells the host once it knows. Only for a fence-word marker (host_of says why).
-  const std::int64_t open = st != nullptr && op.event_ == nullptr
-                                ? st->published_open_ns.load(std::memory_order_relaxed)
-                                : 0;
+  // reactor tells the host once it knows. Only for a hosted marker (host_of says which).
+  const bool hosted = op.marker_event() == nullptr || options_.host_event_waits;
+  const std::int64_t open =
+      st != nullptr && hosted ? st->published_open_ns.load(std::memory_order_relaxed) : 0;
   if (open > 0 && op.seq_ == st->published_completed_seq.load(std::memory_order_relaxed) + 1)
     return op.submitted_at_.time_since_epoch().count() + open;
   return 0;

@@ -116,7 +116,7 @@ class idle_governor {
   /// After the host's look at `st`: waits remain but the oldest is no longer `host`'s (a wait
   /// of another host, or one the reactor delivers). The reactor planned the stream as the
   /// host's (trusting its looks), so it must plan again now.
-  static bool handed_back(const stream_state& st, const poll_host& host) noexcept {
+  bool handed_back(const stream_state& st, const poll_host& host) const noexcept {
     return !st.entries.empty() && host_of(st) != &host;
   }
   /// Plans the host's streams and says when it should look next (out.spin, next_look_ns).
@@ -146,7 +146,7 @@ class idle_governor {
                        clock::time_point now, nanoseconds grace);
   void skip_until(stream_state& st, clock::time_point t) const noexcept;
   clock::time_point service_start(const stream_state& st) const noexcept;
-  static poll_host* host_of(const stream_state& st) noexcept;
+  poll_host* host_of(const stream_state& st) const noexcept;
   void arm_doorbell(stream_state& st);
   static void doorbell_rang(void* state) noexcept;
 

@@ -187,14 +187,14 @@ bool idle_governor::host_looks(const stream_state& st, const poll_host& host,
   return host_of(st) == &host && now >= st.plan.host_look;
 }
 
-poll_host* idle_governor::host_of(const stream_state& st) noexcept {
+poll_host* idle_governor::host_of(const stream_state& st) const noexcept {
   if (st.entries.empty()) return nullptr;
-  // Only a fence-word marker: a host's look at it is a memory read. An event marker (more busy
-  // streams than hardware queues, say 64) costs a driver query per look, and a host that looked
-  // through 64 streams' windows was later and costlier than the reactor (docs/architecture.md,
-  // "The last hop"): the reactor finds those and posts.
+  // An event marker (more streams than hardware queues) costs the host a driver query per look
+  // where a fence word costs a memory read: hosted unless reactor_options::host_event_waits is
+  // off (docs/architecture.md, "The last hop").
   const timeline_entry& e = st.entries.front();
-  return e.op != nullptr && e.event == nullptr ? e.op->host_ : nullptr;
+  if (e.op == nullptr || (e.event != nullptr && !options_.host_event_waits)) return nullptr;
+  return e.op->host_;
 }
 
 void idle_governor::skip_until(stream_state& st, clock::time_point t) const noexcept {

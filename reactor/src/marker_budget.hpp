@@ -1,6 +1,7 @@
 // reactor/src/marker_budget.hpp — fence / adaptive: which marker a new wait gets, a fence write or
 // a pooled event record (reactor_options::max_pending_fences and max_fence_streams say why), from
-// per-device counts that submitters raise and the registry lowers when markers retire.
+// per-device counts: fence writes pending (submitters raise it, the registry lowers it when they
+// retire) and streams with waits (raised when a stream's state is made).
 //
 // Thread safety: any thread. Relaxed atomics: the counts are thresholds, not a synchronization.
 #pragma once
@@ -33,32 +34,33 @@ class marker_budget {
   }
 
   /// Whether a new wait on `st` records an event instead of a fence write: too many fence writes
-  /// are queued on its device (the next enqueue would block in the driver), or more of the
-  /// device's streams are busy (markers pending, this one included) than it has hardware queues.
+  /// are queued on its device (the next enqueue would block in the driver), or the device has
+  /// more streams with waits than hardware queues. Not only the busy ones: the driver gives each
+  /// stream its queue when the stream is made (round robin), so with more streams than queues
+  /// two of them may share one whichever are busy, and a burst makes them busy together. H100,
+  /// 16 streams in lockstep, 8 queues, when the first 8 busy streams took fences: every stream's
+  /// work was held up behind another's (p99 374 us with 5 ms work, 1.5 ms with 20 ms; 16 and
+  /// 106 us with 32 queues).
   bool wants_event(const stream_state& st) const noexcept {
-    const std::int64_t busy = busy_streams_[st.device].load(std::memory_order_relaxed) +
-                              (st.pending_markers.load(std::memory_order_relaxed) == 0 ? 1 : 0);
     return pending_fences_[st.device].load(std::memory_order_relaxed) >= max_pending_fences_ ||
-           busy > stream_limit_;
+           known_streams_[st.device].load(std::memory_order_relaxed) > stream_limit_;
   }
-  /// A marker of `st` was enqueued (a fence write when `fence`, else an event record).
-  void enqueued(stream_state& st, bool fence) noexcept {
-    if (fence) pending_fences_[st.device].fetch_add(1, std::memory_order_relaxed);
-    if (st.pending_markers.fetch_add(1, std::memory_order_relaxed) == 0)
-      busy_streams_[st.device].fetch_add(1, std::memory_order_relaxed);
+  /// A stream of `device` got its first wait (its state was made).
+  void stream_known(int device) noexcept {
+    known_streams_[device].fetch_add(1, std::memory_order_relaxed);
   }
-  /// `count` markers of `st` retired, `fences` of them fence writes. A stream counts as busy
-  /// while its pending_markers is non-zero: whoever moves it from 0 to 1 adds, whoever moves it
-  /// from `count` to 0 subtracts.
-  void retired(stream_state& st, std::int64_t count, std::int64_t fences) noexcept {
+  /// A fence write was enqueued on `st`'s device.
+  void fence_enqueued(const stream_state& st) noexcept {
+    pending_fences_[st.device].fetch_add(1, std::memory_order_relaxed);
+  }
+  /// `fences` fence writes of `st`'s device retired.
+  void fences_retired(const stream_state& st, std::int64_t fences) noexcept {
     if (fences > 0) pending_fences_[st.device].fetch_sub(fences, std::memory_order_relaxed);
-    if (st.pending_markers.fetch_sub(count, std::memory_order_relaxed) == count)
-      busy_streams_[st.device].fetch_sub(1, std::memory_order_relaxed);
   }
 
  private:
   std::array<std::atomic<std::int64_t>, pool_set::max_devices> pending_fences_{};
-  std::array<std::atomic<std::int64_t>, pool_set::max_devices> busy_streams_{};
+  std::array<std::atomic<std::int64_t>, pool_set::max_devices> known_streams_{};
   std::int64_t max_pending_fences_;
   std::int64_t stream_limit_ = 0;
 };

@@ -69,9 +69,6 @@ struct stream_state {
   std::atomic<std::uint64_t> host_done{0};
   std::atomic<bool> doorbell_rang{false};
   std::atomic<std::int64_t> host_funcs_outstanding{0};
-  /// fence / adaptive: markers (fences and events) enqueued and not yet retired (submitters add,
-  /// the reactor subtracts; relaxed: a threshold, marker_budget).
-  std::atomic<std::int64_t> pending_markers{0};
   std::shared_ptr<wakeup> wake;  // shared: a host function may outlive the reactor
 
   // --- reactor side: the timeline (wait_registry) --------------------------------------------

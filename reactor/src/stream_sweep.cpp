@@ -123,13 +123,18 @@ std::size_t stream_sweep::done_in_run(stream_state& st, std::size_t run) {
 
 bool stream_sweep::look_at_fences(stream_state& st) {
   bool moved = retire_covered(st, load_fence(st.fence_host));
-  // Event markers among fence entries (a busy device's overflow, or more busy streams than
-  // hardware queues: then every new wait records one): the word cannot vouch for an event entry
-  // at the front until a later fence lands, so the run of events at the front is queried as poll
-  // queries a whole stream. A further run behind fence entries waits for the next sweep (which
-  // comes at once after progress). Events retired at the front may uncover fence entries the
-  // word already vouches for.
-  if (!st.entries.empty() && st.entries.front().event != nullptr && look_at_events(st, 0)) {
+  // What the word cannot vouch for until a later fence lands, at the front, in turn:
+  // device-signalled waits (their own words: memory reads) and a run of event markers (a busy
+  // device's overflow, or more streams than hardware queues: then every new wait records one),
+  // queried as poll queries a whole stream. One event run per look: a further run behind waits
+  // for the next sweep (which comes at once after progress). What retired at the front may
+  // uncover fence entries the word already vouches for.
+  bool queried = false;
+  while (!st.entries.empty() && !st.entries.front().is_fence()) {
+    const bool events = st.entries.front().event != nullptr;
+    if (events && queried) break;
+    queried |= events;
+    if (!(events ? look_at_events(st, 0) : retire_signalled(st))) break;
     moved = true;
     retire_covered(st, load_fence(st.fence_host));
   }
@@ -140,8 +145,37 @@ bool stream_sweep::retire_covered(stream_state& st, std::uint64_t word) {
   // Entries are in sequence order: count those the word covers, then retire them in one batch.
   std::size_t covered = 0;
   while (covered < st.entries.size() && st.entries.at(covered).seq <= word) ++covered;
-  registry_.retire_front(st, covered, {});
-  return covered > 0;
+  return retire_passed(st, covered);
+}
+
+bool stream_sweep::retire_passed(stream_state& st, std::size_t count) {
+  // The stream is past these entries. A device-signalled wait among them has its signal, or its
+  // work ended without giving it (no fence has its sequence number: a word at or past it means a
+  // later marker landed, behind the kernel that was to signal).
+  const bool any = count > 0;
+  while (count > 0) {
+    std::size_t run = 0;
+    while (run < count && !st.entries.at(run).is_signal()) ++run;
+    registry_.retire_front(st, run, {});
+    count -= run;
+    if (count == 0) break;
+    const bool arrived = signal_arrived(*st.entries.front().op);
+    registry_.retire_front(st, 1,
+                           arrived ? std::error_code{} : make_error_code(errc::not_signalled));
+    --count;
+  }
+  return any;
+}
+
+bool stream_sweep::retire_signalled(stream_state& st) {
+  // The run of device-signalled waits at the front whose signals came (in order: a later one's
+  // signal does not retire an earlier one that is still missing its own).
+  std::size_t run = 0;
+  while (run < st.entries.size() && st.entries.at(run).is_signal() &&
+         signal_arrived(*st.entries.at(run).op))
+    ++run;
+  registry_.retire_front(st, run, {});
+  return run > 0;
 }
 
 bool stream_sweep::probe(stream_state& st, clock::time_point now) {
@@ -164,11 +198,10 @@ bool stream_sweep::probe(stream_state& st, clock::time_point now) {
     return true;
   }
   // The stream is idle: every marker enqueued before this query has executed, which includes
-  // every entry (the reactor accepted each after its marker was enqueued). A word that still lags
-  // would mean a lost write; complete the waits rather than hang them.
-  const bool progress = !st.entries.empty();
-  registry_.retire_front(st, st.entries.size(), {});
-  return progress;
+  // every entry (the reactor accepted each after its marker was enqueued, and a signalling
+  // kernel was queued before its wait started). A word that still lags would mean a lost write;
+  // complete the waits rather than hang them. A signal that never came fails its wait.
+  return retire_passed(st, st.entries.size());
 }
 
 std::error_code stream_sweep::query_loose(wait_op* op) {

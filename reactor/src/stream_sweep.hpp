@@ -1,6 +1,7 @@
 // reactor/src/stream_sweep.hpp — how far each stream got, by the strategy's markers
 // (strategy_traits): event queries with bisection (poll; event markers among fence words), fence
-// words, host-function counters; the fault probe; the loose waits' events.
+// words, host-function counters, the words of device-signalled waits; the fault probe; the loose
+// waits' events.
 //
 // Owns nothing but its references: what it finds it retires through the wait registry (in stream
 // order; a fault fails the stream or the device), which streams it looks at it asks the idle
@@ -57,6 +58,10 @@ class stream_sweep {
   std::size_t done_in_run(stream_state& st, std::size_t run);
   bool look_at_fences(stream_state& st);
   bool retire_covered(stream_state& st, std::uint64_t word);
+  /// Retires the `count` oldest entries, which the stream is past; true when there were any.
+  bool retire_passed(stream_state& st, std::size_t count);
+  /// Retires the device-signalled waits at the front whose signals came; true when any did.
+  bool retire_signalled(stream_state& st);
   bool probe(stream_state& st, clock::time_point now);
   std::error_code query_loose(wait_op* op);
 

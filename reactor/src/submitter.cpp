@@ -58,8 +58,38 @@ std::error_code submitter::prepare(wait_op& op, const wait_target& target) noexc
   op.submitted_at_ = std::chrono::steady_clock::now();
   op.stream_ = nullptr;
   op.event_ = nullptr;
-  return target.what_ == wait_target::kind::event ? prepare_event(op, target)
-                                                  : prepare_stream(op, target);
+  op.signalled_ = false;
+  switch (target.what_) {
+    case wait_target::kind::event: return prepare_event(op, target);
+    case wait_target::kind::signal: return prepare_signal(op, target);
+    case wait_target::kind::stream: break;
+  }
+  return prepare_stream(op, target);
+}
+
+std::error_code submitter::prepare_signal(wait_op& op, const wait_target& target) noexcept {
+  // Signal entries are retired by their words, and by the fence word or the fault probe once the
+  // stream is past them: the strategies with fence words and probes.
+  if (!p_.traits.fence_markers) return make_error_code(errc::unsupported);
+  if (target.signal_word_ == nullptr || target.signal_value_ == 0)
+    return make_error_code(errc::empty_handle);
+  if (reinterpret_cast<std::uintptr_t>(target.native_) == per_thread_stream)
+    return make_error_code(errc::per_thread_default_stream);
+  stream_state* st = nullptr;
+  if (auto ec = find_stream(target, st)) return ec;
+  // No operation on the stream: the kernel signals. The sequence number puts the wait in its
+  // stream's order, behind every marker enqueued before it (the kernel was queued before the
+  // wait started) and before every later one.
+  st->lock_markers();
+  const std::uint64_t seq = ++st->next_seq_;
+  st->unlock_markers();
+  op.seq_ = seq;
+  op.device_ = static_cast<std::int16_t>(st->device);
+  op.stream_ = st;
+  op.signalled_ = true;
+  op.event_ = const_cast<std::uint64_t*>(target.signal_word_);  // read only: wait_op::signal_word
+  op.signal_value_ = target.signal_value_;
+  return {};
 }
 
 std::error_code submitter::prepare_event(wait_op& op, const wait_target& target) noexcept {
@@ -109,7 +139,7 @@ std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
   }
   // The reactor closed between our check and the push. The marker is on the stream: its event
   // must not be reused before the GPU passes it, so destroy it (CUDA defers the free).
-  if (st != nullptr && op.event_ != nullptr)
+  if (st != nullptr && op.marker_event() != nullptr)
     st->marker_pool.load(std::memory_order_relaxed)->discard_native(op.event_);
   return refuse(make_error_code(errc::reactor_stopped));
 }
@@ -142,7 +172,7 @@ std::error_code submitter::find_stream(const wait_target& target, stream_state*&
   }
   stream_state* in_table = streams_.insert(fresh.get());
   if (in_table == nullptr) return make_error_code(errc::stream_table_full);
-  if (in_table == fresh.get()) fresh.release();
+  if (in_table == fresh.get()) p_.markers.stream_known(fresh.release()->device);
   // else another thread inserted the same stream first; ours is dropped (its fence word stays
   // allocated and unused: at most one word per such race).
   out = in_table;
@@ -174,10 +204,9 @@ std::error_code submitter::put_marker(stream_state& st, wait_op& op) noexcept {
   const std::uint64_t seq = ++st.next_seq_;
   if (ev != nullptr) {
     ec = p_.backend.record_event(ev, st.native);
-    if (!ec && fences) p_.markers.enqueued(st, /*fence=*/false);
   } else if (fences) {
     ec = p_.backend.write_fence(st.native, st.fence_device, seq);
-    if (!ec) p_.markers.enqueued(st, /*fence=*/true);
+    if (!ec) p_.markers.fence_enqueued(st);
   } else {  // host_func
     st.host_funcs_outstanding.fetch_add(1, std::memory_order_relaxed);
     ec = p_.backend.launch_host_func(st.native, &submitter::host_func_done, &st);

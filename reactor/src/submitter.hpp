@@ -72,6 +72,7 @@ class submitter {
   std::error_code prepare(wait_op& op, const wait_target& target) noexcept;
   std::error_code prepare_event(wait_op& op, const wait_target& target) noexcept;
   std::error_code prepare_stream(wait_op& op, const wait_target& target) noexcept;
+  std::error_code prepare_signal(wait_op& op, const wait_target& target) noexcept;
   std::error_code push(wait_op& op, host_window* window) noexcept;
   std::error_code find_stream(const wait_target& target, stream_state*& out) noexcept;
   std::error_code take_event(stream_state& st, event_pool*& pool,

@@ -5,23 +5,36 @@
 // marker event until the GPU is past it.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
 
 #include <evr/device/backend.hpp>
 #include <evr/reactor/detail/ring.hpp>
+#include <evr/reactor/detail/wait_op.hpp>
 
 namespace evr::detail {
-
-class wait_op;
 
 /// 24 bytes: the pool an event goes back to is its stream's (stream_state::marker_pool).
 struct timeline_entry {
   std::uint64_t seq = 0;
   device::native_event event = nullptr;  // pooled marker (poll, fence overflow), else nullptr
   wait_op* op = nullptr;                 // nullptr: cancelled, kept only for its marker
+
+  /// A device-signalled wait: no marker on the stream, its own word says when it is done. Never
+  /// a ghost (a cancelled one leaves the timeline: it has no marker to keep).
+  bool is_signal() const noexcept { return op != nullptr && op->signalled_; }
+  /// The fence write this entry put on the stream (fence strategies), if any.
+  bool is_fence() const noexcept { return event == nullptr && !is_signal(); }
 };
+
+/// Whether the signal a device-signalled wait waits for has come (acquire: what the kernel
+/// wrote before it is visible).
+inline bool signal_arrived(const wait_op& op) noexcept {
+  return std::atomic_ref<const std::uint64_t>(*op.signal_word()).load(std::memory_order_acquire) >=
+         op.signal_value_;
+}
 
 class timeline {
  public:
@@ -32,6 +45,8 @@ class timeline {
   timeline_entry& front() noexcept { return entries_.front(); }
   const timeline_entry& front() const noexcept { return entries_.front(); }
   void pop_front() noexcept { entries_.pop_front(); }
+  /// Removes entry `i` (a cancelled device-signalled wait), keeping the order of the others.
+  void erase(std::size_t i) noexcept { entries_.erase(i); }
 
   /// Inserts keeping seq order. Waits of one stream usually arrive in order (O(1)); two threads
   /// submitting to one stream can swap neighbours, which the short walk from the back fixes.

@@ -21,7 +21,7 @@ wait_registry::accepted wait_registry::accept(wait_op* op, clock::time_point now
   if (op->device_ >= 0 && device_fault_[op->device_]) {
     // The device is dead: nothing will ever complete there. Its event is kept out of the pool
     // and destroyed with the reactor, off this thread (cudaEventDestroy may block).
-    if (op->stream_ != nullptr && op->event_ != nullptr)
+    if (op->stream_ != nullptr && op->marker_event() != nullptr)
       abandoned_.emplace_back(op->stream_->marker_pool.load(std::memory_order_relaxed), op->event_);
     retire(op, device_fault_[op->device_]);
     return {};
@@ -32,7 +32,7 @@ wait_registry::accepted wait_registry::accept(wait_op* op, clock::time_point now
     loose_.push_back(op);
     return {};
   }
-  st->entries.insert(timeline_entry{op->seq_, op->event_, op});
+  st->entries.insert(timeline_entry{op->seq_, op->marker_event(), op});
   if (st->active) return {st, false};
   st->active = true;
   st->last_probe = now;
@@ -42,9 +42,10 @@ wait_registry::accepted wait_registry::accept(wait_op* op, clock::time_point now
 
 void wait_registry::cancel(wait_op* op) {
   if (stream_state* st = op->stream_) {
-    // Leave a ghost entry: the marker stays until the GPU is past it.
+    // Leave a ghost entry: the marker stays until the GPU is past it. A device-signalled wait
+    // has no marker: it leaves.
     std::size_t i = st->entries.find(op->seq_);
-    if (i < st->entries.size()) st->entries.at(i).op = nullptr;
+    if (i < st->entries.size()) forget_entry(*st, i);
   } else {
     auto it = std::find(loose_.begin(), loose_.end(), op);
     if (it != loose_.end()) take_loose(static_cast<std::size_t>(it - loose_.begin()));
@@ -72,7 +73,7 @@ std::int64_t wait_registry::retire_front(stream_state& st, std::size_t count, st
   for (std::size_t i = 0; i < count; ++i) {
     timeline_entry e = st.entries.front();
     st.entries.pop_front();
-    if (e.event == nullptr) ++fences;
+    if (e.is_fence()) ++fences;
     st.completed_seq = std::max(st.completed_seq, e.seq);
     if (e.op != nullptr && !ec) {
       st.retired_submit = e.op->submitted_at_;  // the newest retired wait: the plan learns it
@@ -87,8 +88,7 @@ std::int64_t wait_registry::retire_front(stream_state& st, std::size_t count, st
     if (e.op != nullptr) retire(e.op, ec);
   }
   // Counters shared with submitters move once per batch, not once per wait.
-  if (traits_.fence_markers && count > 0)
-    markers_.retired(st, static_cast<std::int64_t>(count), fences);
+  if (traits_.fence_markers) markers_.fences_retired(st, static_cast<std::int64_t>(fences));
   st.published_completed_seq.store(st.completed_seq, std::memory_order_relaxed);
   return fences;
 }

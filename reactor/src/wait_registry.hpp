@@ -113,6 +113,15 @@ class wait_registry {
 
  private:
   using marker = std::pair<event_pool*, device::native_event>;
+  /// Entry `i` of `st` no longer has a wait: a ghost keeps its marker until the GPU is past it;
+  /// a device-signalled wait's entry (no marker) leaves the timeline.
+  static void forget_entry(stream_state& st, std::size_t i) noexcept {
+    if (st.entries.at(i).is_signal()) {
+      st.entries.erase(i);
+    } else {
+      st.entries.at(i).op = nullptr;
+    }
+  }
   void take_loose(std::size_t i) noexcept {  // swap-remove: order among loose waits is free
     loose_[i] = loose_.back();
     loose_.pop_back();
@@ -150,9 +159,17 @@ void wait_registry::remove_loose_if(Take&& take) {
 template <class Take>
 void wait_registry::remove_if(Take&& take) {
   for (stream_state* st : active_) {
-    for (std::size_t i = 0; i < st->entries.size(); ++i) {
+    for (std::size_t i = 0; i < st->entries.size();) {
       timeline_entry& e = st->entries.at(i);
-      if (e.op != nullptr && take(e.op)) e.op = nullptr;  // a ghost: the marker stays
+      const bool leaves = e.is_signal();  // read before take(): it may free the operation
+      if (e.op == nullptr || !take(e.op)) {
+        ++i;
+      } else if (leaves) {
+        st->entries.erase(i);  // nothing of it on the stream
+      } else {
+        e.op = nullptr;  // a ghost: the marker stays
+        ++i;
+      }
     }
   }
   remove_loose_if(take);

@@ -97,6 +97,11 @@ class cuda_under_test final : public device_under_test {
     throw_on(gpu::launch_busy(static_cast<cudaStream_t>(stream), microseconds),
              "launch of the busy kernel");
   }
+  void launch_signal(device::native_stream stream, const signal_ref& done, unsigned microseconds,
+                     unsigned blocks) override {
+    throw_on(gpu::launch_signal(static_cast<cudaStream_t>(stream), done, microseconds, blocks),
+             "launch of the signalling kernel");
+  }
 };
 
 }  // namespace

@@ -31,6 +31,10 @@ class device_under_test {
   virtual void launch_fault(device::native_stream stream) = 0;
   /// Enqueues a short kernel (about `microseconds` long) so streams have real work in them.
   virtual void launch_busy(device::native_stream stream, unsigned microseconds) = 0;
+  /// Enqueues a kernel of `blocks` blocks (about `microseconds` long) that signals `done` as it
+  /// ends: evr::signal_from_last_block from every thread (sim: one signal at the end).
+  virtual void launch_signal(device::native_stream stream, const signal_ref& done,
+                             unsigned microseconds, unsigned blocks = 1) = 0;
 };
 
 /// The device of this test binary (defined by sim_under_test.cpp or cuda_under_test.cpp).

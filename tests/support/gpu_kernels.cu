@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include <evr/device/signal.cuh>
+
 namespace evr::test::gpu {
 namespace {
 
@@ -31,6 +33,16 @@ __global__ void busy_kernel(std::uint64_t nanoseconds) {
   const std::uint64_t start = global_timer_ns();
   while (global_timer_ns() - start < nanoseconds) {
   }
+}
+
+__global__ void signal_kernel(evr::signal_ref done, std::uint64_t nanoseconds,
+                              unsigned long long* sink) {
+  const std::uint64_t start = global_timer_ns();
+  while (global_timer_ns() - start < nanoseconds) {
+  }
+  // Work the host could read after the wait: each thread writes one word.
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = start;
+  evr::signal_from_last_block(done);
 }
 
 /// Makes the stream's device current for a launch; restores the caller's device.
@@ -83,6 +95,30 @@ cudaError_t launch_busy(cudaStream_t stream, unsigned microseconds) {
   if (scope.status() == cudaSuccess)
     busy_kernel<<<1, 1, 0, stream>>>(std::uint64_t{microseconds} * 1000u);
   return finish_launch(scope.status());
+}
+
+cudaError_t launch_signal_captured(cudaStream_t stream, evr::signal_ref done, unsigned microseconds,
+                                   unsigned blocks) {
+  constexpr unsigned threads = 64;
+  constexpr unsigned max_blocks = 1024;
+  // Scratch for the kernels' writes, on the device of the first launch (the tests use device
+  // 0): one buffer for every launch, its contents do not matter.
+  static unsigned long long* sink = [] {
+    void* p = nullptr;
+    return cudaMalloc(&p, max_blocks * threads * sizeof(unsigned long long)) == cudaSuccess
+               ? static_cast<unsigned long long*>(p)
+               : nullptr;
+  }();
+  if (sink == nullptr || blocks == 0 || blocks > max_blocks) return cudaErrorInvalidValue;
+  signal_kernel<<<blocks, threads, 0, stream>>>(done, std::uint64_t{microseconds} * 1000u, sink);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_signal(cudaStream_t stream, evr::signal_ref done, unsigned microseconds,
+                          unsigned blocks) {
+  stream_device_scope scope(stream);
+  if (scope.status() != cudaSuccess) return finish_launch(scope.status());
+  return launch_signal_captured(stream, done, microseconds, blocks);
 }
 
 }  // namespace evr::test::gpu

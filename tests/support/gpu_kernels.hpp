@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <evr/device/signal_ref.h>
+
 namespace evr::test::gpu {
 
 /// A one-thread kernel that spins until `*flag != 0`. `flag` is a device address of mapped pinned
@@ -18,5 +20,14 @@ cudaError_t launch_fault(cudaStream_t stream);
 
 /// A one-thread kernel that spins for about `microseconds` (by %globaltimer).
 cudaError_t launch_busy(cudaStream_t stream, unsigned microseconds);
+
+/// `blocks` blocks of 64 threads, each spinning about `microseconds`, then every thread calls
+/// evr::signal_from_last_block(done): the last block to finish signals the slot.
+cudaError_t launch_signal(cudaStream_t stream, evr::signal_ref done, unsigned microseconds,
+                          unsigned blocks);
+/// The same kernel on the current device, without querying the stream (allowed while `stream` is
+/// being captured into a graph).
+cudaError_t launch_signal_captured(cudaStream_t stream, evr::signal_ref done, unsigned microseconds,
+                                   unsigned blocks);
 
 }  // namespace evr::test::gpu

@@ -41,6 +41,11 @@ class sim_under_test final : public device_under_test {
   void launch_busy(device::native_stream stream, unsigned microseconds) override {
     device_.launch_kernel(stream, std::chrono::microseconds(microseconds));
   }
+  void launch_signal(device::native_stream stream, const signal_ref& done, unsigned microseconds,
+                     unsigned /*blocks*/) override {
+    device_.launch_kernel(stream, std::chrono::microseconds(microseconds),
+                          [done] { sim::signal(done); });
+  }
 
  private:
   sim::device device_{sim::options{.devices = 2, .mode = sim::run_mode::threaded}};

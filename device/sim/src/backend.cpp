@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -342,6 +344,45 @@ void device::free_fence_block(fence_block& block) noexcept {
   }
   std::free(block.allocation);
   block = {};
+}
+
+std::error_code device::allocate_signal_block(int device, std::size_t slots,
+                                              evr::device::signal_block& out) noexcept {
+  using evr::device::signal_block;
+  out = {};
+  constexpr std::size_t line = signal_block::word_stride * sizeof(std::uint64_t);  // 64 bytes
+  if (slots == 0 || slots > SIZE_MAX / line) return make_error_code(errc::invalid_argument);
+  if (auto ec = impl_->check_device(device)) return ec;
+  if (auto ec = impl_->fault_of(device)) return ec;
+  void* words = std::aligned_alloc(line, slots * line);
+  void* counters =
+      std::aligned_alloc(line, (slots * signal_block::counter_bytes + line - 1) / line * line);
+  if (words == nullptr || counters == nullptr) {
+    std::free(words);
+    std::free(counters);
+    return make_cuda_error(2);  // cudaErrorMemoryAllocation
+  }
+  std::memset(words, 0, slots * line);
+  std::memset(counters, 0, slots * signal_block::counter_bytes);
+  out.host = static_cast<std::uint64_t*>(words);
+  out.device_words = reinterpret_cast<std::uintptr_t>(words);  // the sim maps host memory 1:1
+  out.device_counters = reinterpret_cast<std::uintptr_t>(counters);
+  out.slots = slots;
+  out.host_allocation = words;
+  out.device_allocation = counters;
+  return {};
+}
+
+void device::free_signal_block(evr::device::signal_block& block) noexcept {
+  std::free(block.host_allocation);
+  std::free(block.device_allocation);
+  block = {};
+}
+
+void signal(const evr::signal_ref& s) noexcept {
+  const unsigned long long n =
+      std::atomic_ref<unsigned long long>(*s.counter).fetch_add(1, std::memory_order_relaxed) + 1;
+  std::atomic_ref<unsigned long long>(*s.word).store(n, std::memory_order_release);
 }
 
 std::error_code device::write_fence(native_stream stream, std::uint64_t device_address,

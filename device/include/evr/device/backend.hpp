@@ -23,6 +23,7 @@
 #include <string_view>
 #include <system_error>
 
+#include <evr/device/signal_ref.h>
 #include <evr/device/error.hpp>
 
 // The CUDA runtime's handle types, declared without including the CUDA headers so that evr's
@@ -72,6 +73,32 @@ struct fence_block {
   /// Device address of word `i` (what write_fence is given).
   std::uint64_t device_word(std::size_t i) const noexcept {
     return device_address + i * stride_words * sizeof(std::uint64_t);
+  }
+};
+
+/// Memory for device-signalled waits (evr::signal_slot, evr/pool/signal_pool.hpp), `slots` of
+/// them: per slot a 64-bit word in mapped host memory (one per 64-byte line, as fence words) that
+/// a kernel writes and the reactor reads, and 16 bytes of device memory that the kernel counts in
+/// (signal_ref.h: the signal counter, then the block counter). All zero at first.
+struct signal_block {
+  std::uint64_t* host = nullptr;      ///< host address of slot 0's word
+  std::uint64_t device_words = 0;     ///< device address of slot 0's word
+  std::uint64_t device_counters = 0;  ///< device address of slot 0's counters
+  std::size_t slots = 0;              ///< number of slots
+  static constexpr std::size_t word_stride = fence_block::stride_words;  ///< 64 bytes
+  static constexpr std::size_t counter_bytes = 16;  ///< between consecutive slots' counters
+  void* host_allocation = nullptr;    ///< backend-private: what free_signal_block releases
+  void* device_allocation = nullptr;  ///< backend-private: what free_signal_block releases
+
+  /// Host address of slot `i`'s word (what the reactor reads).
+  std::uint64_t* host_word(std::size_t i) const noexcept { return host + i * word_stride; }
+  /// What a kernel needs to signal slot `i`.
+  signal_ref ref(std::size_t i) const noexcept {
+    const std::uint64_t counters = device_counters + i * counter_bytes;
+    return signal_ref{reinterpret_cast<unsigned long long*>(counters),
+                      reinterpret_cast<unsigned int*>(counters + sizeof(std::uint64_t)),
+                      reinterpret_cast<unsigned long long*>(
+                          device_words + i * word_stride * sizeof(std::uint64_t))};
   }
 };
 
@@ -145,6 +172,19 @@ class backend {
   /// device faulted the write never lands.
   virtual std::error_code write_fence(native_stream stream, std::uint64_t device_address,
                                       std::uint64_t value) noexcept = 0;
+
+  // --- device-signalled waits ------------------------------------------------------------------
+  /// Allocates `slots` signal slots' memory on `device` (signal_block), zero-initialised. Slow;
+  /// never on the reactor. The default: errc::unsupported (a backend without signal slots).
+  virtual std::error_code allocate_signal_block(int device, std::size_t slots,
+                                                signal_block& out) noexcept {
+    (void)device;
+    (void)slots;
+    out = signal_block{};
+    return make_error_code(errc::unsupported);
+  }
+  /// Frees a block from allocate_signal_block. The caller makes sure no kernel still signals it.
+  virtual void free_signal_block(signal_block& block) noexcept { block = signal_block{}; }
 
   // --- threads -------------------------------------------------------------------------------
   /// Makes `device` current for the calling thread (cudaSetDevice).

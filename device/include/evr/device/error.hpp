@@ -35,6 +35,10 @@ enum class errc {
   /// reactor). Compares equal to std::errc::operation_canceled (its default_error_condition).
   /// The Asio front end hands its handlers the flavour's asio::error::operation_aborted instead.
   operation_aborted,
+  /// A device-signalled wait (evr::signal_slot) whose stream got past the work that was to
+  /// signal it without the signal: the kernel returned before calling evr::signal, or the slot
+  /// was armed more often than it was signalled.
+  not_signalled,
 };
 
 /// The category of evr::errc (name "evr").

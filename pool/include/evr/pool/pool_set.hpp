@@ -1,5 +1,5 @@
-// evr/pool/pool_set.hpp — the event pools of one backend: one per device and event class,
-// created on first use.
+// evr/pool/pool_set.hpp — the pools of one backend: event pools, one per device and event class,
+// and signal-slot pools (signal_pool.hpp), one per device; each created on first use.
 //
 // Thread safety: every member is thread-safe. get() is lock-free once the pool exists (an array of
 // atomic pointers, acquire/release); creating a pool takes a mutex.
@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include <evr/pool/event_pool.hpp>
+#include <evr/pool/signal_pool.hpp>
 
 namespace evr {
 
@@ -38,6 +39,12 @@ class pool_set {
   /// Same, never throws: nullptr and `ec` set on failure.
   event_pool* get(int device, event_class klass, std::error_code& ec) noexcept;
 
+  /// The signal slots of `device` (signal_pool.hpp), created on first use. Throws evr::error
+  /// (errc::no_device for a device outside the backend's, as get()).
+  signal_pool& signals(int device);
+  /// Same, never throws: nullptr and `ec` set on failure.
+  signal_pool* signals(int device, std::error_code& ec) noexcept;
+
   /// empty_cache() on every pool.
   void empty_cache() noexcept;
   /// Sum of the stats of every pool (peak_in_use: the sum of the pools' peaks).
@@ -51,6 +58,9 @@ class pool_set {
   int device_count_ = 0;  ///< guarded by create_mutex_
   std::mutex create_mutex_;
   std::array<std::atomic<event_pool*>, max_devices * event_class_count> pools_{};
+  std::array<std::atomic<signal_pool*>, max_devices> signal_pools_{};
+  /// (create_mutex_) ec when `device` is not one of the backend's.
+  std::error_code check_device(int device) noexcept;
 };
 
 }  // namespace evr

@@ -137,15 +137,24 @@ struct reactor_options {
   /// behind unfinished work (about a thousand per device) and then blocks the enqueuing thread
   /// inside cuStreamWriteValue64; event records were seen not to block.
   std::size_t max_pending_fences = 512;
-  /// fence / adaptive: busy streams (with waits pending) per device up to which waits get fence
-  /// markers; while more streams of the device are busy, new waits there record pooled events
+  /// delivery::post on an io_context: the context's thread finds near their predicted end also
+  /// the waits whose marker is an event (a driver query per look), not only those of fence words
+  /// (a memory read): the io thread queries its own waits and the reactor sleeps through their
+  /// windows, instead of the reactor finding them and posting to a thread that is parked. Matters
+  /// with more streams than hardware queues (max_fence_streams), where waits record events.
+  /// false: the reactor finds event-marker waits and posts them.
+  bool host_event_waits = true;
+  /// fence / adaptive: streams with waits per device up to which waits get fence markers; once a
+  /// device has more streams that evr has waited on, new waits there record pooled events
   /// instead (the sweep queries them). A fence write holds the hardware queue it is in until the
-  /// work before it on its stream is done, and the driver spreads streams over a few hardware
-  /// queues (8 unless CUDA_DEVICE_MAX_CONNECTIONS says otherwise, 32 at most): with more busy
-  /// streams than queues, streams share queues and fences would hold up unrelated streams' work
-  /// (milliseconds at p99). Costs a driver query per look at such a stream instead of a memory
-  /// read. 0: the backend's number of hardware queues (CUDA: CUDA_DEVICE_MAX_CONNECTIONS or 8;
-  /// simulated device: no limit). SIZE_MAX: no limit.
+  /// work before it on its stream is done, and the driver gives each stream one of a few
+  /// hardware queues when the stream is made (8 unless CUDA_DEVICE_MAX_CONNECTIONS says
+  /// otherwise, 32 at most): with more streams than queues, streams share queues, and fences
+  /// would hold up unrelated streams' work (hundreds of us at p99 with 16 streams). Costs a driver
+  /// query per look at such a stream instead of a memory read; a server with many streams sets
+  /// CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts, or uses device-signalled waits
+  /// (signal_slot). 0: the backend's number of hardware queues (CUDA: CUDA_DEVICE_MAX_CONNECTIONS
+  /// or 8; simulated device: no limit). SIZE_MAX: no limit.
   std::size_t max_fence_streams = 0;
   /// Events created per pool growth (pools of the reactor's own events).
   std::size_t pool_batch = 64;

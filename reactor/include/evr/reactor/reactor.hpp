@@ -157,7 +157,7 @@ struct reactor_access {
   /// Blocks until the GPU is past `t` (errors ignored); nothing for an empty target.
   static void synchronize(const wait_target& t) noexcept {
     if (t.backend_ == nullptr) return;
-    if (t.what_ == wait_target::kind::stream) {
+    if (t.what_ != wait_target::kind::event) {  // a stream, or the stream a signal comes from
       (void)t.backend_->synchronize_stream(t.native_);
     } else if (t.native_ != nullptr) {
       (void)t.backend_->synchronize_event(t.native_);

@@ -1,12 +1,14 @@
 // evr/reactor/wait_target.hpp — what a wait waits for: "the work queued so far on this stream",
-// or "this event" (recorded by the user). A value type: construct it from an evr::stream,
-// evr::event, a raw cudaStream_t / cudaEvent_t (CUDA backend), or of_stream / of_event; what it
-// holds is read only by the reactor (private, friend access).
+// "this event" (recorded by the user), or "the signal a kernel on this stream gives a slot"
+// (evr/pool/signal_pool.hpp). A value type: construct it from an evr::stream, evr::event, a raw
+// cudaStream_t / cudaEvent_t (CUDA backend), a stream and a signal_ticket, or of_stream /
+// of_event / of_signal; what it holds is read only by the reactor (private, friend access).
 #pragma once
 
 #include <evr/device/backend.hpp>
 #include <evr/device/event.hpp>
 #include <evr/device/stream.hpp>
+#include <evr/pool/signal_pool.hpp>
 
 namespace evr {
 namespace detail {
@@ -34,7 +36,26 @@ class wait_target {
         native_(e.native()),
         device_(e.device().value_or(-1)),
         never_recorded_(!e.recorded()) {}
+  /// The signal `t` names (signal_slot::arm), given by work queued on `s` before the wait
+  /// starts (a kernel that calls evr::signal): the wait completes when the slot's word reaches
+  /// t.value, a memory read with no operation added to `s`. `s` is what the reactor probes for
+  /// faults, and when `s` is idle and the signal never came, the wait fails with
+  /// errc::not_signalled. An empty ticket is refused with errc::empty_handle. Strategies fence
+  /// and adaptive (the default); poll and host_func refuse it with errc::unsupported.
+  wait_target(const stream& s, signal_ticket t) noexcept
+      : backend_(s.backend()),
+        what_(kind::signal),
+        native_(s.native()),
+        signal_word_(t.word),
+        signal_value_(t.value) {}
 #if defined(EVR_WITH_CUDA)
+  /// The signal `t` names, given by work queued on the user's cudaStream_t `s` (CUDA backend).
+  wait_target(CUstream_st* s, signal_ticket t)
+      : backend_(&device::cuda_backend()),
+        what_(kind::signal),
+        native_(s),
+        signal_word_(t.word),
+        signal_value_(t.value) {}
   /// A user's cudaStream_t (CUDA backend).
   wait_target(CUstream_st* s)  // NOLINT(google-explicit-constructor)
       : backend_(&device::cuda_backend()), what_(kind::stream), native_(s) {}
@@ -52,6 +73,17 @@ class wait_target {
     t.native_ = s;
     return t;
   }
+  /// The signal `t` names, given by work queued on the native stream `s` of backend `b`.
+  static wait_target of_signal(device::backend& b, device::native_stream s,
+                               signal_ticket t) noexcept {
+    wait_target w;
+    w.backend_ = &b;
+    w.what_ = kind::signal;
+    w.native_ = s;
+    w.signal_word_ = t.word;
+    w.signal_value_ = t.value;
+    return w;
+  }
   /// The native event `e` of backend `b`, filed under device `dev` (-1: the submitting thread's
   /// current device). As in CUDA, an event that was never recorded counts as complete.
   static wait_target of_event(device::backend& b, device::native_event e, int dev) noexcept {
@@ -66,13 +98,15 @@ class wait_target {
  private:
   friend class detail::submitter;
   friend struct detail::reactor_access;
-  enum class kind : unsigned char { stream, event };
+  enum class kind : unsigned char { stream, event, signal };
 
   device::backend* backend_ = nullptr;
   kind what_ = kind::stream;
   void* native_ = nullptr;       ///< native stream or native event
   int device_ = -1;              ///< event's device; -1: the submitting thread's current device
   bool never_recorded_ = false;  ///< an evr::event that was never recorded (refused)
+  const std::uint64_t* signal_word_ = nullptr;  ///< kind::signal: the slot's word
+  std::uint64_t signal_value_ = 0;              ///< kind::signal: the count to reach
 };
 
 }  // namespace evr

@@ -169,6 +169,11 @@ class device final : public evr::device::backend {
   std::error_code allocate_fence_block(int device, std::size_t words,
                                        evr::device::fence_block& out) noexcept override;
   void free_fence_block(evr::device::fence_block& block) noexcept override;
+  /// Host memory ("device" addresses are host addresses): a simulated kernel's body signals a
+  /// slot with evr::sim::signal.
+  std::error_code allocate_signal_block(int device, std::size_t slots,
+                                        evr::device::signal_block& out) noexcept override;
+  void free_signal_block(evr::device::signal_block& block) noexcept override;
   std::error_code write_fence(evr::device::native_stream stream, std::uint64_t device_address,
                               std::uint64_t value) noexcept override;
   std::error_code set_current_device(int device) noexcept override;
@@ -180,5 +185,11 @@ class device final : public evr::device::backend {
   struct impl;
   std::unique_ptr<impl> impl_;
 };
+
+/// What evr::signal (<evr/device/signal.cuh>) does on the GPU, for the body of a simulated kernel
+/// (device::launch_kernel): counts one more signal of the slot `s` names and publishes the count
+/// in its word (release: what the body wrote before is seen by whoever sees the count). `s` must
+/// come from a slot of a simulated device, whose addresses are host addresses.
+void signal(const evr::signal_ref& s) noexcept;
 
 }  // namespace evr::sim

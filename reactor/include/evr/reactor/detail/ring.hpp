@@ -47,6 +47,11 @@ class ring {
     at(size_) = v;
     ++size_;
   }
+  /// Removes element `i` (< size()), keeping the order of the others: O(size() - i).
+  void erase(std::size_t i) noexcept {
+    for (; i + 1 < size_; ++i) at(i) = at(i + 1);
+    --size_;
+  }
   /// Drops the oldest elements until at most `n` are left.
   void keep_newest(std::size_t n) noexcept {
     while (size_ > n) pop_front();

@@ -53,7 +53,7 @@ class wait_op {
   }
 
   // Layout (docs/architecture.md, "Where a wait's bytes and time go"): the small fields share
-  // the first 8 bytes; 88 bytes in all on a 64-bit target. Every member is public, so that the
+  // the first 8 bytes; 96 bytes in all on a 64-bit target. Every member is public, so that the
   // class is standard-layout and the reusable bytes' place can be checked (below).
   enum : std::uint8_t { pending = 0, cancel_requested = 1, done = 2 };
   std::atomic<std::uint8_t> state_{pending};
@@ -71,6 +71,10 @@ class wait_op {
   std::int16_t device_ = -1;  ///< set by reactor::submit (devices are < pool_set::max_devices)
   /// The front end's: never read or written by the reactor (it survives complete()).
   bool front_end_flag_ = false;
+  /// (set by reactor::submit) A device-signalled wait (a wait_target of a signal_ticket): no
+  /// marker on the stream; event_ holds the slot's word (signal_word()) and signal_value_ the
+  /// count that completes it.
+  bool signalled_ = false;
 
   std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
   std::uintptr_t group_ = 0;  ///< its execution context (for detach_group); 0: none
@@ -81,7 +85,7 @@ class wait_op {
   stream_state* stream_ = nullptr;  ///< null for a wait on a user event
   /// The marker: for a wait on a stream, a pooled event (poll, or a fence overflow; it goes back
   /// to its stream's pool, stream_state::marker_pool) or nullptr (a fence word or host function);
-  /// for a wait on a user event, that event.
+  /// for a wait on a user event, that event; for a device-signalled wait, the slot's word.
   device::native_event event_ = nullptr;
   std::uint64_t seq_ = 0;  ///< position in its stream (marker order)
   std::chrono::steady_clock::time_point submitted_at_{};
@@ -91,6 +95,15 @@ class wait_op {
   /// delivered to, when it lends itself to the reactor near the wait's predicted completion
   /// (poll_host.hpp); nullptr: a plain delivery. It outlives the wait.
   poll_host* host_ = nullptr;
+  /// A device-signalled wait: done when *signal_word() reaches this count.
+  std::uint64_t signal_value_ = 0;
+
+  /// The word a device-signalled wait (signalled_) reads.
+  const std::uint64_t* signal_word() const noexcept {
+    return static_cast<const std::uint64_t*>(event_);
+  }
+  /// The pooled or user's event this wait holds (none for a device-signalled wait).
+  device::native_event marker_event() const noexcept { return signalled_ ? nullptr : event_; }
 };
 
 static_assert(std::is_standard_layout_v<wait_op>);

@@ -1,0 +1,162 @@
+// signal_pool: signal slots of one device (see the header for why and the contracts).
+//
+// State, shared by the pool object and every slot handed out (a shared_ptr: slots are taken per
+// lane, not per wait, so the reference count is off the hot path): the blocks of slot memory,
+// and per slot how many signals were armed when it was given back. Everything under `mutex`.
+#include <evr/pool/signal_pool.hpp>
+
+#include <atomic>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include <evr/device/error.hpp>
+
+namespace evr {
+namespace detail {
+
+struct signal_pool_state {
+  signal_pool_state(device::backend& b, int d, std::size_t n)
+      : backend(b), device(d), batch(n == 0 ? 1 : n) {}
+  ~signal_pool_state();
+
+  device::backend& backend;
+  const int device;
+  const std::size_t batch;
+  mutable std::mutex mutex;
+  std::vector<device::signal_block> blocks;  // slot i is in blocks[i / batch] at i % batch
+  std::vector<std::uint64_t> armed;          // per slot: armed when it was last given back
+  std::vector<std::size_t> free;             // slots given back (some may await signals)
+  std::size_t in_use = 0;
+
+  std::uint64_t* word(std::size_t i) const noexcept {
+    return blocks[i / batch].host_word(i % batch);
+  }
+  /// Every signal armed for slot `i` has landed: it may be handed out again.
+  bool settled(std::size_t i) const noexcept {
+    return std::atomic_ref<std::uint64_t>(*word(i)).load(std::memory_order_acquire) >= armed[i];
+  }
+  /// (mutex) A settled free slot, or `npos`.
+  std::size_t take_free() noexcept {
+    for (std::size_t k = free.size(); k-- > 0;) {
+      if (!settled(free[k])) continue;
+      const std::size_t i = free[k];
+      free[k] = free.back();
+      free.pop_back();
+      return i;
+    }
+    return npos;
+  }
+  /// (mutex) One more block of slots, all free.
+  std::error_code grow() {
+    device::signal_block b;
+    if (auto ec = backend.allocate_signal_block(device, batch, b)) return ec;
+    const std::size_t first = blocks.size() * batch;
+    blocks.push_back(b);
+    armed.resize(first + batch, 0);
+    for (std::size_t i = first + batch; i-- > first;) free.push_back(i);
+    return {};
+  }
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+};
+
+signal_pool_state::~signal_pool_state() {
+  // Every slot is back (they hold the state). A block with a signal still to land is kept for
+  // the process: a kernel armed for and not yet run would write into freed memory.
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    bool settled_block = true;
+    for (std::size_t i = b * batch; i < (b + 1) * batch && settled_block; ++i)
+      settled_block = settled(i);
+    if (settled_block) backend.free_signal_block(blocks[b]);
+  }
+}
+
+}  // namespace detail
+
+signal_slot::signal_slot(signal_slot&& other) noexcept
+    : state_(std::move(other.state_)),
+      index_(other.index_),
+      word_(std::exchange(other.word_, nullptr)),
+      armed_(other.armed_),
+      ref_(other.ref_) {}
+
+signal_slot& signal_slot::operator=(signal_slot&& other) noexcept {
+  if (this != &other) {
+    release();
+    state_ = std::move(other.state_);
+    index_ = other.index_;
+    word_ = std::exchange(other.word_, nullptr);
+    armed_ = other.armed_;
+    ref_ = other.ref_;
+  }
+  return *this;
+}
+
+int signal_slot::device() const noexcept { return state_ ? state_->device : -1; }
+
+std::uint64_t signal_slot::signalled() const noexcept {
+  return word_ == nullptr ? 0
+                          : std::atomic_ref<std::uint64_t>(*word_).load(std::memory_order_acquire);
+}
+
+void signal_slot::release() noexcept {
+  if (!state_) return;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->armed[index_] = armed_;
+    // Cannot fail for want of memory: free has room for every slot (reserved at growth).
+    state_->free.push_back(index_);
+    --state_->in_use;
+  }
+  state_.reset();
+  word_ = nullptr;
+}
+
+signal_pool::signal_pool(device::backend& backend, int device, std::size_t batch)
+    : state_(std::make_shared<detail::signal_pool_state>(backend, device, batch)) {}
+
+signal_pool::~signal_pool() = default;
+
+signal_slot signal_pool::acquire() {
+  std::error_code ec;
+  signal_slot s = acquire(ec);
+  throw_if(ec, "signal_pool::acquire");
+  return s;
+}
+
+signal_slot signal_pool::acquire(std::error_code& ec) noexcept {
+  ec.clear();
+  signal_slot s;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::size_t i = state_->take_free();
+  if (i == detail::signal_pool_state::npos) {
+    try {
+      ec = state_->grow();
+      state_->free.reserve(state_->blocks.size() * state_->batch);
+    } catch (const std::bad_alloc&) {
+      ec = std::make_error_code(std::errc::not_enough_memory);
+    }
+    if (ec) return s;
+    i = state_->take_free();
+  }
+  s.state_ = state_;
+  s.index_ = i;
+  s.word_ = state_->word(i);
+  s.armed_ = state_->armed[i];
+  s.ref_ = state_->blocks[i / state_->batch].ref(i % state_->batch);
+  ++state_->in_use;
+  return s;
+}
+
+int signal_pool::device() const noexcept { return state_->device; }
+
+signal_pool_stats signal_pool::stats() const noexcept {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  signal_pool_stats st;
+  st.slots = state_->blocks.size() * state_->batch;
+  st.in_use = state_->in_use;
+  for (std::size_t i : state_->free) st.waiting += state_->settled(i) ? 0 : 1;
+  return st;
+}
+
+}  // namespace evr
