@@ -494,7 +494,17 @@ def stop_server(proc, log_path, timeout=30.0, sigterm=True):
 
 
 class Checker:
-    """Request bodies and their float64 reference answers for a server of the given sizes."""
+    """Request bodies and their float64 reference answers for a server of the given sizes
+    (`Checker.of` keeps one per model: the reference of a large model takes seconds)."""
+
+    _made = {}
+
+    @classmethod
+    def of(cls, dims, seed=0, n=128):
+        key = (tuple(dims), seed, n)
+        if key not in cls._made:
+            cls._made[key] = cls(dims, seed, n)
+        return cls._made[key]
 
     def __init__(self, dims, seed=0, n=256, input_seed=1):
         self.dims = dims
@@ -535,7 +545,7 @@ async def _self_test_mode(mode, device, extra, workdir):
         async with aiohttp.ClientSession() as session:
             async with session.get(url + "/stats") as r:
                 config = (await r.json())["config"]
-            checker = Checker(config["dims"], config["seed"])
+            checker = Checker.of(config["dims"], config["seed"])
             sem = asyncio.Semaphore(32)
 
             async def limited(k):

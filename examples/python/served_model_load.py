@@ -14,7 +14,8 @@ them, the server must report no failed request, and its shutdown (SIGTERM) must 
 
 Prints a table and the goals of the served model (at 64 and 256 connections: evr at least twice
 the requests/s of `run_in_executor`, at most half its process CPU, a lower p99; the blocking
-handler's numbers beside them), and writes DIR/served_model_load.json and the servers' logs.
+handler's numbers beside them) and writes them to DIR/served_model_load.md, beside
+DIR/served_model_load.json and the servers' logs.
 
 Time: per mode, the server's start (on a GPU: torch, CUDA and the weights, a few seconds), the
 check, --warmup, then --duration + about 0.5 s per point: about 2 minutes with the defaults (3
@@ -107,7 +108,7 @@ def run_wrk(wrk, url, lua, connections, seconds, threads):
     return out.stdout + out.stderr
 
 
-def measure(args, wrk, mode, out_dir, lua_path, checker_cache, deadline):
+def measure(args, wrk, mode, out_dir, lua_path, deadline):
     """Starts a server in `mode`, checks it, runs its points; returns (points, server record)."""
     log_path = os.path.join(out_dir, f"server-{mode}.log")
     server_args = ["--mode", mode, "--device", args.device] + shlex.split(args.server_args)
@@ -117,13 +118,9 @@ def measure(args, wrk, mode, out_dir, lua_path, checker_cache, deadline):
     try:
         stats = asyncio.run(fetch_stats(url))
         record["config"] = config = stats["config"]
-        key = (tuple(config["dims"]), config["seed"])
-        if key not in checker_cache:
-            checker_cache[key] = served_model.Checker(config["dims"], config["seed"], n=64)
-            with open(lua_path, "w") as f:
-                bodies = checker_cache[key].bodies[:16]
-                f.write(LUA % ",\n".join(f"  [==[{b}]==]" for b in bodies))
-        checker = checker_cache[key]
+        checker = served_model.Checker.of(config["dims"], config["seed"], n=64)
+        with open(lua_path, "w") as f:  # this server's rows
+            f.write(LUA % ",\n".join(f"  [==[{b}]==]" for b in checker.bodies[:16]))
         got = asyncio.run(check_answers(url, checker))
         record["check"] = dict(got)
         if got != {"ok": 64}:
@@ -256,9 +253,13 @@ def main():
     lua_path = os.path.join(out_dir, "predict.lua")
     log(f"{wrk[2]}; device {args.device}; modes {', '.join(modes)}; connections "
         f"{args.connections}; {args.duration} s per point; server args '{args.server_args}'")
-    points, servers, checkers = [], [], {}
+    points, servers = [], []
     for mode in modes:
-        p, record = measure(args, wrk, mode, out_dir, lua_path, checkers, deadline)
+        if time.monotonic() + args.duration + 15 > deadline:  # a server's start and check too
+            points += [{"mode": mode, "connections": c, "skipped": "budget"} for c in args.connections]
+            log(f"{mode}: skipped (the --budget would be exceeded)")
+            continue
+        p, record = measure(args, wrk, mode, out_dir, lua_path, deadline)
         points += p
         servers.append(record)
         for problem in record["problems"]:
@@ -272,19 +273,22 @@ def main():
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     config = servers[0].get("config", {}) if servers else {}
-    print()
     gpu_ms = config.get("gpu_ms_full_batch")
-    print(f"served model {'-'.join(map(str, config.get('dims', [])))} on {args.device}, "
-          f"{config.get('streams')} streams, batches of up to {config.get('max_batch')} rows, "
-          f"{config.get('window_ms')} ms window, {config.get('loop')} loop"
-          + ("" if gpu_ms is None else f"; a full batch {gpu_ms} ms on the GPU"))
-    print(table(points))
-    for g in doc["goals"]:
-        state = "" if g["met"] is None else ("met" if g["met"] else "MISSED")
-        print(f"  {g['connections']} connections: {g['goal']}: {g['value']} {state}")
     problems = sum(len(s["problems"]) for s in servers)
-    print(f"served_model_load: {'OK' if problems == 0 else f'{problems} PROBLEMS'} "
-          f"({doc['seconds']} s); {path}")
+    lines = [f"served model {'-'.join(map(str, config.get('dims', [])))} on {args.device}, "
+             f"{config.get('streams')} streams, batches of up to {config.get('max_batch')} rows, "
+             f"{config.get('window_ms')} ms window, {config.get('loop')} loop"
+             + ("" if gpu_ms is None else f"; a full batch {gpu_ms} ms on the GPU"),
+             "", table(points), ""]
+    for g in doc["goals"]:
+        state = "" if g["met"] is None else (" (met)" if g["met"] else " (MISSED)")
+        lines.append(f"* {g['connections']} connections: {g['goal']}: {g['value']}{state}")
+    lines.append(f"served_model_load: {'OK' if problems == 0 else f'{problems} PROBLEMS'} "
+                 f"({doc['seconds']} s); {path}")
+    with open(os.path.join(out_dir, "served_model_load.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print()
+    print("\n".join(lines))
     return 0 if problems == 0 else 1
 
 
