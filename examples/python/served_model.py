@@ -61,7 +61,7 @@ LISTENING = re.compile(r"served_model: listening on (http://\S+)")
 SHUTDOWN = re.compile(r"served_model: shutdown (\{.*\})")
 
 
-# --- the model -------------------------------------------------------------------------------------
+# --- the model ------------------------------------------------------------------------------------
 
 def layer_dims(d_in, hidden, layers, d_out):
     """The widths from input to output: `layers` linear layers."""
@@ -106,7 +106,7 @@ def input_rows(n, d_in, seed):
     return np.random.default_rng(seed).standard_normal((n, d_in), dtype=np.float32)
 
 
-# --- the stream pool: one slot per stream ------------------------------------------------------------
+# --- the stream pool: one slot per stream ---------------------------------------------------------
 
 class SimSlot:
     """A stream of evr's simulated device. launch() computes the batch in float32 NumPy and
@@ -167,7 +167,8 @@ def make_backend(args, weights):
 
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 GEMMs: the answers are checked
     ws = [(torch.from_numpy(w).cuda(), torch.from_numpy(b).cuda()) for w, b in weights]
-    slots = [TorchSlot(torch, ws, args.max_batch, args.d_in, args.d_out) for _ in range(args.streams)]
+    slots = [TorchSlot(torch, ws, args.max_batch, args.d_in, args.d_out)
+             for _ in range(args.streams)]
     torch.cuda.synchronize()
     # A full batch, timed on the GPU (after two warm-ups: cuBLAS picks its kernels on the first).
     x = input_rows(args.max_batch, args.d_in, seed=12345)
@@ -189,7 +190,7 @@ def make_backend(args, weights):
     return name, slots, gpu_s
 
 
-# --- the batcher -------------------------------------------------------------------------------------
+# --- the batcher ----------------------------------------------------------------------------------
 
 class Refused(Exception):
     """The server is shutting down: the request was not accepted (503)."""
@@ -355,7 +356,7 @@ class Batcher:
         return report
 
 
-# --- the HTTP endpoint -------------------------------------------------------------------------------
+# --- the HTTP endpoint ----------------------------------------------------------------------------
 
 def parse_row(body, d_in):
     """The row of a /predict body ({"x": [d_in numbers]}) as float32; ValueError says what is
@@ -452,7 +453,7 @@ async def serve(args):
     return 0 if report["failed"] == 0 and report["left"] == 0 else 1
 
 
-# --- client side: start a server, check its answers (the self-test, served_model_load.py) -----------
+# --- client side: start a server, check its answers (the self-test, served_model_load.py) ---------
 
 def start_server(server_args, log_path, timeout=120.0):
     """Starts this file as a server (port 0 unless server_args name one) with its output in
@@ -577,7 +578,8 @@ async def _self_test_mode(mode, device, extra, workdir):
         # with 503, or closed.
         conn = aiohttp.TCPConnector(limit=wave1 + wave2 + 1, force_close=True)
         async with aiohttp.ClientSession(connector=conn) as session:
-            first = [asyncio.ensure_future(post_row(session, url, checker, i)) for i in range(wave1)]
+            first = [asyncio.ensure_future(post_row(session, url, checker, i))
+                     for i in range(wave1)]
             closing, deadline = False, time.monotonic() + 20
             while not closing and time.monotonic() < deadline:
                 try:
@@ -587,7 +589,8 @@ async def _self_test_mode(mode, device, extra, workdir):
                     closing = True  # already gone
                 if not closing:
                     await asyncio.sleep(0.002)
-            second = await asyncio.gather(*(post_row(session, url, checker, i) for i in range(wave2)))
+            second = await asyncio.gather(*(post_row(session, url, checker, i)
+                                            for i in range(wave2)))
             first = await asyncio.gather(*first)
         rc, report = stop_server(proc, log, sigterm=False)
         first, second = collections.Counter(first), collections.Counter(second)
@@ -639,7 +642,7 @@ def self_test(args, extra):
     return 0 if failures == 0 else 1
 
 
-# --- main ----------------------------------------------------------------------------------------------
+# --- main -----------------------------------------------------------------------------------------
 
 def detect_device():
     if evr.cuda_available():

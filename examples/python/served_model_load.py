@@ -152,19 +152,22 @@ def measure(args, wrk, mode, out_dir, lua_path, deadline):
                  "cpu_cores_by_thread": {k: round((g1[k] - g0[k]) / wall, 3)
                                          for k in ("loop", "reactor", "other")},
                  "batches": batches,
-                 "rows_per_batch": round((after["rows"] - before["rows"]) / batches, 2) if batches else None,
+                 "rows_per_batch": (round((after["rows"] - before["rows"]) / batches, 2)
+                                    if batches else None),
                  "server_failed": after.get("failed", 0) - before.get("failed", 0)}
             if r["rps"] is None:
                 p["wrk_output"] = text[-2000:]
             points.append(p)
-            log(f"{mode}, {c} connections: {fmt(p['rps'], 0)} requests/s, p50 {fmt(p['p50_ms'], 2)} "
-                f"ms, p99 {fmt(p['p99_ms'], 2)} ms, CPU {p['cpu_cores']:.2f} cores, "
+            log(f"{mode}, {c} connections: {fmt(p['rps'], 0)} requests/s, "
+                f"p50 {fmt(p['p50_ms'], 2)} ms, p99 {fmt(p['p99_ms'], 2)} ms, "
+                f"CPU {p['cpu_cores']:.2f} cores, "
                 f"{fmt(p['rows_per_batch'], 1)} rows per batch, errors {p['non2xx']} non-2xx "
                 f"{p['socket_errors']} socket")
             if r["rps"] is None or p["non2xx"] or p["socket_errors"] or p["server_failed"]:
-                record["problems"].append(f"{c} connections: rps {r['rps']}, non-2xx {p['non2xx']}, "
-                                          f"socket errors {p['socket_errors']}, failed "
-                                          f"{p['server_failed']}")
+                record["problems"].append(f"{c} connections: rps {r['rps']}, "
+                                          f"non-2xx {p['non2xx']}, "
+                                          f"socket errors {p['socket_errors']}, "
+                                          f"failed {p['server_failed']}")
     finally:
         rc, report = served_model.stop_server(proc, log_path)
         record["exit_status"], record["shutdown"] = rc, report
@@ -197,9 +200,11 @@ def goals(points):
                         "met": e["rps"] >= 2 * x["rps"], "value": round(e["rps"] / x["rps"], 2)})
             out.append({"connections": c, "goal": "evr CPU <= 1/2 of executor's",
                         "met": e["cpu_cores"] <= 0.5 * x["cpu_cores"],
-                        "value": round(e["cpu_cores"] / x["cpu_cores"], 2) if x["cpu_cores"] else None})
+                        "value": (round(e["cpu_cores"] / x["cpu_cores"], 2)
+                                  if x["cpu_cores"] else None)})
             if e["p99_ms"] is not None and x["p99_ms"] is not None:
-                out.append({"connections": c, "goal": "evr p99 < executor's", "met": e["p99_ms"] < x["p99_ms"],
+                out.append({"connections": c, "goal": "evr p99 < executor's",
+                            "met": e["p99_ms"] < x["p99_ms"],
                             "value": f"{e['p99_ms']} vs {x['p99_ms']} ms"})
         if e and b:
             out.append({"connections": c, "goal": "stated: evr / blocking requests/s", "met": None,
@@ -208,14 +213,17 @@ def goals(points):
 
 
 def table(points):
-    rows = ["| mode | connections | requests/s | p50 ms | p99 ms | CPU cores (loop, reactor, other) "
-            "| rows per batch |", "|---|---:|---:|---:|---:|---|---:|"]
+    rows = ["| mode | connections | requests/s | p50 ms | p99 ms "
+            "| CPU cores (loop, reactor, other) | rows per batch |",
+            "|---|---:|---:|---:|---:|---|---:|"]
     for p in points:
         if p.get("rps") is None:
-            rows.append(f"| {p['mode']} | {p['connections']} | {p.get('skipped', 'failed')} | | | | |")
+            state = p.get("skipped", "failed")
+            rows.append(f"| {p['mode']} | {p['connections']} | {state} | | | | |")
             continue
         t = p["cpu_cores_by_thread"]
-        rows.append(f"| {p['mode']} | {p['connections']} | {p['rps']:.0f} | {fmt(p['p50_ms'], 2)} | "
+        rows.append(f"| {p['mode']} | {p['connections']} | {p['rps']:.0f} | "
+                    f"{fmt(p['p50_ms'], 2)} | "
                     f"{fmt(p['p99_ms'], 2)} | {p['cpu_cores']:.2f} ({t['loop']:.2f}, "
                     f"{t['reactor']:.2f}, {t['other']:.2f}) | {fmt(p['rows_per_batch'], 1)} |")
     return "\n".join(rows)
@@ -225,7 +233,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "served-model-load"))
-    ap.add_argument("--duration", type=int, default=8, help="seconds per point (wrk: whole seconds)")
+    ap.add_argument("--duration", type=int, default=8,
+                    help="seconds per point (wrk: whole seconds)")
     ap.add_argument("--warmup", type=int, default=2, help="seconds of wrk before a server's points")
     ap.add_argument("--connections", default="16,64,256")
     ap.add_argument("--modes", default=",".join(served_model.MODES))
@@ -256,7 +265,8 @@ def main():
     points, servers = [], []
     for mode in modes:
         if time.monotonic() + args.duration + 15 > deadline:  # a server's start and check too
-            points += [{"mode": mode, "connections": c, "skipped": "budget"} for c in args.connections]
+            points += [{"mode": mode, "connections": c, "skipped": "budget"}
+                       for c in args.connections]
             log(f"{mode}: skipped (the --budget would be exceeded)")
             continue
         p, record = measure(args, wrk, mode, out_dir, lua_path, deadline)
