@@ -214,7 +214,8 @@ class Batcher:
         self.queue = collections.deque()  # (arrival time, row, future)
         self.closing = False
         self.sigterm_after = sigterm_after
-        self.counts = collections.Counter()  # requests, batches, rows, answered, refused, failed
+        self.counts = collections.Counter(
+            dict.fromkeys(("requests", "batches", "rows", "answered", "refused", "failed"), 0))
         self.batches_in_flight = 0
         self.rows_in_flight = 0
         self._wake = None  # what the batcher task sleeps on
