@@ -19,8 +19,9 @@
 #   served     examples/python/served_model.py --self-test on torch (answers, bad input, shutdown
 #              with requests in flight; step served-test), then served_model_load.py: wrk at
 #              16/64/256 connections per mode into OUTDIR/served (step served-load; seconds per
-#              point: EVR_SERVED_DURATION, default 8; more arguments: EVR_SERVED_ARGS); its table
-#              is printed again at the end
+#              point: EVR_SERVED_DURATION, default 8; the servers' arguments, one string:
+#              EVR_SERVED_SERVER_ARGS, e.g. "--hidden 8192 --streams 8"; the load script's own:
+#              EVR_SERVED_ARGS); its table is printed again at the end
 # Files: the steps' logs, bench_await.json, summary.txt; served/ (JSON, table, server logs).
 # Exit status 0 only if every step passed.
 set -uo pipefail
@@ -99,7 +100,7 @@ if ((ok)); then
         # shellcheck disable=SC2086 # EVR_SERVED_ARGS is a list of arguments
         step served-load "$left" "$python" examples/python/served_model_load.py --device cuda \
           --out "$outdir/served" --duration "${EVR_SERVED_DURATION:-8}" --budget $((left - 20)) \
-          ${EVR_SERVED_ARGS:-}
+          --server-args="${EVR_SERVED_SERVER_ARGS:-}" ${EVR_SERVED_ARGS:-}
         ;;
       *)
         echo "gpu-python: unknown step '$s' in EVR_GPU_PY_STEPS (pytest bench example served)"
