@@ -32,9 +32,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SDIST_CPP = "cpp"  # the C++ tree's folder inside an sdist
 
 # What the CMake build of evr_python reads, relative to the repository: the library and the
-# binding's own CMake part. Tests, examples, bench, docs stay out (setup.py turns them off).
+# binding's own CMake part, and the license the library installs beside its headers. Tests,
+# examples, bench, docs stay out (setup.py turns them off).
 CPP_PATHS = [
-    "CMakeLists.txt", "cmake", "include", "device", "pool", "reactor", "callbacks", "third_party",
+    "LICENSE", "CMakeLists.txt", "cmake", "include", "device", "pool", "reactor", "callbacks",
+    "third_party",
     "python/CMakeLists.txt", "python/check_pytest.cmake", "python/src", "python/evr",
 ]
 

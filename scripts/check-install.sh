@@ -88,6 +88,13 @@ pc_boost="$(find "$prefix" -name evr-boost.pc -print -quit)"
 [[ -n "$pc_evr" && -n "$pc_boost" ]] || fail "evr.pc or evr-boost.pc missing under the prefix"
 # Written at install time with the prefix installed to.
 grep -qx "prefix=$tmp/staged" "$pc_evr" || fail "evr.pc does not say prefix=$tmp/staged: $(grep '^prefix=' "$pc_evr")"
+# The license: its text beside the installed headers (copies of the source), its SPDX identifier
+# in the package config (evr_LICENSE; the find_package consumers check it) and the .pc files.
+cmp -s LICENSE "$prefix/share/doc/evr/LICENSE" || fail "share/doc/evr/LICENSE is not LICENSE"
+grep -qx 'set(evr_LICENSE "BSL-1.0")' "$config" || fail "evrConfig.cmake does not set evr_LICENSE BSL-1.0"
+for pc in "$pc_evr" "$pc_boost"; do
+  grep -qx 'License: BSL-1.0' "$pc" || fail "$(basename "$pc") has no 'License: BSL-1.0'"
+done
 echo "check-install: installed $(find "$prefix" -type f | wc -l) files; package config at" \
   "${config#"$prefix"/}; pkg-config files at ${pc_evr#"$prefix"/}, ${pc_boost#"$prefix"/}"
 

@@ -1,30 +1,39 @@
 #!/usr/bin/env bash
-# The Python package the way Python users get it (issue 28), offline, with Debian's tools:
+# The Python package the way Python users get it (issues 28 and 34): offline with Debian's tools,
+# then with the package index as most users install it:
 #
 #   1. python3 -m build --no-isolation ./python: the sdist, then the wheel built from the unpacked
 #      sdist (so the sdist is shown to carry what the build needs: the C++ tree in cpp/);
 #   2. the names (evr-<version>.tar.gz, evr-<version>-<cpXY>-<cpXY>-linux_x86_64.whl: the
 #      version of CMakeLists.txt's project(VERSION), the platform tag as built, no manylinux
-#      claim) and what each archive holds (the wheel: the extension, the stubs, py.typed);
+#      claim), what each archive holds (the wheel: the extension, the stubs, py.typed) and the
+#      license (LICENSE in both, License: BSL-1.0 in the wheel's metadata);
 #   3. the wheel installed into a fresh venv and python/tests run against it, from outside the
 #      repository (EVR_EXPECT_INSTALLED=1: evr must come from the installed wheel);
 #   4. the documented offline command in another fresh venv: pip install --no-build-isolation
-#      ./python, then `import evr; evr.sim.Device()` and the version.
+#      ./python, then `import evr; evr.sim.Device()` and the version;
+#   5. with the package index, each in a fresh plain venv (no system packages: what pip fetches is
+#      all the build has): pip install ./python, with build isolation (pip fetches the build
+#      requirements pyproject.toml declares), then a wait on the simulated device; and python -m
+#      build ./python, isolated, its sdist and wheel checked as in 2, the wheel installed with
+#      pytest and uvloop from the index and python/tests run against it.
 #
 #   scripts/check-python-package.sh
 #
-# The venvs are made with --system-site-packages over Debian's Python: setuptools, wheel and
-# pybind11 for the build, pytest, aiohttp and uvloop for the tests (python/README.md). evr itself
-# is in no system folder: the script checks that the fresh venv cannot import it before install.
+# The venvs of steps 1-4 are made with --system-site-packages over Debian's Python: setuptools,
+# wheel and pybind11 for the build, pytest, aiohttp and uvloop for the tests (python/README.md).
+# evr itself is in no system folder: the script checks that a fresh venv cannot import it before
+# install.
 #
 # Environment:
 #   EVR_PYTHON=P       the Python to build and test with (default /usr/bin/python3, Debian's)
 #   EVR_JOBS=N         parallel build jobs (default: nproc)
 #   EVR_CMAKE_ARGS=..  CMake options of the extension's build (default none: the CUDA backend
 #                      when the toolkit is found, as pip install does; -DEVR_WITH_CUDA=OFF: sim only)
-#   EVR_PKG_DIR=D      where the sdist, the wheel and the venvs go (default build/python-package;
+#   EVR_PKG_DIR=D      where the sdists, the wheels and the venvs go (default build/python-package;
 #                      emptied first)
 #   EVR_PKG_SKIP_OFFLINE=1  skip step 4 (it compiles the extension a second time)
+#   EVR_PKG_SKIP_INDEX=1    skip step 5 (no package index here; it compiles twice more)
 #   EVR_SKIP_DEPS=1    do not run scripts/install-deps.sh
 set -euo pipefail
 
@@ -62,26 +71,29 @@ step "1. sdist, then the wheel from the sdist: python3 -m build --no-isolation p
   { tail -n 60 "$out/build.log"; fail "python3 -m build (log: $out/build.log)"; }
 grep -E '^-- evr: (CUDA backend|Python binding)|^evr: sdist|^Successfully built' "$out/build.log" || true
 
-step "2. names and contents"
-built=("$out"/dist/*)
-[[ ${#built[@]} -eq 2 && -f "$sdist" && -f "$wheel" ]] ||
-  fail "expected $(basename "$sdist") and $(basename "$wheel") in $out/dist, found: ${built[*]##*/}"
-"$py" - "$sdist" "$wheel" "$version" "$tag" <<'EOF' || fail "the archives' names or contents (above)"
+# check_archives SDIST WHEEL: their names, what each holds, the license (step 2; step 5 again).
+check_archives() {
+  "$py" - "$1" "$2" "$version" "$tag" "$repo/LICENSE" <<'EOF' || fail "the archives' names or contents (above)"
 import sys, tarfile, zipfile
-sdist, wheel, version, tag = sys.argv[1:]
+sdist, wheel, version, tag, license_file = sys.argv[1:]
+license_text = open(license_file, "rb").read()
 errors = []
 
 root = f"evr-{version}/"
 with tarfile.open(sdist) as t:
     names = {n[len(root):] for n in t.getnames() if n.startswith(root)}
-need = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "PKG-INFO",
-        "build_backend/evr_build_backend.py", "evr/__init__.py", "evr/sim.py", "evr/_errors.py",
+need = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "PKG-INFO", "LICENSE",
+        "cpp/LICENSE", "build_backend/evr_build_backend.py", "evr/__init__.py", "evr/sim.py", "evr/_errors.py",
         "evr/__init__.pyi", "evr/_evr.pyi", "evr/py.typed", "tests/conftest.py",
         "tests/test_package.py", "cpp/CMakeLists.txt", "cpp/cmake/evrPython.cmake",
         "cpp/third_party/CMakeLists.txt", "cpp/include/evr/evr.hpp", "cpp/reactor/CMakeLists.txt",
         "cpp/device/sim/CMakeLists.txt", "cpp/pool/CMakeLists.txt", "cpp/callbacks/CMakeLists.txt",
         "cpp/python/CMakeLists.txt", "cpp/python/src/module.cpp"]
 errors += [f"sdist lacks {n}" for n in need if n not in names]
+with tarfile.open(sdist) as t:
+    for n in ("LICENSE", "cpp/LICENSE"):
+        if n in names and t.extractfile(root + n).read() != license_text:
+            errors.append(f"sdist's {n} is not the repository's LICENSE")
 errors += [f"sdist carries {n}" for n in sorted(names)
            if n.endswith((".so", ".pyc", ".whl")) or "/build/" in "/" + n
            or n.startswith(("cpp/tests/", "cpp/bench/", "cpp/examples/", "cpp/docs/"))]
@@ -94,10 +106,16 @@ with zipfile.ZipFile(wheel) as z:
     info = f"evr-{version}.dist-info/"
     meta = z.read(info + "METADATA").decode()
     wheel_file = z.read(info + "WHEEL").decode()
+    # setuptools < 77 puts the license files in .dist-info/, newer ones in .dist-info/licenses/.
+    licenses = [n for n in files if n in (info + "LICENSE", info + "licenses/LICENSE")]
+    if len(licenses) != 1 or z.read(licenses[0]) != license_text:
+        errors.append(f"wheel: the license file {licenses} is missing or not LICENSE")
 package = {f"evr/{n}" for n in ["__init__.py", "sim.py", "_errors.py", "__init__.pyi",
                                 "_evr.pyi", "py.typed", ext]}
 errors += [f"wheel lacks {n}" for n in sorted(package - files)]
 errors += [f"wheel carries {n}" for n in sorted(files - package) if not n.startswith(info)]
+if "\nLicense: BSL-1.0\n" not in meta:
+    errors.append("wheel METADATA has no 'License: BSL-1.0'")
 if f"\nVersion: {version}\n" not in meta:
     errors.append(f"wheel METADATA has no 'Version: {version}'")
 if f"\nTag: {tag}\n" not in "\n" + wheel_file or "Root-Is-Purelib: false" not in wheel_file:
@@ -107,6 +125,14 @@ for e in errors:
     print("  " + e)
 sys.exit(1 if errors else 0)
 EOF
+}
+
+step "2. names, contents, license"
+cmp -s LICENSE python/LICENSE || fail "python/LICENSE (the package's copy) differs from LICENSE"
+built=("$out"/dist/*)
+[[ ${#built[@]} -eq 2 && -f "$sdist" && -f "$wheel" ]] ||
+  fail "expected $(basename "$sdist") and $(basename "$wheel") in $out/dist, found: ${built[*]##*/}"
+check_archives "$sdist" "$wheel"
 
 step "3. the wheel in a fresh venv, python/tests against it"
 venv="$out/venv-wheel"
@@ -125,6 +151,7 @@ else
   step "4. the documented offline command: pip install --no-build-isolation ./python (fresh venv)"
   venv="$out/venv-offline"
   "$py" -m venv --system-site-packages "$venv"
+  rm -rf python/build  # pip's build folder: a fresh build, not one left by an earlier run
   (
     # shellcheck disable=SC1091
     . "$venv/bin/activate"
@@ -135,6 +162,54 @@ else
     python -c 'import evr, sys; d = evr.sim.Device(); v = evr.__version__; print("import evr; evr.sim.Device():", d, v); sys.exit(v != sys.argv[1])' "$version"
     python -m pip show evr | grep -E '^(Name|Version|Location):'
   ) || fail "pip install --no-build-isolation ./python (log: $out/pip-offline.log)"
+fi
+
+if [[ "${EVR_PKG_SKIP_INDEX:-0}" == 1 ]]; then
+  step "5. skipped (EVR_PKG_SKIP_INDEX=1)"
+else
+  # Plain venvs see no system package: what the build and the tests need comes from the index,
+  # as for a user. pip builds ./python in its folder (python/build): removed first, so that
+  # nothing of step 4's build is reused.
+  step "5a. with the index: pip install ./python (build isolation) in a fresh plain venv"
+  venv="$out/venv-index"
+  "$py" -m venv "$venv"
+  rm -rf python/build
+  "$venv/bin/python" -m pip install -v --disable-pip-version-check ./python > "$out/pip-index.log" 2>&1 ||
+    { tail -n 60 "$out/pip-index.log"; fail "pip install ./python (log: $out/pip-index.log)"; }
+  # What pip fetched into the isolated build environment (setuptools, wheel, pybind11, ...).
+  grep -E '^ *Successfully installed' "$out/pip-index.log" | sed 's/^ */  /'
+  (cd "$out" && "$venv/bin/python" - "$version" <<'EOF') || fail "the evr that pip install ./python installed"
+import asyncio, importlib.metadata, sys
+import evr
+d = evr.sim.Device()
+s = d.stream()
+d.launch_kernel(s, 0.001)
+
+
+async def main():
+    await asyncio.wait_for(evr.wait(s), 30)
+
+
+asyncio.run(main())
+meta = importlib.metadata.metadata("evr")
+d.shutdown()
+print(f"import evr; await evr.wait(a simulated stream): done; evr {evr.__version__}, metadata "
+      f"Version {meta['Version']}, License {meta['License']}, {evr.__file__}")
+sys.exit(0 if evr.__version__ == meta["Version"] == sys.argv[1] and meta["License"] == "BSL-1.0" else 1)
+EOF
+
+  step "5b. with the index: python -m build ./python (isolated) in a fresh plain venv, the wheel's tests"
+  venv="$out/venv-build"
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "build>=1,<2"
+  (cd python && "$venv/bin/python" -m build --outdir "$out/dist-index" .) > "$out/build-index.log" 2>&1 ||
+    { tail -n 60 "$out/build-index.log"; fail "python -m build (log: $out/build-index.log)"; }
+  grep -E '^Successfully built|Successfully installed' "$out/build-index.log" | sed 's/^ */  /'
+  check_archives "$out/dist-index/evr-$version.tar.gz" "$out/dist-index/evr-$version-$tag.whl"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    "$out/dist-index/evr-$version-$tag.whl" pytest uvloop
+  (cd "$out" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
+    -p no:cacheprovider -rs "$repo/python/tests") || fail "pytest against the wheel python -m build made"
 fi
 
 step "all passed in $((SECONDS - start)) s: $(basename "$sdist"), $(basename "$wheel")"

@@ -2,7 +2,7 @@
 # Installs what a fresh Debian 12 (or Ubuntu) machine needs to build and test evr.
 #
 #   scripts/install-deps.sh            # the build + test set
-#   scripts/install-deps.sh --extras   # also the extras (wrk, python3-matplotlib: benchmarks, plots)
+#   scripts/install-deps.sh --extras   # also the extras (python3-matplotlib: plots)
 #   scripts/install-deps.sh --boost    # also Boost (libboost1.81-dev: the Boost.Asio front end)
 #   scripts/install-deps.sh --packaging  # also what building the Python sdist/wheel offline needs
 #                                        # (scripts/check-python-package.sh)
@@ -21,12 +21,13 @@ set -euo pipefail
 
 # libhttp-parser-dev: the HTTP layer of examples/async_server; python3-prometheus-client: the ctest
 # that parses its /metrics page (run with Debian's /usr/bin/python3). python3-dev, pybind11-dev: the
-# Python binding (python/); pytest, pytest-asyncio, aiohttp, uvloop: its tests, example and bench.
+# Python binding (python/); pytest, pytest-asyncio, aiohttp, uvloop: its tests, example and bench;
+# numpy and wrk: the served-model example (its model, and the load on it).
 # doxygen: the API reference (scripts/docs.sh).
 readonly base_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev doctest-dev libcli11-dev
   libhttp-parser-dev python3-prometheus-client python3-dev pybind11-dev python3-pytest
-  python3-pytest-asyncio python3-aiohttp python3-uvloop doxygen)
-readonly extra_packages=(wrk python3-matplotlib)
+  python3-pytest-asyncio python3-aiohttp python3-uvloop python3-numpy wrk doxygen)
+readonly extra_packages=(python3-matplotlib)
 # Debian 12 has Boost 1.74 (libboost-dev) and 1.81; 1.74's Asio (1.18) is older than evr needs.
 # One libboost*-dev at a time (see --no-remove below).
 readonly boost_packages=(libboost1.81-dev)

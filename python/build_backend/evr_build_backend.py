@@ -15,6 +15,10 @@ from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F401,F403  (every hook setuptools provides)
 
 CMAKE_MIN = (3, 25)  # cmake_minimum_required of evr's CMakeLists.txt
+# What is asked of the index: from evr's minimum to before the next major release (CMake 4.x and
+# Ninja 1.x build evr; pyproject.toml pins its own requirements the same way).
+CMAKE_REQUIREMENT = "cmake>=%d.%d,<5" % CMAKE_MIN
+NINJA_REQUIREMENT = "ninja>=1.10,<2"
 
 
 def _cmake_version():
@@ -33,9 +37,9 @@ def _tools():
     need = []
     v = _cmake_version()
     if v is None or v < CMAKE_MIN:
-        need.append("cmake>=%d.%d" % CMAKE_MIN)
+        need.append(CMAKE_REQUIREMENT)
     if shutil.which("ninja") is None:
-        need.append("ninja")
+        need.append(NINJA_REQUIREMENT)
     return need
 
 

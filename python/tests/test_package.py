@@ -114,11 +114,12 @@ def test_build_backend_asks_for_cmake_and_ninja_only_where_missing(monkeypatch):
         monkeypatch.setattr(backend.shutil, "which", lambda name: "/usr/bin/ninja" if ninja else None)
         return backend._tools()
 
+    cmake, ninja = "cmake>=3.25,<5", "ninja>=1.10,<2"
     assert machine((3, 25), True) == []
     assert machine((3, 31), True) == []
-    assert machine((3, 18), True) == ["cmake>=3.25"]
-    assert machine(None, True) == ["cmake>=3.25"]
-    assert machine((3, 25), False) == ["ninja"]
-    assert machine(None, False) == ["cmake>=3.25", "ninja"]
+    assert machine((3, 18), True) == [cmake]
+    assert machine(None, True) == [cmake]
+    assert machine((3, 25), False) == [ninja]
+    assert machine(None, False) == [cmake, ninja]
     assert backend.build_wheel is backend._setuptools.build_wheel
     assert backend.build_sdist is backend._setuptools.build_sdist
