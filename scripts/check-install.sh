@@ -74,6 +74,8 @@ config="$(find "$prefix" -name evrConfig.cmake -print -quit)"
   fail "headers missing (include/evr/callbacks/detail/asio_forward.hpp)"
 [[ -n "$(find "$prefix" -name 'libevr.*' -print -quit)" ]] || fail "no libevr.* under the prefix"
 [[ -f "$prefix/include/evr/sim/device.hpp" ]] || fail "simulator header missing (include/evr/sim/device.hpp)"
+[[ -f "$prefix/include/evr/device/signal.cuh" && -f "$prefix/include/evr/device/signal_ref.h" ]] ||
+  fail "device-signalled wait headers missing (include/evr/device/signal.cuh, signal_ref.h)"
 [[ -n "$(find "$prefix" -name 'libevr_sim.*' -print -quit)" ]] || fail "no libevr_sim.* under the prefix"
 # The exported targets must not point back into the source or build tree.
 if grep -rl -e "$src_dir" -e "$tmp/staged" "$(dirname "$config")"/evrTargets*.cmake; then

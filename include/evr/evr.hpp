@@ -4,10 +4,13 @@
 //   device/    evr::stream, evr::event (RAII handles), the backend interface
 //              (evr::device::backend, evr::device::cuda_backend()), errors: evr::error,
 //              evr::errc, evr::cuda_category(), evr::evr_category(), evr::throw_if
-//   pool/      evr::event_pool, evr::pool_set, evr::event_registry
+//   pool/      evr::event_pool, evr::pool_set, evr::event_registry, evr::signal_pool,
+//              evr::signal_slot, evr::signal_ticket (device-signalled waits; the kernel side,
+//              evr::signal_ref, is <evr/device/signal_ref.h>, its functions <evr/device/signal.cuh>)
 //   reactor/   evr::reactor (construction, stop, metrics, accessors), evr::reactor_options,
 //              evr::reactor_metrics, evr::strategy, evr::idle_mode, evr::delivery,
-//              evr::wait_target (what a wait waits for: built from a stream or an event)
+//              evr::wait_target (what a wait waits for: built from a stream, an event, or a
+//              stream and a signal_ticket)
 //   callbacks/ evr::gpu_waiter / basic_gpu_waiter (Asio), evr::reactor_service and
 //              evr::use_reactor, evr::on_complete, evr::wait_handle, evr::release_after,
 //              evr::async_wait / evr::gpu_sender / basic_gpu_sender (a std::execution sender, no
@@ -24,7 +27,8 @@
 // evr::evr_boost (Boost.Asio); see evr/callbacks/detail/asio_forward.hpp. Names that moved between
 // Asio versions (as_tuple, deferred) are in <evr/callbacks/asio_compat.hpp>, not included here.
 //
-// Not included here: the simulated device (<evr/sim/device.hpp>, target evr::sim), and
+// Not included here: the simulated device (<evr/sim/device.hpp>, target evr::sim), the device
+// functions of <evr/device/signal.cuh> (CUDA sources include it), and
 // <evr/callbacks/stdexec.hpp> (evr::stdexec_protocol: the sender in NVIDIA stdexec's vocabulary;
 // it includes stdexec).
 #pragma once
@@ -43,6 +47,7 @@
 #include <evr/pool/event_pool.hpp>
 #include <evr/pool/event_registry.hpp>
 #include <evr/pool/pool_set.hpp>
+#include <evr/pool/signal_pool.hpp>
 #include <evr/reactor/delivery.hpp>
 #include <evr/reactor/metrics.hpp>
 #include <evr/reactor/options.hpp>
