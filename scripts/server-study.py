@@ -920,7 +920,8 @@ def short_summary(doc):
 def plot(doc, out_dir):
     """server-rps-vs-cores.png: requests/s against server cores, a panel per route and connection
     count, a line per mode over N (the cores each needs for a given requests/s);
-    server-p99.png: p99 against requests/s, the same panels; server-lanes.png: the lanes sweep."""
+    server-p99-vs-rps.png: p99 against requests/s, the same panels; server-lanes.png: the lanes
+    sweep."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -937,7 +938,7 @@ def plot(doc, out_dir):
     for fname, xkey, ykey, xlabel, ylabel in (
             ("server-rps-vs-cores.png", "server_cores", "rps", "server cores (all its threads)",
              "requests/s"),
-            ("server-p99.png", "rps", "p99_ms", "requests/s", "p99 latency (ms)")):
+            ("server-p99-vs-rps.png", "rps", "p99_ms", "requests/s", "p99 latency (ms)")):
         fig, axes = plt.subplots(len(conns), len(routes), figsize=(5 * len(routes),
                                                                     4.2 * len(conns)),
                                  squeeze=False)
