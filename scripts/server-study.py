@@ -124,7 +124,7 @@ def elapsed():
     return time.monotonic() - T0
 
 
-# --- server labels ---------------------------------------------------------------------------------
+# --- server labels --------------------------------------------------------------------------------
 
 def parse_server(label):
     """A server label (see the module's doc) as {label, mode, sync, threads, devices}: threads
@@ -160,7 +160,7 @@ def spinning_threads(spec, lanes, connections):
     return lanes if spec["threads"] == 0 else spec["threads"]
 
 
-# --- build -----------------------------------------------------------------------------------------
+# --- build ----------------------------------------------------------------------------------------
 
 def build(args):
     if args.bin:
@@ -189,7 +189,7 @@ def build(args):
     return os.path.join(build_dir, "examples", "evr-async-server")
 
 
-# --- wrk -------------------------------------------------------------------------------------------
+# --- wrk ------------------------------------------------------------------------------------------
 
 def find_wrk():
     """(argv0, env) for wrk, or None."""
@@ -239,7 +239,7 @@ def parse_wrk(text):
     return r
 
 
-# --- the server process ------------------------------------------------------------------------------
+# --- the server process ---------------------------------------------------------------------------
 
 def cpu_seconds(pid):
     """utime + stime of a process (all its threads), in seconds."""
@@ -483,7 +483,7 @@ def run_builtin_point(binary, args, extra, route, connections, seconds):
     return r
 
 
-# --- the run ------------------------------------------------------------------------------------------
+# --- the run --------------------------------------------------------------------------------------
 
 def plan(args):
     """[(spec, routes)], connections, lanes sweep, wrk threads: the set, narrowed by --servers."""
@@ -652,7 +652,7 @@ def git_head():
         return None
 
 
-# --- evr against the best alternative -----------------------------------------------------------------
+# --- evr against the best alternative -------------------------------------------------------------
 
 def fmt(v, digits):
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
@@ -769,7 +769,7 @@ def label(p):
     return p["server"] if p else "none"
 
 
-# --- tables ---------------------------------------------------------------------------------------------
+# --- tables ---------------------------------------------------------------------------------------
 
 def cell(p, what=("rps", "p99", "cores")):
     """A point in a few words: 'evr N=2: 82 100 req/s, 2.70 cores, p99 9.1 ms'."""
@@ -798,10 +798,9 @@ def summary_tables(doc):
                                         k[1]))
     for route, c, g in keys:
         cmp = compare(cells[(route, c, g)])
-        needs = cmp["evr_needs"]
-        lines.append(f"| {route} | {c} | {g or '?'} | {cell(cmp['evr_top'])} | "
-                     f"{cell(cmp['alt_top'])} | "
-                     f"{fmt(ratio(cmp['evr_top'] and cmp['evr_top']['rps'], cmp['alt_top'] and cmp['alt_top']['rps']), 2)} | "
+        top, alt, needs = cmp["evr_top"], cmp["alt_top"], cmp["evr_needs"]
+        lines.append(f"| {route} | {c} | {g or '?'} | {cell(top)} | {cell(alt)} | "
+                     f"{fmt(ratio(top and top['rps'], alt and alt['rps']), 2)} | "
                      f"{cell(needs, ('cores',)) if needs else 'none of its points serves that'} |")
     lines += ["", "#### evr against the best alternative: requests/s per server core (evr at a "
               "p99 no worse than that alternative's)", "",
@@ -915,7 +914,7 @@ def short_summary(doc):
     return "\n".join([meta_line(doc), ""] + summary_tables(doc) + [""] + goals_table(doc))
 
 
-# --- plots --------------------------------------------------------------------------------------------
+# --- plots ----------------------------------------------------------------------------------------
 
 def plot(doc, out_dir):
     """server-rps-vs-cores.png: requests/s against server cores, a panel per route and connection

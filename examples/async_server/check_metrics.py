@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Parses evr-async-server's whole /metrics page with the Prometheus client library's parser.
 
-    /usr/bin/python3 check_metrics.py BUILD/examples/evr-async-server [--mode evr|hostfunc|poll|pool|thread]
+    /usr/bin/python3 check_metrics.py BUILD/examples/evr-async-server [--mode MODE]
+
+MODE: evr (default), hostfunc, poll, pool or thread.
 
 Starts the server on the simulated device on a free port, sends requests to every route (so every
 histogram has samples), fetches /metrics and checks, beyond the parser accepting every line:

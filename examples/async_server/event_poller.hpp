@@ -59,9 +59,6 @@ class event_poller {
     add({l.stream().backend(), event, op, {}});
   }
 
-  /// Waits pending now (a statistic).
-  std::size_t pending() const noexcept { return pending_.size(); }
-
  private:
   struct wait {
     evr::device::backend* backend;

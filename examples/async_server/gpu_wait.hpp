@@ -52,7 +52,9 @@ class gpu_wait {
     switch (mode_) {
       case wait_mode::evr: waiter_->async_wait(l.stream(), std::move(handler)); break;
       case wait_mode::hostfunc: host_func_wait::start(l.stream(), std::move(handler)); break;
-      default: poller_->start(l, std::move(handler)); break;
+      case wait_mode::poll: poller_->start(l, std::move(handler)); break;
+      case wait_mode::pool:
+      case wait_mode::thread: break;  // refused by the constructor
     }
   }
 

@@ -60,8 +60,9 @@ class instance {
   evr::reactor* reactor() noexcept { return reactor_ ? &*reactor_ : nullptr; }
 
  private:
-  // Teardown is the reverse of this order: the server (and its batcher) and the pool go before the
-  // io_context they post to, the io_context before the reactor it may still have waits with.
+  // Teardown is the reverse of this order: the server (its batchers and pollers) and the lane
+  // pools go before the io_contexts they post to, the io_contexts before the reactor they may
+  // still have waits with.
   std::optional<evr::reactor> reactor_;
   std::vector<std::unique_ptr<asio::io_context>> contexts_;
   lane_set lanes_;
