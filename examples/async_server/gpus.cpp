@@ -28,9 +28,10 @@ std::vector<int> pick_devices(const std::vector<int>& wanted, int count, const c
 /// Gets every lane ready before the first request: allocates the buffers requests will need
 /// (cudaMalloc and cudaFree synchronize the whole device, so they must stay off the request path),
 /// runs each kind of work once (the first use of a kernel or a cuBLAS handle loads code and
-/// workspace) and creates the lane's own event (the poll mode records it). The first lane of each
-/// device has its answers checked against the CPU. Throws std::runtime_error if the device refuses
-/// or answers wrongly.
+/// workspace) and creates the lane's events: its own (the poll mode records it) and the
+/// blocking-sync one (the blocking modes' --sync blocking-sync). The first lane of each device
+/// has its answers checked against the CPU. Throws std::runtime_error if the device refuses or
+/// answers wrongly.
 void warm_up(const std::vector<std::vector<lane*>>& by_device, const mlp::model& model,
              std::size_t max_rows, bool cuda) {
   const mlp::shape& d = model.dims();
@@ -56,8 +57,9 @@ void warm_up(const std::vector<std::vector<lane*>>& by_device, const mlp::model&
   std::vector<float> want(static_cast<std::size_t>(d.out));
   for (const auto& lanes : by_device) {
     for (lane* l : lanes)
-      if (std::error_code ec = l->wait_blocking(sync_kind::spin))
-        throw std::runtime_error("warm-up: waiting for the device failed: " + ec.message());
+      for (sync_kind how : {sync_kind::spin, sync_kind::blocking_sync})
+        if (std::error_code ec = l->wait_blocking(how))
+          throw std::runtime_error("warm-up: waiting for the device failed: " + ec.message());
     model.forward(lanes[0]->mlp_input(), want.data());
     if (auto wrong = mlp::compare_row(lanes[0]->mlp_output(), want.data(), d.out))
       throw std::runtime_error("warm-up: the device's /mlp answer is wrong: " + *wrong);

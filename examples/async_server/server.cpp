@@ -151,9 +151,11 @@ server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_
       reactor_(cfg_.mode == wait_mode::evr ? reactor : nullptr),
       model_(model),
       metrics_(metrics),
-      accept_strand_(asio::make_strand(*contexts_.at(0))),
-      acceptor_(accept_strand_),
-      sweep_timer_(accept_strand_) {
+      control_(cfg_.mode == wait_mode::pool
+                   ? asio::any_io_executor(asio::make_strand(*contexts_.at(0)))
+                   : asio::any_io_executor(contexts_.at(0)->get_executor())),
+      acceptor_(control_),
+      sweep_timer_(control_) {
   if (cfg_.mode == wait_mode::evr && reactor_ == nullptr)
     throw std::invalid_argument("server: wait_mode::evr needs a reactor");
   if (cfg_.check_every == 0) throw std::invalid_argument("server: check_every must be at least 1");
@@ -198,10 +200,10 @@ void server::start() {
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) throw std::runtime_error("cannot listen on " + where + ": " + ec.message());
   port_ = acceptor_.local_endpoint().port();
-  asio::co_spawn(accept_strand_, accept_loop(), [](std::exception_ptr e) {
+  asio::co_spawn(control_, accept_loop(), [](std::exception_ptr e) {
     if (e) std::rethrow_exception(e);  // a bug, not a client's doing: let run() report it
   });
-  asio::co_spawn(accept_strand_, sweep_deadlines(), [](std::exception_ptr e) {
+  asio::co_spawn(control_, sweep_deadlines(), [](std::exception_ptr e) {
     if (e) std::rethrow_exception(e);
   });
 }
@@ -216,7 +218,7 @@ void server::stop() {
     open = connections_;
     running.swap(keep_running_);
   }
-  asio::post(accept_strand_, [this] {
+  asio::post(control_, [this] {
     std::error_code ignored;
     acceptor_.close(ignored);
     sweep_timer_.cancel();
@@ -262,7 +264,7 @@ void server::reap_conn_threads() {
 }
 
 asio::awaitable<void> server::accept_loop() {
-  asio::steady_timer backoff(accept_strand_);
+  asio::steady_timer backoff(control_);
   std::error_code ignored;
   acceptor_.non_blocking(true,
                          ignored);  // for the draining accepts below (async ones are unaffected)

@@ -188,9 +188,12 @@ class server {
   std::vector<std::unique_ptr<event_poller>> pollers_;  // poll mode: one per context
   std::vector<std::unique_ptr<mlp_batcher>> batchers_;  // non-blocking modes: one per device
   std::atomic<std::uint64_t> answers_{0};               // for sample_check
-  asio::strand<asio::io_context::executor_type> accept_strand_;
+  /// Where the accept loop and the deadline sweep run: the first context's plain executor, which
+  /// one thread runs (a strand would cost every sweep timer's completion an allocation), or in
+  /// pool mode, where all the pool's threads run that context, a strand of it.
+  asio::any_io_executor control_;
   asio::ip::tcp::acceptor acceptor_;
-  asio::steady_timer sweep_timer_;  // on accept_strand_
+  asio::steady_timer sweep_timer_;  // on control_
   std::uint16_t port_ = 0;
 
   std::mutex mutex_;  // guards connections_, conn_threads_, keep_running_ and stopping_'s change
