@@ -73,17 +73,21 @@ class wait_op_for final : public wait_op {
     std::move(h)(ec);
   }
   void post_complete(std::error_code ec) override {
+    // The work moves into this frame: once posted, `this` may be completed and freed by the io
+    // thread at any time, and the io_context must outlive the post itself (its run() cannot
+    // return, nor the context be destroyed, before this guard goes). The queued call is work too.
+    auto work = std::move(work_);
+    const executor_type ex = work.get_executor();
     auto call = asio::bind_allocator(heap_allocator<void>(), [this, ec] { complete(ec); });
     if constexpr (std::is_same_v<executor_type, asio::any_io_executor>) {
       // The allocator reaches Asio's operation only through the io_context's own executor type
       // (any_io_executor drops it).
-      if (const auto* io =
-              work_.get_executor().template target<asio::io_context::executor_type>()) {
+      if (const auto* io = ex.template target<asio::io_context::executor_type>()) {
         asio::post(*io, std::move(call));
         return;
       }
     }
-    asio::post(work_.get_executor(), std::move(call));
+    asio::post(ex, std::move(call));
   }
   void destroy() noexcept override { free(op_allocator<wait_op_for>(handler_)); }
 
