@@ -25,7 +25,7 @@ need first in case the budget runs out):
          thrashing thread auto and pool auto N=lanes on one route, marked. Routes /busy?us=200,
          /busy?us=1000, /busy?us=5000, /mlp?seed=1, /saxpy?n=65536; 256 and 1024 connections.
   gpu2   two H100s (32 cores): evr N = 4 and 8 on both GPUs and on GPU 0 alone (the scaling
-         goal), evr N=2, and the alternatives on both GPUs at N = 2 and 8.
+         goal), evr N=2, the alternatives on both GPUs at N = 2 and 8, a pool of 4 on /mlp.
   tiny   the simulated device with two GPUs, a few servers, 16 and 64 connections: a test of
          this script (a minute or two here).
 
@@ -98,7 +98,7 @@ GPU2 = [
     ("hostfunc N=8", GPU_ROUTES), ("poll N=8", GPU_ROUTES),
     ("thread blocking-sync", GPU_ROUTES), ("pool blocking-sync N=lanes", GPU_ROUTES),
     ("evr N=2", [BUSY200, BUSY1000]), ("hostfunc N=2", [BUSY200, BUSY1000]),
-    ("poll N=2", [BUSY200, BUSY1000]),
+    ("poll N=2", [BUSY200, BUSY1000]), ("pool auto N=4", [MLP]),
 ]
 # The simulated device (two GPUs), for testing this script.
 TINY = [
