@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Compares evr-async-server's ways of waiting for the GPU under HTTP load, with the same number of
 # server threads: --mode evr (requests co_await evr), --mode pool (each request blocks a pool
-# thread until its GPU work is done) and, with --modes, --mode thread (a thread per connection).
-# Prints requests/s and latency percentiles per mode and connection count in one table. For the
-# whole study (every route, both blocking variants, CPU use, plots) see scripts/server-study.py.
+# thread until its GPU work is done) and, with --modes, the hand-written non-blocking waits
+# (hostfunc: a host function posts the completion; poll: io threads query events) and --mode
+# thread (a thread per connection). Prints requests/s and latency percentiles per mode and
+# connection count in one table. For the whole study (every route, the best alternative, CPU
+# use, plots, several GPUs) see scripts/server-study.py.
 #
 #   scripts/load-server.sh [--seconds S] [--connections "1 16 256"] [--device auto|cuda|sim]
 #                          [--path /busy?us=2000] [--modes "evr pool"] [--threads N] [--builtin]
@@ -14,8 +16,8 @@
 # otherwise the server's built-in load generator (--load-connections C --load-seconds S), which
 # runs in the server's process on its own thread. --builtin forces the latter. The two tools
 # differ (wrk is lighter): compare rows measured by the same tool.
-# SERVER_ARGS go to every server (e.g. -- --streams 128 --strategy fence; pool/thread only:
-# --sync blocking-sync).
+# SERVER_ARGS go to every server (e.g. -- --streams 128 --devices 0; pool/thread only:
+# --sync blocking-sync or --sync auto; evr only: --strategy fence).
 #
 # Build: reuses build/release (scripts/test.sh) or build/gpu (scripts/gpu-run.sh) when configured,
 # else configures the release preset (or the gpu preset where only .deps/include has Asio).
@@ -69,7 +71,7 @@ if ! [[ "$threads" =~ ^[0-9]+$ ]] || ((threads < 1 || threads > 1024)); then
   exit 2
 fi
 for m in $modes; do
-  case "$m" in evr | pool | thread) ;; *) echo "load-server.sh: --modes takes evr, pool and thread, not '$m'" >&2; exit 2 ;; esac
+  case "$m" in evr | hostfunc | poll | pool | thread) ;; *) echo "load-server.sh: --modes takes evr, hostfunc, poll, pool and thread, not '$m'" >&2; exit 2 ;; esac
 done
 
 step() { echo "==> [load-server.sh] $*"; }
@@ -152,8 +154,8 @@ add_row() {  # mode connections rps p50 p90 p99 errors
 wrk_threads="${EVR_WRK_THREADS:-2}"
 device_line=""
 
-# The server arguments of a mode: the same thread count for evr and pool (thread mode has one per
-# connection and takes no --threads).
+# The server arguments of a mode: the same thread count for every mode but thread (one per
+# connection, no --threads).
 mode_args() {  # mode
   if [[ "$1" == thread ]]; then
     echo --mode thread
@@ -260,7 +262,7 @@ if [[ "$tool" == wrk ]]; then
 else
   echo "load: the server's built-in generator (one client thread in the server's process)"
 fi
-echo "server threads: $threads (evr, pool; thread mode: one per connection); server arguments: ${server_args[*]:-none}"
+echo "server threads: $threads (evr, hostfunc, poll, pool; thread mode: one per connection); server arguments: ${server_args[*]:-none}"
 printf '%-20s %6s %11s %10s %10s %10s %7s\n' mode conns "requests/s" "p50 us" "p90 us" "p99 us" errors
 for row in "${rows[@]}"; do echo "$row"; done
 exit "$failed"

@@ -4,9 +4,9 @@
     scripts/server-profile.py [--out DIR] [--servers "evr N=1" "evr N=4"] [--route /busy?us=1000]
                               [--connections 512] [--seconds 5] [--device auto|cuda|sim] [--no-perf]
 
-For each server (labels of scripts/server-study.py: "evr N=1", "evr N=2", "evr N=4",
-"pool spin N=4", "thread spin", "thread blocking-sync", ...) it starts evr-async-server, warms the
-route up with wrk, then runs wrk for --seconds while it
+For each server (labels of scripts/server-study.py: "evr N=1", "hostfunc N=4", "poll N=2",
+"pool blocking-sync N=lanes", "thread blocking-sync", "evr N=4 @0", ...) it starts
+evr-async-server, warms the route up with wrk, then runs wrk for --seconds while it
   * reads every thread's utime+stime from /proc/PID/task/*/stat before and after, and prints the
     CPU per request (us) and the cores per thread group: the io threads (named evr-io-N), the evr
     reactor (evr-reactor), thread-per-connection threads (evr-conn), CUDA's own threads (cuda*),
@@ -141,12 +141,12 @@ def sum_samples(perf, data, comms):
 # --- the run ------------------------------------------------------------------------------------------
 
 def profile_one(args, binary, wrk, perf, label, out_dir, lines):
-    spec = next((s for s in study.SERVERS + study.EXTRA_SERVERS if s[0] == label), None)
-    if spec is None:
-        raise SystemExit(f"server-profile: unknown server '{label}' (see SERVERS in "
-                         "scripts/server-study.py)")
-    _, mode, sync, n = spec
-    srv = study.server(binary, args.device, mode, sync, n, args.lanes, args.cuda_connections,
+    try:
+        spec = study.parse_server(label)
+    except ValueError as e:
+        raise SystemExit(f"server-profile: {e}")
+    srv = study.server(binary, study.server_args(spec, args.device, args.lanes,
+                                                 args.cuda_connections, args.devices),
                        ["--check-every", "16"] + shlex.split(args.server_args))
     if srv.port is None:
         log(f"{label}: the server did not start:\n" + "\n".join(srv.lines[-20:]))
@@ -244,6 +244,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "sim"])
     ap.add_argument("--lanes", type=int, default=0, help="--streams (0: the server's default)")
+    ap.add_argument("--devices", help="the servers' --devices (default: every GPU)")
     ap.add_argument("--server-args", default="",
                     help="more arguments for every server, e.g. '--coalesce-us 50'")
     ap.add_argument("--cuda-connections", type=int, default=32)

@@ -1,47 +1,58 @@
 #!/usr/bin/python3
-"""The async server study: evr against blocking servers on GPU-bound routes, one matrix per run.
+"""The async server study: evr against the best a user writes without it, one matrix per run.
 
-    scripts/server-study.py run [--out DIR] [--budget S] [--tiny] [...]   build, measure, write JSON
-    scripts/server-study.py plot DIR                                      JSON -> PNG plots
-    scripts/server-study.py table DIR                                     JSON -> markdown tables
+    scripts/server-study.py run [--set gpu1|gpu2|tiny] [--out DIR] [--budget S] [...]
+    scripts/server-study.py plot DIR                       JSON -> PNG plots
+    scripts/server-study.py table DIR                      JSON -> markdown tables and goals
 
 `run` builds evr-async-server (build/study: Release, CUDA when nvcc is found, headers from
-.deps/include when staged), then for each server configuration starts one server and loads it
-with wrk (--latency) on every route and connection count:
+.deps/include when staged), then for each server of the set starts one server and loads it with
+wrk (--latency) on its routes at each connection count.
 
-  routes       /busy?us=200  /busy?us=1000  /busy?us=5000  /mlp?seed=1
-  servers      evr N=1, N=2, N=4 (one io_context per thread), pool spin N=4,
-               thread-per-connection spin and blocking-sync (--servers adds pool blocking-sync
-               N=4, pool spin N=1, pool blocking-sync N=1)
-  connections  256 1024
-  lanes sweep  evr N=1 on /busy?us=1000 at 1024 connections, --streams 32 64 128 256, and 128
-               streams with CUDA_DEVICE_MAX_CONNECTIONS=8 (the driver's default)
-The lanes of the main matrix are the server's default (--lanes 0): as many as the GPU runs /busy
-kernels at once (its "lanes:" line, recorded per server).
+Servers are named by label (--servers takes any):
+  evr N=4 | hostfunc N=4 | poll N=4          the non-blocking modes, N io threads
+  pool SYNC N=4 | pool SYNC N=lanes          a blocking pool (N=lanes: a thread per lane)
+  thread SYNC                                a thread per connection
+  ... @0 | @0,1                              on those GPUs only (default: every GPU, or --devices)
+with SYNC one of auto (the driver's default scheduling), spin, blocking-sync.
+A configuration whose spinning threads outnumber the host's cores (pool/thread with spin or auto:
+more threads than cores) thrashes: its points are marked and never taken as the best alternative.
+
+Sets (each fits one device call of 9 minutes, the build included; the order puts what the goals
+need first in case the budget runs out):
+  gpu1   one H100 (16 cores): evr, hostfunc and poll at N = 1, 2, 4; thread-per-connection and a
+         pool of a thread per lane, blocking-sync; a pool of 4, auto (the /mlp baseline); the
+         thrashing thread auto and pool auto N=lanes on one route, marked. Routes /busy?us=200,
+         /busy?us=1000, /busy?us=5000, /mlp?seed=1, /saxpy?n=65536; 256 and 1024 connections.
+  gpu2   two H100s (32 cores): evr N = 4 and 8 on both GPUs and on GPU 0 alone (the scaling
+         goal), evr N=2, the alternatives on both GPUs at N = 2 and 8, a pool of 4 on /mlp.
+  tiny   the simulated device with two GPUs, a few servers, 16 and 64 connections: a test of
+         this script (a minute or two here).
 
 Each point records requests/s, latency percentiles (wrk's), errors (non-2xx, socket errors),
 the server's CPU: in cores and in microseconds per request, all threads of the server process
 (utime+stime from /proc over the point), and per thread group (io threads evr-io-N, the reactor
 evr-reactor, thread-per-connection threads evr-conn, CUDA's own threads, the simulated device,
-threads that exited during the point) from /proc/PID/task/*/stat, and the GPU's utilization
+threads that exited during the point) from /proc/PID/task/*/stat, and the GPUs' utilization
 (nvidia-smi sampling, when present). The servers check answers against the CPU (every 16th on
-/busy and /mlp), and a server that reports a failure marks its points. JSON goes to
-DIR/server-study.json; the goals of docs/benchmarks.md are evaluated at the end (met / not met,
-with the numbers).
+/busy and /mlp, every one on /saxpy), and a server that reports a failure marks its points.
 
-Budget: the whole run, build included, must fit one device call (8 minutes). Each point runs
---seconds (wrk takes whole seconds; default 2) plus ~0.4 s; the default matrix is 48 points + 5
-sweep points + 11 server starts (a few seconds each on a GPU: CUDA, the /mlp weights, the lanes
-warmed up): about 3-4 minutes of measuring plus the build (1-2 minutes on 16 cores). The run
-stops starting points when the budget (--budget, default 450 s from the script's start) would be
-exceeded, records the rest as skipped, and still writes the JSON.
+For every route and connection count (and number of GPUs) the tables compare evr with the best
+alternative: the one with the most requests/s, and the one with the most requests/s per server
+core, each with its p99 and cores; and the cores evr needs (its fewest among N) to serve what
+the best alternative serves. The goals of issue 33 are evaluated from that (met / not met, with
+the numbers). JSON to DIR/server-study.json, tables to DIR/server-study.md, plots to DIR/*.png
+(when matplotlib is there; `plot DIR` elsewhere). The run ends by printing the one-screen
+summary and the goals.
+
+Budget: --budget seconds from the script's start (build included): a point that would overrun
+it is recorded as skipped and the JSON is still written. Each point runs --seconds (wrk takes
+whole seconds; default 2) plus ~0.5 s; a server start on a GPU takes a few seconds (CUDA, the
+/mlp weights, the lanes warmed up).
 
 wrk: from PATH, or staged by scripts/stage-tools.sh in .tools/ (the GPU machine has no package
 registry: carry ".tools" with ".deps"). Without wrk, --builtin uses the server's own load
 generator (one process per point, its CPU figure then includes the client's).
-
---tiny: the simulated device, a small matrix (16 and 64 connections): a test of this script
-(about a minute here).
 
 Exit status: 0 when every point ran without errors and every server reported 0 failures.
 """
@@ -62,25 +73,46 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = time.monotonic()
 
-ROUTES = ["/busy?us=200", "/busy?us=1000", "/busy?us=5000", "/mlp?seed=1"]
-# (label, mode, sync, threads): the order puts what the goals need first, in case the budget runs
-# out before the end.
-SERVERS = [
-    ("evr N=1", "evr", None, 1),
-    ("evr N=2", "evr", None, 2),
-    ("evr N=4", "evr", None, 4),
-    ("pool spin N=4", "pool", "spin", 4),
-    ("thread blocking-sync", "thread", "blocking-sync", None),
-    ("thread spin", "thread", "spin", None),
+BUSY200, BUSY1000, BUSY5000 = "/busy?us=200", "/busy?us=1000", "/busy?us=5000"
+MLP, SAXPY = "/mlp?seed=1", "/saxpy?n=65536"
+ROUTES = [BUSY200, BUSY1000, BUSY5000, MLP, SAXPY]
+NON_BLOCKING = ("evr", "hostfunc", "poll")
+BLOCKING = ("pool", "thread")
+SYNCS = ("auto", "spin", "blocking-sync")
+
+ALL = ROUTES
+GPU_ROUTES = [BUSY200, BUSY1000, BUSY5000, MLP]
+# (server label, its routes). One H100, 16 cores.
+GPU1 = [
+    ("evr N=1", ALL), ("hostfunc N=1", GPU_ROUTES), ("poll N=1", GPU_ROUTES),
+    ("thread blocking-sync", ALL), ("pool blocking-sync N=lanes", ALL),
+    ("evr N=2", GPU_ROUTES), ("hostfunc N=2", GPU_ROUTES), ("poll N=2", GPU_ROUTES),
+    ("evr N=4", ALL), ("hostfunc N=4", ALL), ("poll N=4", ALL),
+    ("pool auto N=4", [BUSY200, BUSY1000, MLP, SAXPY]),
+    ("thread auto", [BUSY1000]), ("pool auto N=lanes", [BUSY1000]),  # thrash: shown, marked
 ]
-# Not in the default matrix (--servers names them).
-EXTRA_SERVERS = [
-    ("pool blocking-sync N=4", "pool", "blocking-sync", 4),
-    ("pool spin N=1", "pool", "spin", 1),
-    ("pool blocking-sync N=1", "pool", "blocking-sync", 1),
+# Two H100s, 32 cores: the same GPU-bound routes on both GPUs and, for evr, on GPU 0 alone.
+GPU2 = [
+    ("evr N=4", GPU_ROUTES), ("evr N=4 @0", [BUSY1000, BUSY5000, MLP]),
+    ("evr N=8", GPU_ROUTES), ("evr N=8 @0", [BUSY1000, MLP]),
+    ("hostfunc N=8", GPU_ROUTES), ("poll N=8", GPU_ROUTES),
+    ("thread blocking-sync", GPU_ROUTES), ("pool blocking-sync N=lanes", GPU_ROUTES),
+    ("evr N=2", [BUSY200, BUSY1000]), ("hostfunc N=2", [BUSY200, BUSY1000]),
+    ("poll N=2", [BUSY200, BUSY1000]), ("pool auto N=4", [MLP]),
 ]
-CONNECTIONS = [256, 1024]
-LANES_SWEEP_ROUTE = "/busy?us=1000"
+# The simulated device (two GPUs), for testing this script.
+TINY = [
+    ("evr N=1", [BUSY200, BUSY1000, MLP]), ("evr N=2", [BUSY200, BUSY1000, MLP]),
+    ("evr N=1 @0", [BUSY1000, MLP]), ("hostfunc N=1", [BUSY200, BUSY1000, MLP]),
+    ("poll N=1", [BUSY200, BUSY1000, MLP]), ("thread blocking-sync", [BUSY200, BUSY1000, MLP]),
+    ("pool blocking-sync N=lanes", [BUSY1000]), ("pool auto N=2", [MLP]),
+]
+SETS = {
+    "gpu1": {"servers": GPU1, "connections": [256, 1024], "wrk_threads": 4},
+    "gpu2": {"servers": GPU2, "connections": [256, 1024], "wrk_threads": 8},
+    "tiny": {"servers": TINY, "connections": [16, 64], "wrk_threads": 2},
+}
+LANES_SWEEP_ROUTE = BUSY1000
 LANES_SWEEP = [(32, 32), (64, 32), (128, 32), (256, 32), (128, 8)]
 
 
@@ -92,7 +124,43 @@ def elapsed():
     return time.monotonic() - T0
 
 
-# --- build -----------------------------------------------------------------------------------------
+# --- server labels --------------------------------------------------------------------------------
+
+def parse_server(label):
+    """A server label (see the module's doc) as {label, mode, sync, threads, devices}: threads
+    None for thread-per-connection, 0 for a pool of a thread per lane; devices None for the
+    default. Raises ValueError for a label that names no server."""
+    text, _, devices = label.partition(" @")
+    if devices and not re.fullmatch(r"\d+(,\d+)*", devices):
+        raise ValueError(f"'{label}': @ takes GPU indices like @0 or @0,1")
+    words = text.split()
+    n = words.pop() if words and words[-1].startswith("N=") else None
+    mode = words[0] if words else ""
+    sync = words[1] if len(words) > 1 else None
+    ok = (mode in NON_BLOCKING and len(words) == 1 and n) or \
+         (mode == "pool" and len(words) == 2 and sync in SYNCS and n) or \
+         (mode == "thread" and len(words) == 2 and sync in SYNCS and not n)
+    if not ok or (n and not re.fullmatch(r"N=(\d+|lanes)", n)):
+        raise ValueError(f"'{label}' names no server: try 'evr N=2', 'hostfunc N=4', 'poll N=1', "
+                         "'pool blocking-sync N=lanes', 'pool auto N=4', 'thread blocking-sync', "
+                         "with ' @0' for GPU 0 alone")
+    threads = None if not n else (0 if n == "N=lanes" else int(n[2:]))
+    return {"label": label, "mode": mode, "sync": sync, "threads": threads,
+            "devices": devices or None}
+
+
+def spinning_threads(spec, lanes, connections):
+    """How many threads of this server may spin while they wait (0 for the ones that never do)."""
+    if spec["mode"] == "poll":
+        return spec["threads"]  # an io thread never sleeps while its requests are on the GPU
+    if spec["mode"] not in BLOCKING or spec["sync"] == "blocking-sync":
+        return 0
+    if spec["mode"] == "thread":
+        return connections
+    return lanes if spec["threads"] == 0 else spec["threads"]
+
+
+# --- build ----------------------------------------------------------------------------------------
 
 def build(args):
     if args.bin:
@@ -121,7 +189,7 @@ def build(args):
     return os.path.join(build_dir, "examples", "evr-async-server")
 
 
-# --- wrk -------------------------------------------------------------------------------------------
+# --- wrk ------------------------------------------------------------------------------------------
 
 def find_wrk():
     """(argv0, env) for wrk, or None."""
@@ -171,7 +239,7 @@ def parse_wrk(text):
     return r
 
 
-# --- the server process ------------------------------------------------------------------------------
+# --- the server process ---------------------------------------------------------------------------
 
 def cpu_seconds(pid):
     """utime + stime of a process (all its threads), in seconds."""
@@ -236,7 +304,8 @@ def cpu_by_group(before, after):
 
 
 class gpu_sampler:
-    """nvidia-smi utilization.gpu every 100 ms while a point runs (None without nvidia-smi)."""
+    """nvidia-smi utilization.gpu every 100 ms while a point runs, the mean over the host's GPUs
+    (None without nvidia-smi)."""
 
     def __init__(self, enabled):
         self.enabled = enabled and shutil.which("nvidia-smi") is not None
@@ -274,17 +343,23 @@ class gpu_sampler:
         return sum(v) / len(v) if v else None
 
 
+def server_args(spec, device, lanes, cuda_connections, devices):
+    """The command-line arguments of a server spec (parse_server), after the binary."""
+    cmd = ["--device", device, "--mode", spec["mode"], "--cuda-connections", str(cuda_connections)]
+    if lanes:
+        cmd += ["--streams", str(lanes)]  # else the server's default (from the GPU)
+    if spec["sync"]:
+        cmd += ["--sync", spec["sync"]]
+    if spec["threads"] is not None:
+        cmd += ["--threads", str(spec["threads"])]
+    if spec["devices"] or devices:
+        cmd += ["--devices", spec["devices"] or devices]
+    return cmd
+
+
 class server:
-    def __init__(self, binary, device, mode, sync, threads, lanes, cuda_connections, extra):
-        cmd = [binary, "--port", "0", "--device", device, "--mode", mode,
-               "--cuda-connections", str(cuda_connections)]
-        if lanes:
-            cmd += ["--streams", str(lanes)]  # else the server's default (from the GPU)
-        if sync:
-            cmd += ["--sync", sync]
-        if threads:
-            cmd += ["--threads", str(threads)]
-        cmd += extra
+    def __init__(self, binary, args, extra):
+        cmd = [binary, "--port", "0"] + args + extra
         self.cmd = cmd
         env = dict(os.environ)
         env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # --cuda-connections decides
@@ -362,9 +437,9 @@ def wait_idle(port, limit=90):
     return time.monotonic() - t
 
 
-def run_point(srv, route, connections, seconds, wrk, gpu):
+def run_point(srv, route, connections, seconds, wrk, gpu, wrk_threads):
     url = f"http://127.0.0.1:{srv.port}{route}"
-    threads = max(1, min(connections, 4))
+    threads = max(1, min(connections, wrk_threads))
     cmd = [wrk[0], f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency",
            "--timeout", "10s", url]
     before, t0 = thread_cpu(srv.proc.pid), time.monotonic()
@@ -390,17 +465,9 @@ def run_point(srv, route, connections, seconds, wrk, gpu):
     return r
 
 
-def run_builtin_point(binary, device, mode, sync, threads, lanes, cuda_connections, extra, route,
-                      connections, seconds):
-    cmd = [binary, "--device", device, "--mode", mode,
-           "--cuda-connections", str(cuda_connections), "--load-connections", str(connections),
-           "--load-seconds", str(seconds), "--load-path", route] + extra
-    if lanes:
-        cmd += ["--streams", str(lanes)]
-    if sync:
-        cmd += ["--sync", sync]
-    if threads:
-        cmd += ["--threads", str(threads)]
+def run_builtin_point(binary, args, extra, route, connections, seconds):
+    cmd = [binary] + args + ["--load-connections", str(connections), "--load-seconds",
+                             str(seconds), "--load-path", route] + extra
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = p.communicate(timeout=seconds + 240)
@@ -416,24 +483,43 @@ def run_builtin_point(binary, device, mode, sync, threads, lanes, cuda_connectio
     return r
 
 
-# --- the run ------------------------------------------------------------------------------------------
+# --- the run --------------------------------------------------------------------------------------
 
 def plan(args):
-    if args.tiny:
-        servers = [s for s in SERVERS if s[3] in (None, 1, 2)]
-        return servers, [16, 64], [(8, 32), (32, 32)]
-    every = SERVERS + EXTRA_SERVERS
+    """[(spec, routes)], connections, lanes sweep, wrk threads: the set, narrowed by --servers."""
+    chosen = SETS[args.set]
+    servers = [(parse_server(label), routes) for label, routes in chosen["servers"]]
     if args.servers:
-        unknown = [x for x in args.servers if x not in [s[0] for s in every]]
-        if unknown:
-            raise SystemExit(f"server-study: unknown server(s) {unknown}; known: "
-                             f"{[s[0] for s in every]}")
-    servers = [s for s in every if s[0] in args.servers] if args.servers else SERVERS
-    return servers, args.connections, LANES_SWEEP if not args.no_lanes_sweep else []
+        try:
+            servers = [(parse_server(label), list(args.routes or ROUTES)) for label in args.servers]
+        except ValueError as e:
+            raise SystemExit(f"server-study: {e}")
+    elif args.routes:
+        servers = [(spec, [r for r in routes if r in args.routes]) for spec, routes in servers]
+        servers = [(spec, routes) for spec, routes in servers if routes]
+    connections = args.connections or chosen["connections"]
+    sweep = (LANES_SWEEP if args.set != "tiny" else [(8, 32), (32, 32)]) if args.lanes_sweep else []
+    return servers, connections, sweep, args.wrk_threads or chosen["wrk_threads"]
+
+
+def server_facts(srv, doc):
+    """The device line, the lanes and the GPUs a started server reports (its first lines)."""
+    facts = {"lanes": None, "gpus": None, "lanes_line": None}
+    for line in srv.lines:
+        if line.startswith("device: ") and doc["meta"]["device"] is None:
+            doc["meta"]["device"] = line
+        m = re.match(r"lanes: (\d+)", line)
+        if m:
+            facts["lanes"], facts["lanes_line"] = int(m.group(1)), line
+        m = re.match(r"devices: \S+ \((\d+) used\)", line)
+        if m:
+            facts["gpus"] = int(m.group(1))
+    return facts
 
 
 def run(args):
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    args.tiny = args.set == "tiny"
     out_dir = os.path.abspath(args.out or (os.path.join(ROOT, "build", "study-tiny") if args.tiny
                                            else os.path.join(ROOT, "docs", "bench")))
     os.makedirs(out_dir, exist_ok=True)
@@ -445,110 +531,117 @@ def run(args):
         log("wrk not found (PATH, .tools/): run scripts/stage-tools.sh here and carry \".tools\", "
             "or pass --builtin")
         return 2
-    servers, connections, lanes_sweep = plan(args)
-    points_total = len(servers) * len(ROUTES) * len(connections) + len(lanes_sweep)
-    est = points_total * (seconds + 0.35) + (len(servers) + len(lanes_sweep)) * (
+    servers, connections, lanes_sweep, wrk_threads = plan(args)
+    points_total = sum(len(routes) for _, routes in servers) * len(connections) + len(lanes_sweep)
+    est = points_total * (seconds + 0.5) + (len(servers) + len(lanes_sweep)) * (
         1.5 if device == "sim" else 5)
-    log(f"plan: {len(servers)} servers x {len(ROUTES)} routes x {len(connections)} connection "
-        f"counts + {len(lanes_sweep)} lanes-sweep points = {points_total} points of {seconds} s; "
-        f"about {est:.0f} s of measuring from now ({elapsed():.0f} s spent), budget "
-        f"{args.budget} s; load: {wrk[2] if wrk else 'built-in'}")
-    extra = ["--check-every", str(args.check_every)]
+    log(f"plan: set {args.set}, {len(servers)} servers, {points_total} points of {seconds} s at "
+        f"{connections} connections; about {est:.0f} s of measuring from now ({elapsed():.0f} s "
+        f"spent), budget {args.budget} s; load: {wrk[2] if wrk else 'built-in'}, "
+        f"{wrk_threads} wrk threads")
+    extra = ["--check-every", str(args.check_every)] + (["--sim-devices", "2"] if args.tiny else [])
     doc = {"meta": {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host_cpus": os.cpu_count(), "seconds_per_point": seconds, "device": None,
-        "load": wrk[2] if wrk else "built-in", "server_args": extra, "budget_s": args.budget,
-        "tiny": args.tiny, "git": git_head(), "default_lanes": None},
+        "load": wrk[2] if wrk else "built-in", "wrk_threads": wrk_threads, "server_args": extra,
+        "budget_s": args.budget, "set": args.set, "devices": args.devices, "git": git_head(),
+        "default_lanes": None},
         "points": [], "lanes_sweep": [], "servers": []}
     failed = False
 
     def budget_left(need):
         return elapsed() + need < args.budget
 
-    def measure(label, mode, sync, threads, lanes, cuda_connections, routes, conns, sink, warm):
+    def skipped(spec, route, c, lanes, queues):
+        return {"server": spec["label"], "mode": spec["mode"], "route": route, "connections": c,
+                "lanes": lanes, "cuda_connections": queues, "skipped": "budget"}
+
+    def measure(spec, lanes, queues, routes, conns, sink):
         nonlocal failed
+        sargs = server_args(spec, device, lanes, queues, args.devices)
         if not budget_left(seconds + 10):
-            for route in routes:
-                for c in conns:
-                    sink.append({"server": label, "route": route, "connections": c,
-                                 "lanes": lanes, "cuda_connections": cuda_connections,
-                                 "skipped": "budget"})
-            log(f"{label}: skipped (budget)")
+            sink.extend(skipped(spec, r, c, lanes, queues) for r in routes for c in conns)
+            log(f"{spec['label']}: skipped (budget)")
             return
         if not wrk:
             for route in routes:
                 for c in conns:
-                    r = run_builtin_point(binary, device, mode, sync, threads, lanes,
-                                          cuda_connections, extra, route, c, seconds)
-                    r.update({"server": label, "mode": mode, "sync": sync, "threads": threads,
-                              "route": route, "connections": c, "lanes": lanes,
-                              "cuda_connections": cuda_connections})
+                    r = run_builtin_point(binary, sargs, extra, route, c, seconds)
+                    r.update(point_fields(spec, route, c, lanes, queues, None, None))
                     failed |= r["errors"] != 0
                     sink.append(r)
             return
-        srv = server(binary, device, mode, sync, threads, lanes, cuda_connections, extra)
-        if doc["meta"]["device"] is None and srv.lines:
-            doc["meta"]["device"] = srv.lines[0]
-        lanes_line = next((l for l in srv.lines if l.startswith("lanes: ")), None)
-        if lanes_line and lanes == 0:
-            m = re.match(r"lanes: (\d+)", lanes_line)
-            doc["meta"]["default_lanes"] = int(m.group(1)) if m else None
-            doc["meta"]["default_lanes_line"] = lanes_line
+        srv = server(binary, sargs, extra)
+        facts = server_facts(srv, doc)
+        if facts["lanes"] and lanes == 0 and not spec["devices"]:
+            doc["meta"]["default_lanes"] = facts["lanes"]
+            doc["meta"]["default_lanes_line"] = facts["lanes_line"]
         if srv.port is None:
-            log(f"{label}: the server did not start:\n" + "\n".join(srv.lines[-20:]))
+            log(f"{spec['label']}: the server did not start:\n" + "\n".join(srv.lines[-20:]))
             failed = True
             srv.stop()
             return
         for route in routes:
-            if warm:
-                warm_up(srv.port, route)
-                wait_idle(srv.port)
+            warm_up(srv.port, route)
+            wait_idle(srv.port)
             for c in conns:
                 if not budget_left(seconds + 5):
-                    sink.append({"server": label, "route": route, "connections": c,
-                                 "lanes": lanes, "cuda_connections": cuda_connections,
-                                 "skipped": "budget"})
+                    sink.append(skipped(spec, route, c, lanes, queues))
                     continue
-                r = run_point(srv, route, c, seconds, wrk, device != "sim")
-                r.update({"server": label, "mode": mode, "sync": sync, "threads": threads,
-                          "route": route, "connections": c, "lanes": lanes,
-                          "cuda_connections": cuda_connections})
+                r = run_point(srv, route, c, seconds, wrk, device != "sim", wrk_threads)
+                r.update(point_fields(spec, route, c, lanes, queues, facts, doc))
                 sink.append(r)
                 failed |= r["errors"] != 0
-                log(f"{label:24} {route:15} c={c:<5} {fmt(r['rps'], 0):>8} req/s  p99 "
+                log(f"{spec['label']:26} {route:15} c={c:<5} {fmt(r['rps'], 0):>8} req/s  p99 "
                     f"{fmt(ms(r['p99_us']), 2):>8} ms  cores {fmt(r['server_cores'], 2):>5}"
                     f"  cpu {fmt(r.get('cpu_us_per_request'), 1):>6} us/req"
                     f"{'  gpu ' + fmt(r['gpu_util'], 0) + ' %' if r['gpu_util'] is not None else ''}"
+                    f"{'  THRASH' if r['thrash'] else ''}"
                     f"{'  ERRORS ' + str(r['errors']) if r['errors'] else ''}")
         summary, rc = srv.stop()
         ok = rc == 0 and "(0 failures" in summary
         failed |= not ok
-        doc["servers"].append({"server": label, "cmd": srv.cmd[1:], "startup_s": srv.startup_s,
-                               "lanes": lanes_line, "summary": summary, "exit": rc, "ok": ok})
+        doc["servers"].append({"server": spec["label"], "cmd": srv.cmd[1:],
+                               "startup_s": srv.startup_s, "lanes": facts["lanes_line"],
+                               "gpus": facts["gpus"], "summary": summary, "exit": rc, "ok": ok})
         if not ok:
-            log(f"{label}: the server reported failures (exit {rc}): {summary}\n" +
+            log(f"{spec['label']}: the server reported failures (exit {rc}): {summary}\n" +
                 "\n".join(srv.lines[-15:]))
 
-    for label, mode, sync, threads in servers:
-        measure(label, mode, sync, threads, args.lanes, args.cuda_connections, ROUTES, connections,
-                doc["points"], True)
-    sweep_route, sweep_conns = LANES_SWEEP_ROUTE, (64 if args.tiny else 1024)
+    for spec, routes in servers:
+        measure(spec, args.lanes, args.cuda_connections, routes, connections, doc["points"])
+    sweep_conns = [64 if args.tiny else 1024]
     for lanes, queues in lanes_sweep:
-        measure(f"evr N=1, {lanes} lanes, {queues} queues", "evr", None, 1, lanes, queues,
-                [sweep_route], [sweep_conns], doc["lanes_sweep"], True)
+        spec = parse_server("evr N=1")
+        spec["label"] = f"evr N=1, {lanes} lanes, {queues} queues"
+        measure(spec, lanes, queues, [LANES_SWEEP_ROUTE], sweep_conns, doc["lanes_sweep"])
     doc["meta"]["elapsed_s"] = elapsed()
     doc["goals"] = goals(doc)
     path = os.path.join(out_dir, "server-study.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
-    log(f"wrote {path}")
-    print_tables(doc)
+    with open(os.path.join(out_dir, "server-study.md"), "w") as f:
+        f.write(markdown(doc) + "\n")
+    log(f"wrote {path} and server-study.md")
     if not args.no_plot:
         try:
             plot(doc, out_dir)
         except ImportError:
             log("matplotlib not here: run `scripts/server-study.py plot DIR` where it is")
+    print(short_summary(doc), flush=True)
     return 1 if failed else 0
+
+
+def point_fields(spec, route, connections, lanes, queues, facts, doc):
+    """What a point records about its server beside the measurement."""
+    cpus = doc["meta"]["host_cpus"] if doc else os.cpu_count()
+    server_lanes = (facts or {}).get("lanes") or lanes or 0
+    spin = spinning_threads(spec, server_lanes, connections)
+    return {"server": spec["label"], "mode": spec["mode"], "sync": spec["sync"],
+            "threads": spec["threads"], "route": route, "connections": connections,
+            "lanes": lanes, "server_lanes": server_lanes, "cuda_connections": queues,
+            "gpus": (facts or {}).get("gpus"), "spinning_threads": spin,
+            "thrash": spin > cpus}
 
 
 def git_head():
@@ -559,7 +652,7 @@ def git_head():
         return None
 
 
-# --- goals and tables ---------------------------------------------------------------------------------
+# --- evr against the best alternative -------------------------------------------------------------
 
 def fmt(v, digits):
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
@@ -569,189 +662,322 @@ def ms(us):
     return None if us is None else us / 1000.0
 
 
-def find(doc, server, route, c):
+def usable(p):
+    """A point measured cleanly: no skip, no errors, requests/s and cores known."""
+    return "skipped" not in p and not p.get("errors") and p.get("rps") and p.get("server_cores")
+
+
+def per_core(p):
+    return p["rps"] / p["server_cores"] if p and p.get("rps") and p.get("server_cores") else None
+
+
+def matrix(doc):
+    """{(route, connections, gpus): [points]} of the main matrix, in the order measured."""
+    out = {}
     for p in doc["points"]:
-        if p["server"] == server and p["route"] == route and p["connections"] == c \
-                and "skipped" not in p:
-            return p
-    return None
+        out.setdefault((p["route"], p["connections"], p.get("gpus")), []).append(p)
+    return out
+
+
+def compare(points):
+    """evr against the alternatives at one (route, connections, GPUs). The alternatives are the
+    other modes' clean points that do not thrash; None where there is nothing to compare."""
+    evr = [p for p in points if p["mode"] == "evr" and usable(p)]
+    alts = [p for p in points if p["mode"] != "evr" and usable(p) and not p.get("thrash")]
+    c = {"evr_top": max(evr, key=lambda p: p["rps"], default=None),
+         "alt_top": max(alts, key=lambda p: p["rps"], default=None),
+         "alt_eff": max(alts, key=per_core, default=None),
+         "evr_eff": None, "evr_needs": None}
+    if c["alt_eff"]:
+        # evr's best requests/s per core among its points with a p99 no worse than that rival's.
+        fair = [p for p in evr if p["p99_us"] is not None and c["alt_eff"]["p99_us"] is not None
+                and p["p99_us"] <= c["alt_eff"]["p99_us"]]
+        c["evr_eff"] = max(fair, key=per_core, default=None)
+    if c["alt_top"]:
+        # The fewest cores with which evr serves what the best alternative serves.
+        enough = [p for p in evr if p["rps"] >= c["alt_top"]["rps"]]
+        c["evr_needs"] = min(enough, key=lambda p: p["server_cores"], default=None)
+    return c
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def find_evr(points, threads):
+    return next((p for p in points if p["mode"] == "evr" and p["threads"] == threads
+                 and usable(p)), None)
 
 
 def goals(doc):
-    """The goals of issue 24 (docs/benchmarks.md), from the points of the matrix."""
+    """The goals of issue 33 (docs/benchmarks.md), from the points of the matrix, per number of
+    GPUs measured."""
     out = []
 
     def goal(text, value, target, met):
         out.append({"goal": text, "value": value, "target": target,
                     "met": None if met is None else bool(met)})
 
-    def ratio(a, b, key="rps"):
-        if not a or not b or not a.get(key) or not b.get(key):
-            return None
-        return a[key] / b[key]
-
-    busy200, busy1000, busy5000, mlp = ROUTES
-    for c in (256, 1024):
-        e1 = find(doc, "evr N=1", busy1000, c)
-        v = e1.get("cpu_us_per_request") if e1 else None
-        goal(f"/busy?us=1000, {c} connections: server CPU per request (us, every thread), evr N=1",
-             v, "<= 15", None if v is None else v <= 15)
-    e1 = find(doc, "evr N=1", busy1000, 256)
-    v = e1.get("rps") if e1 else None
-    goal("/busy?us=1000, 256 connections: evr N=1 requests/s", v, ">= 45000",
-         None if v is None else v >= 45000)
-    for c in (256, 1024):
-        e2 = find(doc, "evr N=2", busy1000, c)
-        ts, tb = find(doc, "thread spin", busy1000, c), find(doc, "thread blocking-sync", busy1000, c)
-        best = max((p for p in (ts, tb) if p and p.get("rps")), key=lambda p: p["rps"],
-                   default=None)
-        r = ratio(e2, best)
-        cores = ratio(e2, best, "server_cores")
-        goal(f"/busy?us=1000, {c} connections: evr N=2 / thread-per-connection (the faster "
-             "variant): requests/s, cores", [r, cores], ">= 1 at <= 0.33 of its cores",
-             None if r is None or cores is None else r >= 1 and cores <= 1 / 3)
-    lanes = doc["meta"].get("default_lanes")
-    e4 = find(doc, "evr N=4", busy1000, 1024)
-    if lanes and e4 and e4.get("rps"):
-        limit = lanes / 1000e-6  # the GPU's concurrency (the default lanes) / the kernel's length
-        goal(f"/busy?us=1000, 1024 connections: evr N=4 / the GPU-side limit ({lanes} kernels at "
-             f"once / 1 ms = {limit:.0f}/s)", e4["rps"] / limit, ">= 0.9", e4["rps"] / limit >= 0.9)
-    else:
-        goal("/busy?us=1000, 1024 connections: evr N=4 / the GPU-side limit", None, ">= 0.9", None)
-    r = ratio(find(doc, "evr N=4", mlp, 256), find(doc, "pool spin N=4", mlp, 256))
-    goal("/mlp, 256 connections: evr N=4 (dynamic batching) / pool spin N=4 (batch size 1) "
-         "requests/s", r, ">= 15", None if r is None else r >= 15)
+    cells = matrix(doc)
+    gpus_seen = sorted({k[2] for k in cells if k[2] is not None})
+    conns = sorted({k[1] for k in cells})
+    for g in gpus_seen:
+        if not any(p["mode"] != "evr" for k, pts in cells.items() if k[2] == g for p in pts):
+            continue  # evr alone on these GPUs (the scaling rows of a 2-GPU run)
+        on = f"{g} GPU{'s' if g != 1 else ''}"
+        for route in (BUSY200, BUSY1000):
+            for c in conns:
+                pts = cells.get((route, c, g), [])
+                cmp = compare(pts)
+                r = ratio(per_core(cmp["evr_eff"]), per_core(cmp["alt_eff"]))
+                goal(f"{route}, {c} connections, {on}: evr's requests/s per server core / the best "
+                     f"alternative's ({label(cmp['alt_eff'])}), evr at a p99 no worse "
+                     f"({label(cmp['evr_eff'])})", r, ">= 1.5", None if r is None else r >= 1.5)
+                e2, top = find_evr(pts, 2), cmp["alt_top"]
+                rr, cr = ratio(e2 and e2["rps"], top and top["rps"]), \
+                    ratio(e2 and e2["server_cores"], top and top["server_cores"])
+                goal(f"{route}, {c} connections, {on}: evr N=2 / the best alternative by "
+                     f"requests/s ({label(top)}): requests/s, cores", [rr, cr],
+                     ">= 1 at <= 0.5 of its cores",
+                     None if rr is None or cr is None else rr >= 1 and cr <= 0.5)
+        for c in conns:
+            pts = cells.get((MLP, c, g), [])
+            e4 = find_evr(pts, 4)
+            pools = [p for p in pts if p["mode"] == "pool" and p["threads"] == 4 and usable(p)]
+            pool = max(pools, key=lambda p: p["rps"], default=None)
+            r = ratio(e4 and e4["rps"], pool and pool["rps"])
+            goal(f"/mlp, {c} connections, {on}: evr N=4 (batching) / a blocking pool of 4 "
+                 f"({label(pool)}) requests/s", r, ">= 15", None if r is None else r >= 15)
+            top = compare(pts)["alt_top"]
+            r = ratio(e4 and e4["rps"], top and top["rps"])
+            goal(f"/mlp, {c} connections, {on}: evr N=4 / the best alternative ({label(top)}) "
+                 "requests/s", r, ">= 2", None if r is None else r >= 2)
+    if len(gpus_seen) > 1:
+        one, many = gpus_seen[0], gpus_seen[-1]
+        for route in (BUSY1000, BUSY5000, MLP):
+            for c in conns:
+                a = compare(cells.get((route, c, one), []))["evr_top"]
+                b = compare(cells.get((route, c, many), []))["evr_top"]
+                r = ratio(b and b["rps"], a and a["rps"])
+                goal(f"{route}, {c} connections: evr's most requests/s on {many} GPUs "
+                     f"({label(b)}) / on {one} ({label(a)})", r, ">= 1.8",
+                     None if r is None else r >= 1.8)
     return out
 
 
-def print_tables(doc):
-    print(markdown(doc))
+def label(p):
+    return p["server"] if p else "none"
+
+
+# --- tables ---------------------------------------------------------------------------------------
+
+def cell(p, what=("rps", "p99", "cores")):
+    """A point in a few words: 'evr N=2: 82 100 req/s, 2.70 cores, p99 9.1 ms'."""
+    if not p:
+        return "-"
+    parts = []
+    if "rps" in what:
+        parts.append(f"{fmt(p['rps'], 0)} req/s")
+    if "per_core" in what:
+        parts.append(f"{fmt(per_core(p), 0)} req/s/core")
+    if "cores" in what:
+        parts.append(f"{fmt(p['server_cores'], 2)} cores")
+    if "p99" in what:
+        parts.append(f"p99 {fmt(ms(p['p99_us']), 1)} ms")
+    return f"{p['server']}: " + ", ".join(parts)
+
+
+def summary_tables(doc):
+    """The one-screen comparison: per route, connections and GPUs, evr against the best
+    alternative by requests/s and by requests/s per core."""
+    lines = ["#### evr against the best alternative: requests/s", "",
+             "| route | conns | GPUs | evr, most requests/s | best alternative | evr / it | "
+             "cores evr needs for its requests/s |", "|---|---:|---:|---|---|---:|---|"]
+    cells = matrix(doc)
+    keys = sorted(cells, key=lambda k: (ROUTES.index(k[0]) if k[0] in ROUTES else 99, k[2] or 0,
+                                        k[1]))
+    for route, c, g in keys:
+        cmp = compare(cells[(route, c, g)])
+        top, alt, needs = cmp["evr_top"], cmp["alt_top"], cmp["evr_needs"]
+        lines.append(f"| {route} | {c} | {g or '?'} | {cell(top)} | {cell(alt)} | "
+                     f"{fmt(ratio(top and top['rps'], alt and alt['rps']), 2)} | "
+                     f"{cell(needs, ('cores',)) if needs else 'none of its points serves that'} |")
+    lines += ["", "#### evr against the best alternative: requests/s per server core (evr at a "
+              "p99 no worse than that alternative's)", "",
+              "| route | conns | GPUs | best alternative per core | evr per core, p99 no worse | "
+              "evr / it |", "|---|---:|---:|---|---|---:|"]
+    for route, c, g in keys:
+        cmp = compare(cells[(route, c, g)])
+        what = ("per_core", "p99")
+        lines.append(f"| {route} | {c} | {g or '?'} | {cell(cmp['alt_eff'], what)} | "
+                     f"{cell(cmp['evr_eff'], what) if cmp['evr_eff'] else 'none at that p99'} | "
+                     f"{fmt(ratio(per_core(cmp['evr_eff']), per_core(cmp['alt_eff'])), 2)} |")
+    return lines
+
+
+def goals_table(doc):
+    lines = ["| goal | value | target | met |", "|---|---:|---|---|"]
+    for g in doc.get("goals", []):
+        v = g["value"]
+        value = (" vs ".join(fmt(x, 2) for x in v) if isinstance(v, list) else fmt(v, 2))
+        met = {True: "**met**", False: "**not met**", None: "not measured"}[g["met"]]
+        lines.append(f"| {g['goal']} | {value} | {g['target']} | {met} |")
+    return lines
+
+
+def route_tables(doc):
+    lines = []
+    for route in ROUTES:
+        pts = [p for p in doc["points"] if p["route"] == route]
+        if not pts:
+            continue
+        conns = sorted({p["connections"] for p in pts})
+        lines += ["", f"#### GET {route}", "",
+                  "| server | GPUs | " + " | ".join(f"c={c}" for c in conns) + " |",
+                  "|---|---:|" + "---:|" * len(conns)]
+        for name in dict.fromkeys(p["server"] for p in pts):
+            row = [p for p in pts if p["server"] == name]
+            cells = []
+            for c in conns:
+                p = next((q for q in row if q["connections"] == c), None)
+                if not p or "skipped" in p:
+                    cells.append("skipped" if p else "")
+                    continue
+                text = (f"{fmt(p['rps'], 0)} req/s, p99 {fmt(ms(p['p99_us']), 1)} ms, "
+                        f"{fmt(p.get('server_cores'), 2)} cores, "
+                        f"{fmt(p.get('cpu_us_per_request'), 1)} us/req, "
+                        f"{fmt(per_core(p), 0)} req/s/core")
+                if p.get("thrash"):
+                    text += f", **thrashes** ({p['spinning_threads']} spinning threads)"
+                if p.get("errors"):
+                    text += f", **{p['errors']} errors**"
+                cells.append(text)
+            gpus = next((q.get("gpus") for q in row if q.get("gpus")), None)
+            lines.append(f"| {name} | {gpus or '-'} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def thread_table(doc):
+    by_thread = [p for p in doc["points"] if p.get("cpu_us_per_request_by_thread")]
+    if not by_thread:
+        return []
+    cols = [g for g in THREAD_GROUPS
+            if any(p["cpu_us_per_request_by_thread"].get(g, 0) >= 0.05 for p in by_thread)]
+    top = max(p["connections"] for p in by_thread)
+    lines = ["", "#### Server CPU per request by thread (us), at the highest connection count", "",
+             "| server | route | connections | all | " + " | ".join(cols) + " |",
+             "|---|---|---:|---:|" + "---:|" * len(cols)]
+    for p in by_thread:
+        if p["connections"] != top:
+            continue
+        t = p["cpu_us_per_request_by_thread"]
+        lines.append(f"| {p['server']} | {p['route']} | {p['connections']} | "
+                     f"{fmt(p['cpu_us_per_request'], 1)} | " +
+                     " | ".join(fmt(t.get(g, 0.0), 1) for g in cols) + " |")
+    return lines
+
+
+def sweep_table(doc):
+    if not doc.get("lanes_sweep"):
+        return []
+    lines = ["", f"#### Lanes sweep (evr N=1, GET {doc['lanes_sweep'][0]['route']})", "",
+             "| lanes | CUDA_DEVICE_MAX_CONNECTIONS | connections | requests/s | p99 ms | "
+             "server cores | us/req |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in doc["lanes_sweep"]:
+        if "skipped" in p:
+            lines.append(f"| {p['lanes']} | {p['cuda_connections']} | {p['connections']} | "
+                         "skipped | | | |")
+            continue
+        lines.append(f"| {p['lanes']} | {p['cuda_connections']} | {p['connections']} | "
+                     f"{fmt(p['rps'], 0)} | {fmt(ms(p['p99_us']), 1)} | "
+                     f"{fmt(p.get('server_cores'), 2)} | {fmt(p.get('cpu_us_per_request'), 1)} |")
+    return lines
+
+
+def meta_line(doc):
+    meta = doc["meta"]
+    return (f"{meta.get('device') or 'device: ?'}; {meta['host_cpus']} CPUs; set "
+            f"{meta.get('set')}; load {meta['load']} ({meta.get('wrk_threads')} threads); "
+            f"{meta['seconds_per_point']} s per point; git {meta.get('git')}")
 
 
 def markdown(doc):
-    lines = []
-    meta = doc["meta"]
-    lines.append(f"{meta.get('device') or 'device: ?'}; {meta['host_cpus']} CPUs; load "
-                 f"{meta['load']}; {meta['seconds_per_point']} s per point; git {meta.get('git')}")
-    for route in ROUTES:
-        lines.append("")
-        lines.append(f"#### GET {route}")
-        lines.append("")
-        conns = sorted({p["connections"] for p in doc["points"] if p["route"] == route})
-        lines.append("| server | " + " | ".join(f"c={c}" for c in conns) + " |")
-        lines.append("|---|" + "---:|" * len(conns))
-        for label in dict.fromkeys(p["server"] for p in doc["points"]):
-            cells = []
-            for c in conns:
-                p = find(doc, label, route, c)
-                if not p:
-                    cells.append("skipped")
-                    continue
-                cell = f"{fmt(p['rps'], 0)} req/s, p99 {fmt(ms(p['p99_us']), 1)} ms"
-                if p.get("server_cores") is not None:
-                    cell += f", {fmt(p['server_cores'], 2)} cores"
-                if p.get("cpu_us_per_request") is not None:
-                    cell += f", {fmt(p['cpu_us_per_request'], 1)} us/req"
-                if p.get("errors"):
-                    cell += f", **{p['errors']} errors**"
-                cells.append(cell)
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    by_thread = [p for p in doc["points"] if p.get("cpu_us_per_request_by_thread")]
-    if by_thread:
-        lines.append("")
-        lines.append("#### Server CPU per request by thread (us), at the highest connection count")
-        lines.append("")
-        cols = [g for g in THREAD_GROUPS
-                if any(p["cpu_us_per_request_by_thread"].get(g, 0) >= 0.05 for p in by_thread)]
-        lines.append("| server | route | connections | all | " + " | ".join(cols) + " |")
-        lines.append("|---|---|---:|---:|" + "---:|" * len(cols))
-        top = max(p["connections"] for p in by_thread)
-        for p in by_thread:
-            if p["connections"] != top:
-                continue
-            t = p["cpu_us_per_request_by_thread"]
-            lines.append(f"| {p['server']} | {p['route']} | {p['connections']} | "
-                         f"{fmt(p['cpu_us_per_request'], 1)} | " +
-                         " | ".join(fmt(t.get(g, 0.0), 1) for g in cols) + " |")
-    if doc.get("lanes_sweep"):
-        lines.append("")
-        lines.append(f"#### Lanes sweep (evr N=1, GET {doc['lanes_sweep'][0]['route']})")
-        lines.append("")
-        lines.append("| lanes | CUDA_DEVICE_MAX_CONNECTIONS | connections | requests/s | p99 ms | "
-                     "server cores | us/req |")
-        lines.append("|---:|---:|---:|---:|---:|---:|---:|")
-        for p in doc["lanes_sweep"]:
-            if "skipped" in p:
-                lines.append(f"| {p['lanes']} | {p['cuda_connections']} | {p['connections']} | "
-                             "skipped | | |")
-                continue
-            lines.append(f"| {p['lanes']} | {p['cuda_connections']} | {p['connections']} | "
-                         f"{fmt(p['rps'], 0)} | {fmt(ms(p['p99_us']), 1)} | "
-                         f"{fmt(p.get('server_cores'), 2)} | "
-                         f"{fmt(p.get('cpu_us_per_request'), 1)} |")
+    lines = [meta_line(doc), ""] + summary_tables(doc) + route_tables(doc) + thread_table(doc) + \
+        sweep_table(doc)
     if doc.get("goals"):
-        lines.append("")
-        lines.append("| goal | value | target | met |")
-        lines.append("|---|---:|---|---|")
-        for g in doc["goals"]:
-            v = g["value"]
-            value = (" vs ".join(fmt(x, 2) for x in v) if isinstance(v, list) else fmt(v, 2))
-            met = {True: "**met**", False: "**not met**", None: "not measured"}[g["met"]]
-            lines.append(f"| {g['goal']} | {value} | {g['target']} | {met} |")
+        lines += [""] + goals_table(doc)
     return "\n".join(lines)
 
 
-# --- plots --------------------------------------------------------------------------------------------
+def short_summary(doc):
+    """What the run prints last: the comparison and the goals."""
+    return "\n".join([meta_line(doc), ""] + summary_tables(doc) + [""] + goals_table(doc))
+
+
+# --- plots ----------------------------------------------------------------------------------------
 
 def plot(doc, out_dir):
+    """server-rps-vs-cores.png: requests/s against server cores, a panel per route and connection
+    count, a line per mode over N (the cores each needs for a given requests/s);
+    server-p99-vs-rps.png: p99 against requests/s, the same panels; server-lanes.png: the lanes
+    sweep."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    styles = {"evr": "-", "pool": "--", "thread": ":"}
-    labels = list(dict.fromkeys(p["server"] for p in doc["points"]))
-    colors = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
+    pts = [p for p in doc["points"] if usable(p)]
+    routes = [r for r in ROUTES if any(p["route"] == r for p in pts)]
+    conns = sorted({p["connections"] for p in pts})
+    if not routes:
+        log("plots: no point to plot")
+        return
+    colors = {"evr": "tab:blue", "hostfunc": "tab:orange", "poll": "tab:green",
+              "pool": "tab:red", "thread": "tab:purple"}
     written = []
-    for key, ylabel, fname, logy in (
-            ("rps", "requests/s", "server-rps.png", True),
-            ("p99_us", "p99 latency (ms)", "server-p99.png", True),
-            ("server_cores", "server CPU (cores)", "server-cpu.png", False),
-            ("cpu_us_per_request", "server CPU per request (us, all threads)",
-             "server-cpu-per-request.png", True)):
-        fig, axes = plt.subplots(1, len(ROUTES), figsize=(6 * len(ROUTES), 4.8), squeeze=False)
-        for ax, route in zip(axes[0], ROUTES):
-            for label in labels:
-                pts = sorted((p for p in doc["points"] if p["server"] == label
-                              and p["route"] == route and "skipped" not in p
-                              and p.get(key) is not None), key=lambda p: p["connections"])
-                if not pts:
-                    continue
-                mode = pts[0].get("mode", "evr")
-                ys = [p[key] / 1000.0 if key == "p99_us" else p[key] for p in pts]
-                ax.plot([p["connections"] for p in pts], ys, styles.get(mode, "-"), marker="o",
-                        color=colors[label], linewidth=2.2 if mode == "evr" else 1.3, label=label)
-            ax.set_xscale("log")
-            if logy:
-                ax.set_yscale("log")
-            ax.set_title(f"GET {route}")
-            ax.set_xlabel("connections (closed loop, keep-alive)")
-            ax.set_ylabel(ylabel)
-            ax.grid(True, which="both", alpha=0.3)
-        if axes[0][0].get_legend_handles_labels()[0]:
-            axes[0][0].legend(fontsize=8)
-        fig.suptitle(f"evr-async-server: {ylabel} ({doc['meta'].get('device') or ''})"[:150],
-                     fontsize=9)
+    for fname, xkey, ykey, xlabel, ylabel in (
+            ("server-rps-vs-cores.png", "server_cores", "rps", "server cores (all its threads)",
+             "requests/s"),
+            ("server-p99-vs-rps.png", "rps", "p99_ms", "requests/s", "p99 latency (ms)")):
+        fig, axes = plt.subplots(len(conns), len(routes), figsize=(5 * len(routes),
+                                                                    4.2 * len(conns)),
+                                 squeeze=False)
+        for i, c in enumerate(conns):
+            for j, route in enumerate(routes):
+                ax = axes[i][j]
+                here = [p for p in pts if p["route"] == route and p["connections"] == c]
+                for series, group in series_of(here).items():
+                    xs = [p[xkey] for p in group]
+                    ys = [p["p99_us"] / 1000.0 if ykey == "p99_ms" else p[ykey] for p in group]
+                    mode = group[0]["mode"]
+                    ax.plot(xs, ys, linestyle="-" if mode in NON_BLOCKING else "none",
+                            marker="x" if group[0].get("thrash") else "o",
+                            color=colors.get(mode, "gray"),
+                            alpha=0.5 if (group[0].get("gpus") or 1) < max_gpus(pts) else 1.0,
+                            linewidth=2.2 if mode == "evr" else 1.2, label=series)
+                    for p, x, y in zip(group, xs, ys):
+                        if p["mode"] in NON_BLOCKING:
+                            ax.annotate(str(p["threads"]), (x, y), fontsize=7,
+                                        textcoords="offset points", xytext=(3, 3))
+                if ykey == "p99_ms":
+                    ax.set_yscale("log")
+                ax.set_title(f"GET {route}, {c} connections", fontsize=9)
+                ax.set_xlabel(xlabel)
+                ax.set_ylabel(ylabel)
+                ax.grid(True, which="both", alpha=0.3)
+                ax.legend(fontsize=6)
+        fig.suptitle(f"evr-async-server: {ylabel} against {xlabel} (labels: N; x: thrashes) "
+                     f"({doc['meta'].get('device') or ''})"[:160], fontsize=9)
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, fname), dpi=110)
+        fig.savefig(os.path.join(out_dir, fname), dpi=100)
         plt.close(fig)
         written.append(fname)
-    sweep = [p for p in doc.get("lanes_sweep", []) if "skipped" not in p and p.get("rps")]
+    sweep = [p for p in doc.get("lanes_sweep", []) if usable(p)]
     if sweep:
         fig, ax = plt.subplots(figsize=(6, 4.2))
         for queues in sorted({p["cuda_connections"] for p in sweep}):
-            pts = sorted((p for p in sweep if p["cuda_connections"] == queues),
+            row = sorted((p for p in sweep if p["cuda_connections"] == queues),
                          key=lambda p: p["lanes"])
-            ax.plot([p["lanes"] for p in pts], [p["rps"] for p in pts], marker="o",
+            ax.plot([p["lanes"] for p in row], [p["rps"] for p in row], marker="o",
                     label=f"CUDA_DEVICE_MAX_CONNECTIONS={queues}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("lanes (--streams)")
@@ -766,6 +992,25 @@ def plot(doc, out_dir):
     log(f"plots: {', '.join(written)} in {out_dir}")
 
 
+def max_gpus(points):
+    return max((p.get("gpus") or 1 for p in points), default=1)
+
+
+def series_of(points):
+    """The plotted series: a line per non-blocking mode and GPU set over N, a point per other
+    server."""
+    out = {}
+    for p in sorted(points, key=lambda p: (p["threads"] or 0)):
+        if p["mode"] in NON_BLOCKING:
+            at = p["server"].partition(" @")[2]
+            key = p["mode"] + (f" @{at}" if at else "") + (f" ({p['gpus']} GPUs)"
+                                                           if (p.get("gpus") or 1) > 1 else "")
+        else:
+            key = p["server"] + (" (thrashes)" if p.get("thrash") else "")
+        out.setdefault(key, []).append(p)
+    return out
+
+
 def load_doc(folder):
     with open(os.path.join(folder, "server-study.json")) as f:
         return json.load(f)
@@ -776,27 +1021,35 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 2)[2])
     sub = ap.add_subparsers(dest="what", required=True)
-    r = sub.add_parser("run", help="build, measure, write DIR/server-study.json (+ plots)")
-    r.add_argument("--out", help="folder for the JSON and plots (default docs/bench; "
-                                 "--tiny: build/study-tiny)")
+    r = sub.add_parser("run", help="build, measure, write DIR/server-study.json (+ tables, plots)")
+    r.add_argument("--set", choices=sorted(SETS), default=None,
+                   help="the servers and routes to measure (default gpu1; tiny with --tiny)")
+    r.add_argument("--tiny", action="store_true", help="the same as --set tiny")
+    r.add_argument("--out", help="folder for the JSON, tables and plots (default docs/bench; "
+                                 "tiny: build/study-tiny)")
     r.add_argument("--budget", type=float, default=450,
                    help="seconds from the start (build included) after which no point starts")
     r.add_argument("--seconds", type=int, default=2,
                    help="seconds per point (wrk takes whole seconds; default 2)")
-    r.add_argument("--tiny", action="store_true", help="simulated device, a small matrix")
     r.add_argument("--device", default="auto", choices=["auto", "cuda", "sim"])
+    r.add_argument("--devices", help="the servers' --devices (GPU indices like 0,1; default: every "
+                                     "GPU; a label's @ wins)")
     r.add_argument("--bin", help="an evr-async-server already built (skips the build)")
     r.add_argument("--build-dir", default="build/study")
     r.add_argument("--builtin", action="store_true",
                    help="use the server's built-in load generator instead of wrk")
-    r.add_argument("--connections", type=int, nargs="+", default=CONNECTIONS)
-    r.add_argument("--servers", nargs="+", help="only these server labels (see SERVERS)")
+    r.add_argument("--connections", type=int, nargs="+", help="instead of the set's")
+    r.add_argument("--servers", nargs="+", help="these server labels instead of the set's, each "
+                                                "on --routes (default: every route)")
+    r.add_argument("--routes", nargs="+", choices=ROUTES, help="only these routes")
+    r.add_argument("--wrk-threads", type=int, help="instead of the set's")
     r.add_argument("--lanes", type=int, default=0,
-                   help="--streams of the main matrix (0: the server's default, from the GPU)")
+                   help="--streams of the servers (0: the server's default, from the GPU)")
     r.add_argument("--cuda-connections", type=int, default=32,
-                   help="CUDA_DEVICE_MAX_CONNECTIONS of the main matrix")
+                   help="CUDA_DEVICE_MAX_CONNECTIONS of the servers")
     r.add_argument("--check-every", type=int, default=16)
-    r.add_argument("--no-lanes-sweep", action="store_true")
+    r.add_argument("--lanes-sweep", action="store_true",
+                   help="also evr N=1 on /busy?us=1000 with 32 to 256 lanes and 8 or 32 queues")
     r.add_argument("--no-plot", action="store_true")
     p = sub.add_parser("plot", help="PNG plots from DIR/server-study.json")
     p.add_argument("dir")
@@ -804,11 +1057,13 @@ def main():
     t.add_argument("dir")
     args = ap.parse_args()
     if args.what == "run":
+        args.set = "tiny" if args.tiny else (args.set or "gpu1")
         return run(args)
     doc = load_doc(args.dir)
     if args.what == "plot":
         plot(doc, args.dir)
     else:
+        doc["goals"] = goals(doc)
         print(markdown(doc))
     return 0
 

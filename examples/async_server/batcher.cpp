@@ -14,14 +14,14 @@ constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
 using clock_type = std::chrono::steady_clock;
 }  // namespace
 
-mlp_batcher::mlp_batcher(asio::io_context& io, lane_pool& lanes, evr::reactor& reactor,
+mlp_batcher::mlp_batcher(asio::io_context& io, lane_pool& lanes, const gpu_wait::source& wait,
                          const mlp::shape& shape, options opts, server_metrics& metrics)
     : io_(io),
       lanes_(lanes),
       shape_(shape),
       opts_(opts),
       metrics_(metrics),
-      waiter_(io.get_executor(), reactor),
+      wait_(io.get_executor(), wait),
       timer_strand_(asio::make_strand(io)),
       timer_(timer_strand_) {}
 
@@ -133,7 +133,7 @@ asio::awaitable<void> mlp_batcher::execute(std::unique_ptr<batch> b) {
     if (!ec) {
       const auto t0 = clock_type::now();
       // One wait for the whole batch: this coroutine, not a thread, waits.
-      auto [wec] = co_await waiter_.async_wait(l.stream(), use_tuple);
+      auto [wec] = co_await wait_.async_wait(l, use_tuple);
       waited = clock_type::now() - t0;
       ec = wec;
       if (ec) {

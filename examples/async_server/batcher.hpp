@@ -1,6 +1,7 @@
-// Dynamic batching for /mlp (evr mode): requests that arrive while the GPU is busy, within a
-// short window, or until a batch is full, are copied into one batch; one forward pass runs on one
-// lane; every request of the batch awaits that one completion and then takes its rows back.
+// Dynamic batching for /mlp (the modes that do not block a thread): requests that arrive while the
+// GPU is busy, within a short window, or until a batch is full, are copied into one batch; one
+// forward pass runs on one lane; every request of the batch awaits that one completion and then
+// takes its rows back.
 //
 //   request coroutine                     batcher
 //   run(rows) --> joins the open batch --> closes (below) --> execute: lane, copy in, GEMMs,
@@ -17,14 +18,15 @@
 // So under light load requests go at once, and under heavy load the batches grow to what arrives
 // while the GPU works on the previous ones. window 0: every request is a batch of its own.
 //
-// Why this needs evr (or some other non-blocking wait): every request of a batch waits for the
-// batch. A request that held its thread while waiting would take a thread per row of the batch;
-// with evr a batch of 128 requests costs no thread at all while the GPU works.
+// Why this needs a non-blocking wait (evr's, or one written by hand: gpu_wait.hpp): every request
+// of a batch waits for the batch. A request that held its thread while waiting would take a
+// thread per row of the batch; with a non-blocking wait a batch of 128 requests costs no thread
+// at all while the GPU works. The server runs one batcher per GPU, each on that GPU's lanes.
 //
 // Thread safety: run() from any thread (one mutex guards the open batch and the count of running
-// ones; the window timer lives on a strand). Lifetime: the batcher, the lane pool, the reactor and
-// the io_context must outlive every run() and every batch in flight (the server's io threads are
-// joined first).
+// ones; the window timer lives on a strand). Lifetime: the batcher, the lane pool, what its waits
+// use (the reactor, the poller) and the io_context must outlive every run() and every batch in
+// flight (the server's io threads are joined first).
 #pragma once
 
 #include <chrono>
@@ -43,6 +45,7 @@
 
 #include <evr/evr.hpp>
 
+#include "gpu_wait.hpp"
 #include "lanes.hpp"
 #include "metrics.hpp"
 #include "mlp.hpp"
@@ -68,7 +71,9 @@ class mlp_batcher {
     std::size_t batch_rows = 0;  ///< rows of the batch it ran in
   };
 
-  mlp_batcher(asio::io_context& io, lane_pool& lanes, evr::reactor& reactor,
+  /// Batches run on `lanes` and are waited for as `wait` says (its poller, in poll mode, must be
+  /// the one of `io`, where the batches run).
+  mlp_batcher(asio::io_context& io, lane_pool& lanes, const gpu_wait::source& wait,
               const mlp::shape& shape, options opts, server_metrics& metrics);
   mlp_batcher(const mlp_batcher&) = delete;
   mlp_batcher& operator=(const mlp_batcher&) = delete;
@@ -107,7 +112,7 @@ class mlp_batcher {
   const mlp::shape shape_;
   const options opts_;
   server_metrics& metrics_;
-  evr::gpu_waiter waiter_;
+  gpu_wait wait_;
   asio::strand<asio::io_context::executor_type> timer_strand_;
   asio::steady_timer timer_;  // on timer_strand_
 

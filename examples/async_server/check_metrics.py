@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Parses evr-async-server's whole /metrics page with the Prometheus client library's parser.
 
-    /usr/bin/python3 check_metrics.py BUILD/examples/evr-async-server [--mode evr|pool|thread]
+    /usr/bin/python3 check_metrics.py BUILD/examples/evr-async-server [--mode MODE]
+
+MODE: evr (default), hostfunc, poll, pool or thread.
 
 Starts the server on the simulated device on a free port, sends requests to every route (so every
 histogram has samples), fetches /metrics and checks, beyond the parser accepting every line:
@@ -36,7 +38,7 @@ def fail(msg):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("server", help="path of the evr-async-server executable")
-    ap.add_argument("--mode", default="evr", choices=["evr", "pool", "thread"])
+    ap.add_argument("--mode", default="evr", choices=["evr", "hostfunc", "poll", "pool", "thread"])
     args = ap.parse_args()
 
     cmd = [args.server, "--device", "sim", "--port", "0", "--mode", args.mode]

@@ -19,6 +19,29 @@ const CLI::Validator request_path(
     },
     "PATH", "request path");
 
+/// --devices: "all", or device indices separated by commas, each at most once ("0,1").
+std::string parse_devices(const std::string& v, std::vector<int>& out) {
+  out.clear();
+  if (v == "all") return {};
+  const std::string bad =
+      "takes 'all' or device indices separated by commas, like 0,1, not '" + v + "'";
+  std::size_t at = 0;
+  for (;;) {
+    const std::size_t comma = v.find(',', at);
+    const std::string item =
+        v.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (item.empty() || item.size() > 3 ||
+        item.find_first_not_of("0123456789") != std::string::npos)
+      return bad;
+    const int d = std::stoi(item);
+    for (int seen : out)
+      if (seen == d) return "names device " + item + " twice";
+    out.push_back(d);
+    if (comma == std::string::npos) return {};
+    at = comma + 1;
+  }
+}
+
 [[noreturn]] void usage_error(CLI::App& app, const std::string& why) {
   std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", app.get_name().c_str(),
                why.c_str());
@@ -31,14 +54,15 @@ settings parse_command_line(int argc, char** argv) {
   settings s;
   CLI::App app{
       "An HTTP/1.1 server whose requests run GPU work (/busy, /mlp, /saxpy, /sum) and wait for it\n"
-      "through evr (--mode evr), or block a thread of a pool (--mode pool) or of their own\n"
-      "connection (--mode thread), for comparison. Without --port: a self-test (edge cases,\n"
+      "through evr (--mode evr) or, for comparison, as a user would without evr: a host function\n"
+      "that posts (hostfunc), io threads querying events (poll), a blocked thread of a pool\n"
+      "(pool) or of their own connection (thread). Without --port: a self-test (edge cases,\n"
       "checked requests of every route, a shutdown with requests in flight), then exit.",
       "evr-async-server"};
   app.option_defaults()->always_capture_default();
   app.get_formatter()->column_width(34);
 
-  std::string mode = "evr", sync = "spin", strategy = "adaptive";
+  std::string mode = "evr", sync = "spin", strategy = "adaptive", devices = "all";
   const std::map<std::string, evr::strategy> strategies = {{"adaptive", evr::strategy::adaptive},
                                                            {"poll", evr::strategy::poll},
                                                            {"fence", evr::strategy::fence},
@@ -83,27 +107,46 @@ settings parse_command_line(int argc, char** argv) {
 
   // --- how to serve ---
   app.add_option("--mode", mode,
-                 "evr: co_await the GPU through evr; pool: a pool of --threads threads, each "
-                 "request blocks its thread until the GPU is done; thread: a thread per "
-                 "connection, blocking the same way")
-      ->check(CLI::IsMember({"evr", "pool", "thread"}))
+                 "evr: co_await the GPU through evr; hostfunc: a host function behind the work "
+                 "posts the request's resumption; poll: each io thread queries its requests' "
+                 "events between I/O; pool: a pool of --threads threads, each request blocks its "
+                 "thread until the GPU is done; thread: a thread per connection, blocking the "
+                 "same way")
+      ->check(CLI::IsMember({"evr", "hostfunc", "poll", "pool", "thread"}))
       ->group("Serving");
-  auto* sync_opt = app.add_option("--sync", sync,
-                                  "how pool and thread modes block: spin (cudaStreamSynchronize, "
-                                  "cudaDeviceScheduleSpin) or blocking-sync (an event made with "
-                                  "cudaEventBlockingSync, cudaEventSynchronize)")
-                       ->check(CLI::IsMember({"spin", "blocking-sync"}))
-                       ->group("Serving");
+  auto* sync_opt =
+      app.add_option("--sync", sync,
+                     "how pool and thread modes block: spin (cudaStreamSynchronize, "
+                     "cudaDeviceScheduleSpin), auto (cudaStreamSynchronize under the driver's "
+                     "default scheduling) or blocking-sync (an event made with "
+                     "cudaEventBlockingSync, cudaEventSynchronize)")
+          ->check(CLI::IsMember({"spin", "auto", "blocking-sync"}))
+          ->group("Serving");
   auto* threads_opt = app.add_option("--threads", s.threads,
-                                     "threads running the server (evr, pool); the same number "
-                                     "for both is the fair comparison")
-                          ->check(CLI::Range(1, 1024))
+                                     "threads running the server (evr, hostfunc, poll: io "
+                                     "threads; pool: its threads, 0 for one per lane); the same "
+                                     "number for each is the fair comparison")
+                          ->check(CLI::Range(0, 1024))
                           ->group("Serving");
   app.add_option("--streams", s.streams,
-                 "GPU streams (lanes) shared by all requests: how much GPU work may be in flight "
-                 "(0: as many /busy kernels as the GPU runs at once, from its SM count and the "
-                 "kernel's occupancy, at most 128; 64 on the simulated device)")
+                 "GPU streams (lanes) per device, shared by all requests: how much GPU work may "
+                 "be in flight (0: as many /busy kernels as the GPU runs at once, from its SM "
+                 "count and the kernel's occupancy, at most 128; 64 on the simulated device)")
       ->check(CLI::Range(0, 4096))
+      ->group("Serving");
+  app.add_option("--devices", devices,
+                 "the GPUs to serve on: all, or indices separated by commas (0,1); the lanes and "
+                 "/mlp's batchers are spread over them, one reactor watches them all")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            std::vector<int> ignored;
+            return parse_devices(v, ignored);
+          },
+          "all|I,J,...", "device list"))
+      ->group("Serving");
+  app.add_option("--sim-devices", s.sim_devices,
+                 "how many GPUs the simulated device has (--device sim, or no GPU found)")
+      ->check(CLI::Range(1, 16))
       ->group("Serving");
   app.add_option("--cuda-connections", s.cuda_connections,
                  "CUDA_DEVICE_MAX_CONNECTIONS (the GPU's hardware work queues the streams share) "
@@ -175,13 +218,25 @@ settings parse_command_line(int argc, char** argv) {
     std::exit(app.exit(e) == 0 ? 0 : 2);
   }
 
-  s.mode = mode == "evr" ? wait_mode::evr : mode == "pool" ? wait_mode::pool : wait_mode::thread;
-  s.sync = sync == "spin" ? sync_kind::spin : sync_kind::blocking_sync;
+  const std::map<std::string, wait_mode> modes = {{"evr", wait_mode::evr},
+                                                  {"hostfunc", wait_mode::hostfunc},
+                                                  {"poll", wait_mode::poll},
+                                                  {"pool", wait_mode::pool},
+                                                  {"thread", wait_mode::thread}};
+  const std::map<std::string, sync_kind> syncs = {{"spin", sync_kind::spin},
+                                                  {"auto", sync_kind::automatic},
+                                                  {"blocking-sync", sync_kind::blocking_sync}};
+  s.mode = modes.at(mode);
+  s.sync = syncs.at(sync);
   s.strategy = strategies.at(strategy);
-  if (s.mode == wait_mode::evr && sync_opt->count() > 0)
-    usage_error(app, "--sync applies to --mode pool and --mode thread (evr never blocks a thread)");
+  parse_devices(devices, s.devices);
+  if (!blocks_a_thread(s.mode) && sync_opt->count() > 0)
+    usage_error(app, std::string("--sync applies to --mode pool and --mode thread (") +
+                         to_string(s.mode) + " never blocks a thread)");
   if (s.mode == wait_mode::thread && threads_opt->count() > 0)
     usage_error(app, "--threads does not apply to --mode thread (one thread per connection)");
+  if (s.threads == 0 && s.mode != wait_mode::pool)
+    usage_error(app, "--threads 0 (one per lane) applies to --mode pool only");
 
   const bool load = load_c->count() + load_s->count() + load_p->count() > 0;
   if (load)

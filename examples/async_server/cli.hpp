@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <evr/reactor/options.hpp>
 
@@ -21,12 +22,17 @@ struct settings {
   /// After the self-test: evr and the blocking pool, same thread count, under the same load.
   bool compare = false;
   std::string device = "auto";  ///< auto | cuda | sim
+  std::vector<int> devices;     ///< the GPUs to serve on (--devices); empty: every one there is
+  int sim_devices = 1;          ///< simulated GPUs (--device sim, or no GPU)
   wait_mode mode = wait_mode::evr;
   sync_kind sync = sync_kind::spin;
   std::string address = "127.0.0.1";
-  int port = -1;    ///< -1: not given (ephemeral for self-test and load)
-  int threads = 1;  ///< io threads (evr, pool); thread mode: one per connection instead
-  int streams = 0;  ///< 0: from the GPU's concurrency (main.cpp), 64 on the simulated device
+  int port = -1;  ///< -1: not given (ephemeral for self-test and load)
+  /// io threads (evr, hostfunc, poll) or pool threads (pool: 0 is one per lane); thread mode: one
+  /// per connection instead
+  int threads = 1;
+  /// Lanes per device; 0: from the GPU's concurrency (main.cpp), 64 on the simulated device
+  int streams = 0;
   int cuda_connections = 32;  ///< CUDA_DEVICE_MAX_CONNECTIONS unless the environment sets it
   std::size_t max_n = std::size_t{1} << 22;
   std::uint32_t max_busy_us = 100000;

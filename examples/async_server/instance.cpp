@@ -8,7 +8,7 @@ namespace {
 
 std::vector<std::unique_ptr<asio::io_context>> make_contexts(const instance_config& cfg) {
   std::vector<std::unique_ptr<asio::io_context>> v;
-  if (cfg.server.mode == wait_mode::evr) {
+  if (context_per_thread(cfg.server.mode)) {
     // One per thread, each run by that thread alone (concurrency hint 1: Asio keeps the handlers
     // a thread posts to its own context in a queue of its own, without the lock).
     for (int i = 0; i < cfg.threads; ++i) v.push_back(std::make_unique<asio::io_context>(1));
@@ -20,13 +20,14 @@ std::vector<std::unique_ptr<asio::io_context>> make_contexts(const instance_conf
 
 }  // namespace
 
-instance::instance(evr::device::backend& backend, const std::vector<lane*>& lanes,
-                   const mlp::model& model, instance_config cfg)
-    : contexts_(make_contexts(cfg)), pool_(lanes) {
+instance::instance(evr::device::backend& backend,
+                   const std::vector<std::vector<lane*>>& lanes_by_device, const mlp::model& model,
+                   instance_config cfg)
+    : contexts_(make_contexts(cfg)), lanes_(lanes_by_device) {
   if (cfg.server.mode == wait_mode::evr) reactor_.emplace(backend, cfg.reactor);
   std::vector<asio::io_context*> contexts;
   for (auto& c : contexts_) contexts.push_back(c.get());
-  server_ = std::make_unique<server>(contexts, cfg.server, pool_, reactor(), model, metrics_);
+  server_ = std::make_unique<server>(contexts, cfg.server, lanes_, reactor(), model, metrics_);
   server_->start();
   for (int i = 0; i < cfg.threads; ++i) {
     asio::io_context& io = *contexts_[static_cast<std::size_t>(i) % contexts_.size()];

@@ -76,9 +76,10 @@ int server_kernels::launch_sum(CUstream_st* stream, const float* x, double* sum,
   return static_cast<int>(cudaGetLastError());
 }
 
-int server_kernels::busy_concurrency(char* detail, std::size_t detail_size) {
-  int device = 0, sms = 0, blocks = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
+int server_kernels::busy_concurrency(int device, char* detail, std::size_t detail_size) {
+  int sms = 0, blocks = 0, major = 0;
+  // The occupancy query is about the current device.
+  if (cudaSetDevice(device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, busy_kernel, busy_math::threads, 0) !=

@@ -24,11 +24,12 @@ int launch_sum(CUstream_st* stream, const float* x, double* sum, std::size_t n);
 /// GPU's clock (%globaltimer). Returns a cudaError_t value (0: ok).
 int launch_busy(CUstream_st* stream, std::uint32_t us, std::uint32_t seed, std::uint32_t* result);
 
-/// How many /busy kernels the GPU runs at once: its SMs times the busy kernel's resident blocks
-/// per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), at most the concurrent kernels a device
-/// runs (128 since compute capability 7.0). 0 when the device cannot be queried. `detail` gets a
-/// description ("132 SMs x 32 blocks, at most 128 kernels at once").
-int busy_concurrency(char* detail, std::size_t detail_size);
+/// How many /busy kernels GPU `device` runs at once: its SMs times the busy kernel's resident
+/// blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), at most the concurrent kernels a
+/// device runs (128 since compute capability 7.0). 0 when the device cannot be queried. `detail`
+/// gets a description ("132 SMs x 32 blocks, at most 128 kernels at once"). Makes `device` the
+/// calling thread's current device.
+int busy_concurrency(int device, char* detail, std::size_t detail_size);
 
 // --- /mlp (mlp_kernels.cu) ---------------------------------------------------------------------
 

@@ -13,12 +13,18 @@
 #endif
 
 const char* to_string(sync_kind s) noexcept {
-  return s == sync_kind::spin ? "spin" : "blocking-sync";
+  switch (s) {
+    case sync_kind::spin: return "spin";
+    case sync_kind::automatic: return "auto";
+    case sync_kind::blocking_sync: return "blocking-sync";
+  }
+  return "?";
 }
 
 std::error_code lane::wait_blocking(sync_kind how) noexcept {
   const evr::stream& s = stream();
-  if (how == sync_kind::spin) return s.backend()->synchronize_stream(s.native());
+  // spin and automatic differ in the device's scheduling flag, set at start-up (main.cpp).
+  if (how != sync_kind::blocking_sync) return s.backend()->synchronize_stream(s.native());
   std::error_code ec;
   try {
     if (!blocking_event_)
@@ -31,13 +37,27 @@ std::error_code lane::wait_blocking(sync_kind how) noexcept {
   return s.backend()->synchronize_event(blocking_event_.native());
 }
 
+std::error_code lane::record_done_event(evr::device::native_event& out) noexcept {
+  const evr::stream& s = stream();
+  try {
+    if (!done_event_) done_event_ = evr::event(*s.backend());
+  } catch (const std::exception&) {
+    return std::make_error_code(std::errc::not_enough_memory);
+  }
+  std::error_code ec;
+  done_event_.record(s, ec);
+  if (ec) return ec;
+  out = done_event_.native();
+  return {};
+}
+
 namespace {
 
 class sim_lane final : public lane {
  public:
-  sim_lane(evr::sim::device& dev, const mlp::model& model, const sim_costs& costs,
+  sim_lane(evr::sim::device& dev, int device_index, const mlp::model& model, const sim_costs& costs,
            evr::device::backend& stream_backend)
-      : dev_(dev), model_(model), costs_(costs), stream_(stream_backend, 0) {}
+      : dev_(dev), model_(model), costs_(costs), stream_(stream_backend, device_index) {}
   ~sim_lane() override {
     // The worker thread may still run a body that writes our buffers (work abandoned at
     // shutdown): wait for it before they go.
@@ -110,9 +130,10 @@ class sim_lane final : public lane {
 
 }  // namespace
 
-std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, const mlp::model& model,
-                                    const sim_costs& costs, evr::device::backend* stream_backend) {
-  return std::make_unique<sim_lane>(device, model, costs,
+std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, int device_index,
+                                    const mlp::model& model, const sim_costs& costs,
+                                    evr::device::backend* stream_backend) {
+  return std::make_unique<sim_lane>(device, device_index, model, costs,
                                     stream_backend != nullptr ? *stream_backend : device);
 }
 
@@ -123,20 +144,40 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw evr::error(evr::make_cuda_error(e), what);
 }
 
+/// Makes `device` the calling thread's current device, if it is not already: kernels and cuBLAS
+/// calls must be issued with their stream's device current, and any io or pool thread may serve a
+/// lane of any device. (cudaGetDevice reads the thread's state: no driver round trip.)
+void make_current(int device) {
+  int current = -1;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device) check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+/// make_current(device) for a constructor's member initializers; returns device.
+int made_current(int device) {
+  make_current(device);
+  return device;
+}
+
 class cuda_lane final : public lane {
  public:
   explicit cuda_lane(const cuda_mlp_weights& weights)
-      : weights_(weights), stream_(evr::device::cuda_backend(), 0) {
+      : weights_(weights),
+        device_(made_current(weights.device())),
+        stream_(evr::device::cuda_backend(), device_) {
     check(cudaMalloc(&d_sum_, sizeof(double)), "cudaMalloc");
     check(cudaMallocHost(&h_sum_, sizeof(double)), "cudaMallocHost");
     // /busy's answer: pinned host memory mapped into the device's address space, written by the
     // kernel itself (no copy behind it: one CUDA call per request instead of two).
-    check(cudaHostAlloc(&h_busy_, sizeof(std::uint32_t), cudaHostAllocMapped), "cudaHostAlloc");
+    check(
+        cudaHostAlloc(&h_busy_, sizeof(std::uint32_t), cudaHostAllocMapped | cudaHostAllocPortable),
+        "cudaHostAlloc");
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_busy_), h_busy_, 0),
           "cudaHostGetDevicePointer");
     cublas_ = server_kernels::mlp_create_handle(native());
   }
   ~cuda_lane() override {
+    if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();  // cuBLAS wants its device
     cudaStreamSynchronize(native());
     server_kernels::mlp_destroy_handle(cublas_);
     free_buffers();
@@ -150,6 +191,7 @@ class cuda_lane final : public lane {
 
   void reserve(std::size_t n) override {
     if (n <= capacity_) return;
+    make_current(device_);
     // Grows to a power of two so a mix of sizes settles after a few requests. cudaFree and
     // cudaMallocHost synchronize the device: acceptable at warm-up, the reason not to shrink.
     std::size_t cap = std::max<std::size_t>(capacity_, 1 << 16);
@@ -169,6 +211,7 @@ class cuda_lane final : public lane {
   double sum() const noexcept override { return *h_sum_; }
 
   void enqueue(const job::spec& s) override {
+    make_current(device_);
     const cudaStream_t st = native();
     const std::size_t bytes = s.n * sizeof(float);
     check(cudaMemcpyAsync(d_x_, h_x_, bytes, cudaMemcpyHostToDevice, st), "copy x in");
@@ -187,6 +230,7 @@ class cuda_lane final : public lane {
   }
 
   void enqueue_busy(const busy::spec& s) override {
+    make_current(device_);
     const cudaStream_t st = native();
     // The kernel writes its answer straight into mapped host memory (then a system-scope fence):
     // one launch and nothing else per request. The work is done -- in every mode, by evr's
@@ -200,6 +244,7 @@ class cuda_lane final : public lane {
 
   void reserve_rows(std::size_t rows) override {
     if (rows <= rows_) return;
+    make_current(device_);
     std::size_t cap = std::max<std::size_t>(rows_, 8);
     while (cap < rows) cap *= 2;
     free_mlp_buffers();
@@ -216,6 +261,7 @@ class cuda_lane final : public lane {
   }
   float* mlp_input() noexcept override { return h_mlp_in_; }
   void enqueue_mlp(std::size_t rows) override {
+    make_current(device_);
     const cudaStream_t st = native();
     const mlp::shape& d = weights_.dims();
     check(
@@ -255,6 +301,7 @@ class cuda_lane final : public lane {
   }
 
   const cuda_mlp_weights& weights_;
+  int device_;
   evr::stream stream_;
   void* cublas_ = nullptr;
   std::size_t capacity_ = 0;
@@ -277,7 +324,9 @@ class cuda_lane final : public lane {
 
 }  // namespace
 
-cuda_mlp_weights::cuda_mlp_weights(const mlp::model& model) : shape_(model.dims()) {
+cuda_mlp_weights::cuda_mlp_weights(const mlp::model& model, int device)
+    : shape_(model.dims()), device_(device) {
+  make_current(device_);
   try {
     for (int l = 0; l < shape_.layers(); ++l)
       layers_.push_back(server_kernels::mlp_upload_layer(
@@ -290,6 +339,7 @@ cuda_mlp_weights::cuda_mlp_weights(const mlp::model& model) : shape_(model.dims(
 }
 
 cuda_mlp_weights::~cuda_mlp_weights() {
+  if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
   for (auto& layer : layers_) server_kernels::mlp_free_layer(layer);
 }
 

@@ -31,7 +31,6 @@
 #include <asio/awaitable.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/post.hpp>
-#include <asio/recycling_allocator.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <evr/evr.hpp>
@@ -40,16 +39,21 @@
 #include "busy.hpp"
 #include "job.hpp"
 #include "mlp.hpp"
+#include "op_allocator.hpp"
 
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
 #include "kernels.hpp"
 #endif
 
-/// How a blocking server waits for its GPU work (the comparison modes; evr never blocks).
+/// How a blocking server waits for its GPU work (the pool and thread modes; the others never
+/// block).
 enum class sync_kind {
   /// cudaStreamSynchronize, with the device's scheduling set to cudaDeviceScheduleSpin at start-up:
   /// the waiting thread spins on a core (the lowest latency a blocking wait gets).
   spin,
+  /// cudaStreamSynchronize under the driver's default scheduling (cudaDeviceScheduleAuto: no flag
+  /// set, what a program that never thinks about it gets).
+  automatic,
   /// An event created with cudaEventBlockingSync, recorded behind the work, and
   /// cudaEventSynchronize: the thread sleeps until the driver wakes it (no core, ~40-130 us later).
   blocking_sync,
@@ -94,8 +98,14 @@ class lane {
   /// Blocks the calling thread until the work queued so far is done (the blocking modes).
   std::error_code wait_blocking(sync_kind how) noexcept;
 
+  /// Records the lane's own event (created on first use, without timing) behind the work queued
+  /// so far and returns it in `out` (the poll mode queries it). The event is the lane's: valid
+  /// until the lane is destroyed, recorded again by the next piece of work.
+  std::error_code record_done_event(evr::device::native_event& out) noexcept;
+
  private:
   evr::event blocking_event_;  // created on first use with event_flags::blocking_sync
+  evr::event done_event_;      // created on first use, no flags
 };
 
 /// How long the simulated device's kernels take (threaded mode sleeps that long; the body then
@@ -106,32 +116,37 @@ struct sim_costs {
   std::chrono::nanoseconds mlp_per_row{5'000};  ///< ... and adds a little per row
 };
 
-/// A lane on the simulated device. The /mlp body computes each row with `model.forward` (the
-/// reference itself: the simulator models timing and ordering, not arithmetic). `stream_backend`:
-/// the backend the lane's stream is created through (default: the device itself; a test may pass
-/// a wrapper of it, which the reactor must then be given too).
-std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, const mlp::model& model,
-                                    const sim_costs& costs = {},
+/// A lane on simulated GPU `device_index` of `device`. The /mlp body computes each row with
+/// `model.forward` (the reference itself: the simulator models timing and ordering, not
+/// arithmetic). `stream_backend`: the backend the lane's stream is created through (default: the
+/// device itself; a test may pass a wrapper of it, which the reactor must then be given too).
+std::unique_ptr<lane> make_sim_lane(evr::sim::device& device, int device_index,
+                                    const mlp::model& model, const sim_costs& costs = {},
                                     evr::device::backend* stream_backend = nullptr);
 
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
-/// The /mlp weights on CUDA device 0, materialized once and shared by every lane (read-only).
+/// The /mlp weights on one CUDA device, materialized once and shared by the lanes of that device
+/// (read-only).
 class cuda_mlp_weights {
  public:
-  /// Uploads every layer of `model` (synchronous; throws std::runtime_error).
-  explicit cuda_mlp_weights(const mlp::model& model);
+  /// Uploads every layer of `model` to `device` (synchronous; throws std::runtime_error).
+  cuda_mlp_weights(const mlp::model& model, int device);
   ~cuda_mlp_weights();
   cuda_mlp_weights(const cuda_mlp_weights&) = delete;
   cuda_mlp_weights& operator=(const cuda_mlp_weights&) = delete;
   const mlp::shape& dims() const noexcept { return shape_; }
   const std::vector<server_kernels::mlp_layer>& layers() const noexcept { return layers_; }
+  int device() const noexcept { return device_; }
 
  private:
   mlp::shape shape_;
+  int device_;
   std::vector<server_kernels::mlp_layer> layers_;
 };
 
-/// A lane on CUDA device 0: pinned host buffers, device buffers, a cuBLAS handle on its stream.
+/// A lane on the weights' CUDA device: pinned host buffers, device buffers, a cuBLAS handle on its
+/// stream. Its calls make that device current on the calling thread first (kernels and cuBLAS
+/// must be launched with their stream's device current), so any thread may use any device's lane.
 std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights);
 #endif
 
@@ -247,19 +262,8 @@ class lane_pool {
 
 template <typename Handler>
 struct lane_pool::waiter_for final : lane_pool::waiter {
-  // The handler's associated allocator, or -- for the default, std::allocator (a coroutine's) --
-  // Asio's per-thread recycling allocator, as Asio's own operations do.
-  using associated = asio::associated_allocator_t<Handler>;
-  using allocator_type = std::conditional_t<
-      std::is_same_v<associated, std::allocator<void>>, asio::recycling_allocator<waiter_for>,
-      typename std::allocator_traits<associated>::template rebind_alloc<waiter_for>>;
-  static allocator_type allocator(const Handler& h) {
-    if constexpr (std::is_same_v<associated, std::allocator<void>>) {
-      return allocator_type();
-    } else {
-      return allocator_type(asio::get_associated_allocator(h));
-    }
-  }
+  using allocator_type = op_allocator_t<Handler, waiter_for>;
+  static allocator_type allocator(const Handler& h) { return op_allocator<waiter_for>(h); }
 
   static waiter* create(Handler&& h) {
     allocator_type alloc = allocator(h);

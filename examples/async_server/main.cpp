@@ -1,7 +1,8 @@
 // evr-async-server: an Asio HTTP/1.1 server whose requests launch GPU work and co_await its
-// completion through evr — or, with --mode pool / thread, block a thread until the GPU is done,
-// for comparison. Runs on the GPU when there is one, on the simulated device otherwise, and says
-// which.
+// completion through evr — or, for comparison, wait as a user would without evr: a host function
+// that posts (--mode hostfunc), io threads that query events (--mode poll), a blocked thread of a
+// pool or of their connection (--mode pool / thread). Runs on every GPU there is (--devices), on
+// the simulated device when there is none, and says which.
 //
 //   evr-async-server                                  self-test, then exit
 //   evr-async-server --self-test 2000 --compare       ... then evr vs the blocking pool
@@ -9,11 +10,7 @@
 //   evr-async-server --port 8080                      serve until Ctrl-C; try
 //       curl 'http://127.0.0.1:8080/busy?us=2000'  and  curl http://127.0.0.1:8080/metrics
 //
-// Files: http.* (HTTP heads, on http_parser), job.* busy.* mlp.* (what a route computes, the CPU's
-// answer), lanes.* (streams and buffers, the pool), batcher.* (/mlp dynamic batching), kernels.*
-// mlp_kernels.cu (CUDA, cuBLAS), server.* (connections, routes, the three modes), instance.* (one
-// running server), metrics.* (Prometheus), load.* (the built-in client), cli.* (options), this
-// file (wiring).
+// Files: see README.md ("Files"); this file is the wiring.
 #include <sys/resource.h>
 
 #include <atomic>
@@ -30,8 +27,8 @@
 #include <evr/evr.hpp>
 #include <evr/sim/device.hpp>
 
-#include "busy_math.hpp"
 #include "cli.hpp"
+#include "gpus.hpp"
 #include "instance.hpp"
 #include "lanes.hpp"
 #include "load.hpp"
@@ -39,49 +36,7 @@
 #include "mlp.hpp"
 #include "server.hpp"
 
-#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
-#include <cuda_runtime.h>
-#endif
-
 namespace {
-
-struct device_choice {
-  bool cuda = false;
-  std::unique_ptr<evr::sim::device> sim;  // when !cuda
-  evr::device::backend* backend = nullptr;
-  std::string label;        ///< "cuda" or "sim"
-  std::string description;  ///< what the device line says
-};
-
-device_choice choose_device(const std::string& wanted) {
-  device_choice d;
-#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
-  if (wanted != "sim") d.cuda = evr::device::cuda_device_available();
-#endif
-  if (wanted == "cuda" && !d.cuda) {
-    std::fprintf(stderr, "evr-async-server: --device cuda, but no usable CUDA device%s\n",
-#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
-                 ""
-#else
-                 " (built without CUDA kernels)"
-#endif
-    );
-    std::exit(1);
-  }
-  if (d.cuda) {
-    d.backend = &evr::device::cuda_backend();
-    d.label = "cuda";
-    d.description = d.backend->describe();
-  } else {
-    d.sim = std::make_unique<evr::sim::device>(
-        evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
-    d.backend = d.sim.get();
-    d.label = "sim";
-    d.description = std::string("SIMULATED (no GPU ") + (wanted == "sim" ? "requested" : "found") +
-                    ") — " + d.sim->describe();
-  }
-  return d;
-}
 
 /// A thousand connections need a thousand descriptors, more than the usual soft limit (1024).
 void raise_descriptor_limit() {
@@ -92,78 +47,31 @@ void raise_descriptor_limit() {
   }
 }
 
-/// Settings that must be in place before the CUDA context exists.
-void prepare_cuda(const settings& cfg, const device_choice& dev) {
-#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
-  if (!dev.cuda) return;
-  // A blocking server that spins: say so, rather than leave it to cudaDeviceScheduleAuto's
-  // heuristic (which spins too while contexts <= CPUs). blocking-sync needs no device flag: its
-  // events are created with cudaEventBlockingSync.
-  const bool spin_pool = (cfg.mode != wait_mode::evr && cfg.sync == sync_kind::spin) || cfg.compare;
-  if (spin_pool) {
-    if (cudaError_t e = cudaSetDeviceFlags(cudaDeviceScheduleSpin); e != cudaSuccess) {
-      std::fprintf(stderr, "evr-async-server: warning: cudaSetDeviceFlags(spin): %s\n",
-                   cudaGetErrorString(e));
-      cudaGetLastError();
-    }
-  }
-#else
-  (void)cfg;
-  (void)dev;
-#endif
-}
-
-/// Gets every lane ready before the first request: allocates the buffers requests will need
-/// (cudaMalloc and cudaFree synchronize the whole device, so they must stay off the request path)
-/// and runs each kind of work once (the first use of a kernel or a cuBLAS handle loads code and
-/// workspace). Lane 0's answers are checked against the CPU. Throws std::runtime_error if the
-/// device refuses or answers wrongly.
-void warm_up(const std::vector<lane*>& lanes, const mlp::model& model, std::size_t max_rows,
-             bool cuda) {
-  const mlp::shape& d = model.dims();
-  const std::size_t in = static_cast<std::size_t>(d.in);
-  const std::uint32_t seed = 12345;
-  for (std::size_t i = 0; i < lanes.size(); ++i) {
-    lane& l = *lanes[i];
-    l.reserve(std::size_t{1} << 16);
-    l.reserve_rows(max_rows);
-    // A full batch once, on lane 0 of a GPU (cuBLAS picks other kernels for other sizes); one
-    // row everywhere else (the simulator computes each row on the CPU: keep it short).
-    const std::size_t rows = cuda && i == 0 ? max_rows : 1;
-    for (std::size_t r = 0; r < rows; ++r)
-      mlp::input_row(seed + static_cast<std::uint32_t>(r), d.in, l.mlp_input() + r * in);
-    l.enqueue_mlp(rows);
-    l.enqueue_busy({1, seed});
-  }
-  for (lane* l : lanes)
-    if (std::error_code ec = l->wait_blocking(sync_kind::spin))
-      throw std::runtime_error("warm-up: waiting for the device failed: " + ec.message());
-  std::vector<float> want(static_cast<std::size_t>(d.out));
-  model.forward(lanes[0]->mlp_input(), want.data());
-  if (auto wrong = mlp::compare_row(lanes[0]->mlp_output(), want.data(), d.out))
-    throw std::runtime_error("warm-up: the device's /mlp answer is wrong: " + *wrong);
-  if (lanes[0]->busy_result() != busy_math::reference(seed))
-    throw std::runtime_error("warm-up: the device's /busy answer is wrong");
-}
-
 void print_latency(const char* what, const load_report& r) {
   std::printf("latency (%s): p50 %.1f us, p90 %.1f us, p99 %.1f us, max %.1f us\n", what,
               r.percentile(0.5), r.percentile(0.9), r.percentile(0.99), r.percentile(1.0));
 }
 
 std::string mode_label(wait_mode m, sync_kind s) {
-  return m == wait_mode::evr ? "evr" : std::string(to_string(m)) + "/" + to_string(s);
+  return blocks_a_thread(m) ? std::string(to_string(m)) + "/" + to_string(s) : to_string(m);
 }
 
 struct process {
   const settings& cfg;
-  device_choice& dev;
+  gpus& dev;
   const mlp::model& model;
-  std::vector<lane*> lanes;
+  const server_lanes& lanes;
 
-  instance_config config_for(wait_mode m, sync_kind s, int threads) const {
+  /// --threads as a count (pool: 0 is one thread per lane).
+  int threads_for(wait_mode m, int threads) const {
+    if (m == wait_mode::thread) return 1;
+    return threads == 0 ? static_cast<int>(lanes.total()) : threads;
+  }
+
+  instance_config config_for(wait_mode m, sync_kind s, int requested_threads) const {
+    const int threads = threads_for(m, requested_threads);
     instance_config c;
-    c.threads = m == wait_mode::thread ? 1 : threads;
+    c.threads = threads;
     c.reactor.strategy = cfg.strategy;
     if (cfg.spin_window_us >= 0)
       c.reactor.spin_window = std::chrono::microseconds(cfg.spin_window_us);
@@ -181,17 +89,22 @@ struct process {
     sc.batching.window = std::chrono::microseconds(cfg.mlp_window_us);
     sc.batching.inflight = cfg.mlp_inflight;
     sc.io_timeout = std::chrono::seconds(cfg.timeout_seconds);
-    sc.info = {m == wait_mode::evr ? "evr" : to_string(m),
-               m == wait_mode::evr ? "none" : to_string(s),
+    sc.info = {to_string(m),
+               blocks_a_thread(m) ? to_string(s) : "none",
                dev.label,
                m == wait_mode::evr ? evr::to_string(cfg.strategy) : "none",
                m == wait_mode::thread ? 0 : threads,
-               static_cast<int>(lanes.size())};
+               static_cast<int>(lanes.total()),
+               static_cast<int>(dev.devices.size())};
     return c;
   }
 
-  server_limits limits(bool evr_mode) const {
-    return {cfg.max_n, cfg.max_busy_us, cfg.mlp_max_batch, &model, evr_mode};
+  instance start(wait_mode m, sync_kind s, int requested_threads) const {
+    return instance(*dev.backend, lanes.by_device(), model, config_for(m, s, requested_threads));
+  }
+
+  server_limits limits(wait_mode m) const {
+    return {cfg.max_n, cfg.max_busy_us, cfg.mlp_max_batch, &model, m == wait_mode::evr};
   }
 };
 
@@ -220,14 +133,13 @@ bool run_compare(const process& p) {
   row rows[2];
   const wait_mode modes[2] = {wait_mode::evr, wait_mode::pool};
   for (int i = 0; i < 2; ++i) {
-    instance inst(*p.dev.backend, p.lanes, p.model,
-                  p.config_for(modes[i], sync_kind::spin, p.cfg.threads));
+    instance inst = p.start(modes[i], sync_kind::spin, p.cfg.threads);
     load_options lo;
     lo.server = inst.endpoint();
     lo.connections = p.cfg.compare_connections;
     lo.duration = std::chrono::milliseconds(static_cast<long long>(p.cfg.compare_seconds * 1000));
     lo.target = p.cfg.compare_path;
-    lo.limits = p.limits(modes[i] == wait_mode::evr);
+    lo.limits = p.limits(modes[i]);
     rows[i].load = run_load(lo);
     inst.stop();
     rows[i].ok = inst.join() && rows[i].load.errors == 0 && inst.metrics().count(500, 599) == 0;
@@ -258,7 +170,9 @@ bool run_shutdown(const process& p, instance& inst) {
   // be done by then). A pool of N threads holds at most N: the rest wait unread until it frees.
   const std::int64_t busy = static_cast<std::int64_t>(targets.size() - targets.size() / 4);
   const std::int64_t expect =
-      p.cfg.mode == wait_mode::pool ? std::min<std::int64_t>(busy, p.cfg.threads) : busy;
+      p.cfg.mode == wait_mode::pool
+          ? std::min<std::int64_t>(busy, p.threads_for(wait_mode::pool, p.cfg.threads))
+          : busy;
   // On a slow machine (sanitizers, a loaded CI host) the first requests may finish before the
   // last arrive: after 2 s of waiting for all of them, any request in flight will do. stop() must
   // find at least one in the server, or the check proves nothing.
@@ -274,13 +188,13 @@ bool run_shutdown(const process& p, instance& inst) {
       [&] { inst.stop(); });
   const bool joined = inst.join();
   const std::int64_t left = inst.metrics().in_flight();
-  const std::size_t leased = inst.pool().leased();
+  const std::size_t leased = inst.lanes().leased();
   const std::uint64_t reactor_left = inst.reactor() ? inst.reactor()->metrics().in_flight : 0;
   std::printf(
       "shutdown: stop() with %d requests sent, %lld in the server (%lld wanted): %d answered, "
       "%d closed; afterwards %lld requests, %zu of %zu lanes, %llu reactor waits left\n",
       r.sent, static_cast<long long>(held_at_stop), static_cast<long long>(expect), r.answered,
-      r.closed, static_cast<long long>(left), leased, inst.pool().size(),
+      r.closed, static_cast<long long>(left), leased, inst.lanes().size(),
       static_cast<unsigned long long>(reactor_left));
   for (const auto& f : r.failures) std::printf("  FAILED %s\n", f.c_str());
   return joined && r.failures.empty() && r.answered + r.closed == r.sent && left == 0 &&
@@ -298,10 +212,15 @@ int main(int argc, char** argv) {
     // before the CUDA context exists. An explicit environment setting wins.
     setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(cfg.cuda_connections).c_str(), 0);
   }
-  device_choice dev = choose_device(cfg.device);
-  std::printf("device: %s\n", dev.description.c_str());
-
   try {
+    gpus dev = choose_gpus(cfg);
+    std::printf("device: %s\n", dev.description.c_str());
+    std::string used;
+    for (int d : dev.devices) {
+      if (!used.empty()) used += ',';
+      used += std::to_string(d);
+    }
+    std::printf("devices: %s (%zu used)\n", used.c_str(), dev.devices.size());
     prepare_cuda(cfg, dev);
     mlp::shape shape;
     shape.width = cfg.mlp_width > 0 ? cfg.mlp_width : (dev.cuda ? 8192 : 1024);
@@ -309,47 +228,15 @@ int main(int argc, char** argv) {
     const mlp::model model(shape);
 
     // The lanes (and the /mlp weights on a GPU) are the process's: every instance uses them.
-#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
-    std::unique_ptr<cuda_mlp_weights> weights;
-    if (dev.cuda) weights = std::make_unique<cuda_mlp_weights>(model);
-#endif
-    // Lanes: as many as the GPU runs /busy kernels at once unless --streams says otherwise (fewer
-    // would leave the GPU idle under load; more only queue behind the ones running).
-    int streams = cfg.streams;
-    std::string lanes_note = "--streams";
-    if (streams == 0) {
-      streams = 64;
-      lanes_note = "default on the simulated device";
-#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
-      if (dev.cuda) {
-        char detail[160] = "";
-        if (const int n = server_kernels::busy_concurrency(detail, sizeof detail); n > 0) {
-          streams = n;
-          lanes_note = std::string("from the GPU: ") + detail;
-        } else {
-          lanes_note = "the GPU could not be queried: default";
-        }
-      }
-#endif
-    }
-    std::printf("lanes: %d (%s)\n", streams, lanes_note.c_str());
-    std::vector<std::unique_ptr<lane>> owned_lanes;
-    for (int i = 0; i < streams; ++i) {
-#if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
-      if (dev.cuda) {
-        owned_lanes.push_back(make_cuda_lane(*weights));
-        continue;
-      }
-#endif
-      owned_lanes.push_back(make_sim_lane(*dev.sim, model));
-    }
-    process p{cfg, dev, model, {}};
-    for (auto& l : owned_lanes) p.lanes.push_back(l.get());
-    warm_up(p.lanes, model, cfg.mlp_max_batch, dev.cuda);
+    const server_lanes lanes(cfg, dev, model);
+    std::printf("lanes: %s\n", lanes.description().c_str());
+    const process p{cfg, dev, model, lanes};
+    const int streams = static_cast<int>(lanes.total());
 
     bool good = true;
     {
-      instance inst(*dev.backend, p.lanes, model, p.config_for(cfg.mode, cfg.sync, cfg.threads));
+      instance inst = p.start(cfg.mode, cfg.sync, cfg.threads);
+      const int threads = p.threads_for(cfg.mode, cfg.threads);
       char mlp_desc[200];
       std::snprintf(mlp_desc, sizeof mlp_desc,
                     "mlp %d-%dx%d-%d (%.0f M weights), batches of up to %zu rows (%zu running, "
@@ -357,20 +244,20 @@ int main(int argc, char** argv) {
                     shape.in, shape.width, shape.hidden, shape.out,
                     static_cast<double>(shape.weight_count()) / 1e6, cfg.mlp_max_batch,
                     cfg.mlp_inflight, cfg.mlp_window_us);
-      std::printf(
-          "server: mode %s, %s, %d stream%s, %s, %s, http://%s:%u/\n",
-          mode_label(cfg.mode, cfg.sync).c_str(),
-          cfg.mode == wait_mode::thread
-              ? "a thread per connection"
-              : (std::to_string(cfg.threads) + (cfg.threads == 1 ? " thread" : " threads")).c_str(),
-          streams, streams == 1 ? "" : "s",
-          cfg.mode == wait_mode::evr
-              ? (std::string("strategy ") + evr::to_string(cfg.strategy)).c_str()
-              : "blocking waits",
-          mlp_desc, cfg.address.c_str(), inst.srv().port());
+      std::printf("server: mode %s, %s, %d stream%s, %s, %s, http://%s:%u/\n",
+                  mode_label(cfg.mode, cfg.sync).c_str(),
+                  cfg.mode == wait_mode::thread
+                      ? "a thread per connection"
+                      : (std::to_string(threads) + (threads == 1 ? " thread" : " threads")).c_str(),
+                  streams, streams == 1 ? "" : "s",
+                  cfg.mode == wait_mode::evr
+                      ? (std::string("strategy ") + evr::to_string(cfg.strategy)).c_str()
+                  : blocks_a_thread(cfg.mode) ? "blocking waits"
+                                              : "waits written by hand",
+                  mlp_desc, cfg.address.c_str(), inst.srv().port());
       std::fflush(stdout);
 
-      const server_limits limits = p.limits(cfg.mode == wait_mode::evr);
+      const server_limits limits = p.limits(cfg.mode);
       if (cfg.what == action::serve) {
         asio::signal_set signals(inst.io(), SIGINT, SIGTERM);
         signals.async_wait([&](std::error_code ec, int sig) {
@@ -409,8 +296,8 @@ int main(int argc, char** argv) {
             "load-result mode=%s sync=%s device=%s threads=%d streams=%d connections=%d "
             "seconds=%.3f requests=%llu errors=%llu rps=%.1f p50_us=%.1f p90_us=%.1f p99_us=%.1f "
             "max_us=%.1f\n",
-            to_string(cfg.mode), cfg.mode == wait_mode::evr ? "none" : to_string(cfg.sync),
-            dev.label.c_str(), cfg.mode == wait_mode::thread ? 0 : cfg.threads, streams,
+            to_string(cfg.mode), blocks_a_thread(cfg.mode) ? to_string(cfg.sync) : "none",
+            dev.label.c_str(), cfg.mode == wait_mode::thread ? 0 : threads, streams,
             cfg.connections, load.seconds, static_cast<unsigned long long>(load.requests),
             static_cast<unsigned long long>(load.errors), load.requests_per_second(),
             load.percentile(0.5), load.percentile(0.9), load.percentile(0.99),

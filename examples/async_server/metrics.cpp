@@ -165,7 +165,8 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
   out += "evr_server_info{mode=\"" + escape_label(about.mode) + "\",sync=\"" +
          escape_label(about.sync) + "\",device=\"" + escape_label(about.device) + "\",strategy=\"" +
          escape_label(about.strategy) + "\",threads=\"" + std::to_string(about.threads) +
-         "\",lanes=\"" + std::to_string(about.lanes) + "\"} 1\n";
+         "\",lanes=\"" + std::to_string(about.lanes) + "\",devices=\"" +
+         std::to_string(about.devices) + "\"} 1\n";
 
   header(out, "evr_server_requests_total", "counter",
          "HTTP requests answered, by path and status.");

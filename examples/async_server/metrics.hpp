@@ -2,7 +2,7 @@
 // exposition format (version 0.0.4) for GET /metrics.
 //
 // Server metrics:
-//   evr_server_info{mode,sync,device,strategy,threads,lanes}  1
+//   evr_server_info{mode,sync,device,strategy,threads,lanes,devices}  1
 //   evr_server_requests_total{path,status}                  counter
 //   evr_server_requests_in_flight                           gauge: heads read, responses not yet
 //                                                           written
@@ -86,7 +86,7 @@ class server_metrics {
   /// How this server runs, for evr_server_info.
   struct info {
     std::string mode, sync, device, strategy;
-    int threads = 0, lanes = 0;
+    int threads = 0, lanes = 0, devices = 1;  // lanes: all devices'
   };
   /// The whole /metrics page. `reactor` may be null (the blocking modes have no reactor).
   /// `connections`: the server's open connections.

@@ -108,32 +108,26 @@ double micros(clock_type::duration d) {
 
 }  // namespace
 
-const char* to_string(wait_mode m) noexcept {
-  switch (m) {
-    case wait_mode::evr: return "evr";
-    case wait_mode::pool: return "pool";
-    case wait_mode::thread: return "thread";
-  }
-  return "?";
-}
-
 struct server::connection {
-  connection(asio::ip::tcp::socket s, evr::reactor* reactor) : socket(std::move(s)) {
+  /// `wait`: what its GPU waits use (null in the blocking modes); `device`: the device it prefers.
+  connection(asio::ip::tcp::socket s, const gpu_wait::source* wait, std::size_t device)
+      : socket(std::move(s)), device(device) {
     body.reserve(256);  // a /busy answer is ~110 bytes, its response ~200: no growing later
     wire.reserve(512);
-    if (reactor != nullptr) {
-      waiter.emplace(socket.get_executor(), *reactor);
+    if (wait != nullptr) {
+      gpu.emplace(socket.get_executor(), *wait);
       mailbox.emplace(socket.get_executor(), 1);
     }
   }
-  // On the connection's executor (evr: its io_context's one thread; pool: its strand; thread: its
-  // own thread), like everything below but deadline_ns.
+  // On the connection's executor (evr, hostfunc, poll: its io_context's one thread; pool: its
+  // strand; thread: its own thread), like everything below but deadline_ns.
   asio::ip::tcp::socket socket;
+  const std::size_t device;  // its requests take this device's lanes first
   /// When the connection must have made progress (steady_clock, ns), 0: no deadline. Set by the
   /// connection, taken (exchanged with 0) by the sweep that closes it.
   std::atomic<std::int64_t> deadline_ns{0};
-  std::optional<evr::gpu_waiter> waiter;        // evr mode only
-  std::optional<mlp_batcher::mailbox> mailbox;  // evr mode only: /mlp batches answer here
+  std::optional<gpu_wait> gpu;                  // the non-blocking modes
+  std::optional<mlp_batcher::mailbox> mailbox;  // the non-blocking modes: /mlp batches answer here
   // Reused from request to request (cleared, their capacity kept): no allocation per request once
   // they have grown to what this connection's requests need.
   std::string in;  // bytes read and not yet consumed: a pipelined request may follow a body
@@ -149,7 +143,7 @@ struct server::conn_thread {
   std::atomic<bool> done{false};
 };
 
-server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_pool& lanes,
+server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_set& lanes,
                evr::reactor* reactor, const mlp::model& model, server_metrics& metrics)
     : contexts_(std::move(contexts)),
       cfg_(std::move(cfg)),
@@ -157,16 +151,35 @@ server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_
       reactor_(cfg_.mode == wait_mode::evr ? reactor : nullptr),
       model_(model),
       metrics_(metrics),
-      accept_strand_(asio::make_strand(*contexts_.at(0))),
-      acceptor_(accept_strand_),
-      sweep_timer_(accept_strand_) {
+      control_(cfg_.mode == wait_mode::pool
+                   ? asio::any_io_executor(asio::make_strand(*contexts_.at(0)))
+                   : asio::any_io_executor(contexts_.at(0)->get_executor())),
+      acceptor_(control_),
+      sweep_timer_(control_) {
   if (cfg_.mode == wait_mode::evr && reactor_ == nullptr)
     throw std::invalid_argument("server: wait_mode::evr needs a reactor");
   if (cfg_.check_every == 0) throw std::invalid_argument("server: check_every must be at least 1");
-  if (reactor_ != nullptr)
-    batcher_ = std::make_unique<mlp_batcher>(*contexts_[0], lanes, *reactor_, model.dims(),
-                                             cfg_.batching, metrics);
+  if (cfg_.mode == wait_mode::poll)
+    for (asio::io_context* io : contexts_)
+      pollers_.push_back(std::make_unique<event_poller>(*io, lanes.size()));
+  if (!blocks_a_thread(cfg_.mode)) {
+    // A batcher per device, spread over the io_contexts (its batches run on its context).
+    for (std::size_t d = 0; d < lanes.devices(); ++d) {
+      const std::size_t home = d % contexts_.size();
+      batchers_.push_back(std::make_unique<mlp_batcher>(*contexts_[home], lanes.pool(d),
+                                                        wait_source(home), model.dims(),
+                                                        cfg_.batching, metrics));
+    }
+  }
   for (asio::io_context* io : contexts_) keep_running_.push_back(asio::make_work_guard(*io));
+}
+
+gpu_wait::source server::wait_source(std::size_t context) const noexcept {
+  return {cfg_.mode, reactor_, pollers_.empty() ? nullptr : pollers_[context].get()};
+}
+
+lane_pool& server::home_pool(const connection& c) noexcept {
+  return lanes_.pool(c.device % lanes_.devices());
 }
 
 server::~server() {
@@ -187,10 +200,10 @@ void server::start() {
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) throw std::runtime_error("cannot listen on " + where + ": " + ec.message());
   port_ = acceptor_.local_endpoint().port();
-  asio::co_spawn(accept_strand_, accept_loop(), [](std::exception_ptr e) {
+  asio::co_spawn(control_, accept_loop(), [](std::exception_ptr e) {
     if (e) std::rethrow_exception(e);  // a bug, not a client's doing: let run() report it
   });
-  asio::co_spawn(accept_strand_, sweep_deadlines(), [](std::exception_ptr e) {
+  asio::co_spawn(control_, sweep_deadlines(), [](std::exception_ptr e) {
     if (e) std::rethrow_exception(e);
   });
 }
@@ -205,7 +218,7 @@ void server::stop() {
     open = connections_;
     running.swap(keep_running_);
   }
-  asio::post(accept_strand_, [this] {
+  asio::post(control_, [this] {
     std::error_code ignored;
     acceptor_.close(ignored);
     sweep_timer_.cancel();
@@ -251,26 +264,14 @@ void server::reap_conn_threads() {
 }
 
 asio::awaitable<void> server::accept_loop() {
-  asio::steady_timer backoff(accept_strand_);
+  asio::steady_timer backoff(control_);
   std::error_code ignored;
   acceptor_.non_blocking(true,
                          ignored);  // for the draining accepts below (async ones are unaffected)
   const bool own_threads = cfg_.mode == wait_mode::thread;
-  // evr: the next io_context, round-robin (its one thread is the only one to touch the
-  // connection). pool: a strand of the shared io_context (its socket and coroutine are only ever
-  // used from one thread at a time). thread: an io_context and thread of its own.
-  auto next = [&]() -> std::pair<asio::any_io_executor, std::shared_ptr<conn_thread>> {
-    if (own_threads) {
-      auto t = new_conn_thread();
-      return {t->io.get_executor(), t};
-    }
-    if (cfg_.mode == wait_mode::pool) return {asio::make_strand(*contexts_[0]), nullptr};
-    asio::io_context& io = *contexts_[next_context_++ % contexts_.size()];
-    return {io.get_executor(), nullptr};
-  };
   for (;;) {
-    auto [ex, own] = next();
-    auto [ec, socket] = co_await acceptor_.async_accept(ex, use_tuple);
+    placement where = next_placement();
+    auto [ec, socket] = co_await acceptor_.async_accept(where.executor, use_tuple);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
       // Out of descriptors and the like: say so and retry a little later instead of spinning.
@@ -280,24 +281,41 @@ asio::awaitable<void> server::accept_loop() {
       continue;
     }
     if (own_threads) reap_conn_threads();
-    if (!start_connection(std::move(socket), std::move(own))) co_return;
+    if (!start_connection(std::move(socket), std::move(where))) co_return;
     // Then take what else is waiting in the backlog without another trip through the scheduler:
     // when every io thread is busy (pool mode), each trip can take milliseconds, and 256 clients
     // connecting at once would otherwise wait in line for one accept each.
     for (int i = 0; i < 256; ++i) {
-      auto [ex2, own2] = next();
-      asio::ip::tcp::socket more = acceptor_.accept(ex2, ec);
+      placement more_where = next_placement();
+      asio::ip::tcp::socket more = acceptor_.accept(more_where.executor, ec);
       if (ec) break;  // would_block: the backlog is empty (other errors: the async accept reports)
-      if (!start_connection(std::move(more), std::move(own2))) co_return;
+      if (!start_connection(std::move(more), std::move(more_where))) co_return;
     }
   }
 }
 
-bool server::start_connection(asio::ip::tcp::socket socket, std::shared_ptr<conn_thread> own) {
+server::placement server::next_placement() {
+  // thread: an io_context and thread of its own. pool: a strand of the shared io_context (its
+  // socket and coroutine are only ever used from one thread at a time). The others: the next
+  // io_context, round-robin (its one thread is the only one to touch the connection).
+  if (cfg_.mode == wait_mode::thread) {
+    auto t = new_conn_thread();
+    return {t->io.get_executor(), t, 0};
+  }
+  if (cfg_.mode == wait_mode::pool) return {asio::make_strand(*contexts_[0]), nullptr, 0};
+  const std::size_t i = next_context_++ % contexts_.size();
+  return {contexts_[i]->get_executor(), nullptr, i};
+}
+
+bool server::start_connection(asio::ip::tcp::socket socket, placement where) {
   std::error_code ignored;
   socket.set_option(asio::ip::tcp::no_delay(true), ignored);  // small responses, sent at once
   socket.non_blocking(true, ignored);  // responses are written at once when the socket takes them
-  auto c = std::make_shared<connection>(std::move(socket), reactor_);
+  std::optional<gpu_wait::source> wait;
+  if (!blocks_a_thread(cfg_.mode)) wait = wait_source(where.context);
+  auto c = std::make_shared<connection>(std::move(socket), wait ? &*wait : nullptr,
+                                        next_device_++ % lanes_.devices());
+  std::shared_ptr<conn_thread>& own = where.own;
   {
     std::lock_guard lock(mutex_);
     if (stopping_.load(std::memory_order_relaxed)) return false;  // c's socket closes as it goes
@@ -428,12 +446,15 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
         std::uint32_t result = 0;
         std::error_code ec;
         {
-          lane_pool::lease lease = lanes_.try_acquire();
-          if (!lease) lease = lanes_.adopt(co_await lanes_.async_wait_lane(asio::use_awaitable));
+          lane_pool::lease lease = lanes_.try_acquire(c->device);
+          if (!lease) {
+            lane_pool& home = home_pool(*c);
+            lease = home.adopt(co_await home.async_wait_lane(asio::use_awaitable));
+          }
           if (!launch_busy(lease, spec, *c, r)) {
             const auto tw = clock_type::now();
-            if (c->waiter) {
-              auto [wec] = co_await c->waiter->async_wait(lease->stream(), use_tuple);
+            if (c->gpu) {
+              auto [wec] = co_await c->gpu->async_wait(*lease, use_tuple);
               ec = wec;
             } else {
               ec = lease->wait_blocking(cfg_.sync);
@@ -578,9 +599,9 @@ asio::awaitable<std::error_code> server::wait_gpu(lane_pool::lease& lease, conne
                                                   std::string_view path, double& waited_us) {
   const auto t0 = clock_type::now();
   std::error_code ec;
-  if (c.waiter) {
-    // evr: this thread serves other connections until the reactor sees the stream done.
-    auto [wec] = co_await c.waiter->async_wait(lease->stream(), use_tuple);
+  if (c.gpu) {
+    // evr, hostfunc, poll: this thread serves other connections until the work is done.
+    auto [wec] = co_await c.gpu->async_wait(*lease, use_tuple);
     ec = wec;
   } else {
     // pool / thread: this thread can do nothing else until the GPU is done.
@@ -599,8 +620,8 @@ void server::waited(lane_pool::lease& lease, std::string_view path, clock_type::
 
 asio::awaitable<server::response> server::run_job(const job::spec& spec, connection& c) {
   // Waits (suspended) while every lane is taken: bounded GPU memory and streams under any load.
-  lane_pool::lease lease = lanes_.try_acquire();
-  if (!lease) lease = co_await lanes_.acquire_waiting();
+  lane_pool::lease lease = lanes_.try_acquire(c.device);
+  if (!lease) lease = co_await home_pool(c).acquire_waiting();
   lane& l = *lease;
   // (No co_return inside the handlers: the response is built after the try statement.)
   std::optional<response> refused;
@@ -697,17 +718,18 @@ asio::awaitable<server::response> server::run_mlp(const mlp::request& req, conne
   std::vector<float> outputs(req.rows * out);
   std::size_t batch_rows = req.rows;
   double gpu_us = 0;
-  if (batcher_) {
-    // evr: the request joins a batch; this coroutine (not a thread) waits for the batch.
+  if (!batchers_.empty()) {
+    // The request joins a batch of its device; this coroutine (not a thread) waits for it.
     const auto t0 = clock_type::now();
-    const mlp_batcher::result r = co_await batcher_->run(req, outputs.data(), *c.mailbox);
+    mlp_batcher& batcher = *batchers_[c.device % batchers_.size()];
+    const mlp_batcher::result r = co_await batcher.run(req, outputs.data(), *c.mailbox);
     gpu_us = micros(clock_type::now() - t0);
     if (r.ec) co_return error_response(c, 500, r.what);
     batch_rows = r.batch_rows;
   } else {
     // pool / thread: a batch of this request alone, waited for by blocking the thread.
-    lane_pool::lease lease = lanes_.try_acquire();
-    if (!lease) lease = co_await lanes_.acquire_waiting();
+    lane_pool::lease lease = lanes_.try_acquire(c.device);
+    if (!lease) lease = co_await home_pool(c).acquire_waiting();
     lane& l = *lease;
     std::optional<response> refused;
     try {

@@ -9,26 +9,34 @@
 //                                        (mlp.hpp, batcher.hpp)
 //   GET      /metrics                    Prometheus text format (metrics.hpp)
 //
-// Three ways to serve, everything else identical:
-//   * wait_mode::evr     the request's coroutine co_awaits evr::gpu_waiter::async_wait: its thread
-//                        serves other connections meanwhile, so N threads keep any number of
-//                        requests in flight (up to the lanes).
-//   * wait_mode::pool    a pool of N threads; a request blocks its thread until its GPU work is
-//                        done (sync_kind: spin or blocking-sync): requests in flight <= N.
-//   * wait_mode::thread  a thread per connection, which blocks the same way: requests in flight
-//                        <= connections (and lanes), at the price of a thread each.
+// Five ways to wait for the GPU (wait_mode.hpp), everything else identical:
+//   * evr       the request's coroutine co_awaits evr::gpu_waiter::async_wait: its thread serves
+//               other connections meanwhile, so N threads keep any number of requests in flight
+//               (up to the lanes).
+//   * hostfunc  the same coroutine, resumed by a host function behind its work that posts to its
+//   * poll      io_context (host_func_wait.hpp), or by its io thread, which queries its requests'
+//               events between I/O (event_poller.hpp): the two waits a user writes without evr.
+//   * pool      a pool of N threads; a request blocks its thread until its GPU work is done
+//               (sync_kind: spin, the driver's default, or blocking-sync): requests in flight <= N.
+//   * thread    a thread per connection, which blocks the same way: requests in flight <=
+//               connections (and lanes), at the price of a thread each.
+// evr, hostfunc and poll share everything but the wait (gpu_wait.hpp), /mlp batching included.
 //
 // Threads:
-//   * evr: one io_context per thread (N of them); the acceptor (on the first) hands connections
-//     to the contexts round-robin, and a connection lives on its context's plain executor, no
-//     strand: only that context's one thread ever runs its socket and coroutine. Nothing is shared
-//     between the threads on a request's path but the lane pool (lock-free) and the reactor, and
-//     evr's delivery sees a plain io_context executor (its batched posts apply).
+//   * evr, hostfunc, poll: one io_context per thread (N of them); the acceptor (on the first)
+//     hands connections to the contexts round-robin, and a connection lives on its context's
+//     plain executor, no strand: only that context's one thread ever runs its socket and
+//     coroutine. Nothing is shared between the threads on a request's path but the lane pools
+//     (lock-free) and what the mode waits with (evr: the reactor; hostfunc: the driver's
+//     host-function thread; poll: nothing), and evr's delivery sees a plain io_context executor
+//     (its batched posts apply).
 //   * pool: one io_context run by N threads, each connection on its own strand. A blocking pool
 //     needs the shared queue: any idle thread must take the next ready connection (with an
 //     io_context per thread a connection would wait behind the blocked thread it was pinned to).
 //   * thread: each accepted connection gets a thread of its own running a private io_context for
 //     that one socket, so its reads, writes and waits block only that thread.
+// GPUs: the lanes of every device used (lane_set.hpp); each connection prefers one device,
+// round-robin at accept, and /mlp has a batcher per device.
 // Deadlines (idle and slow clients): a connection stores when it must next make progress; one
 // sweep every io_timeout/8 (at most 250 ms) closes the late ones. No timer per request.
 #pragma once
@@ -54,14 +62,15 @@
 
 #include "batcher.hpp"
 #include "busy.hpp"
+#include "event_poller.hpp"
+#include "gpu_wait.hpp"
 #include "http.hpp"
 #include "job.hpp"
+#include "lane_set.hpp"
 #include "lanes.hpp"
 #include "metrics.hpp"
 #include "mlp.hpp"
-
-enum class wait_mode { evr, pool, thread };
-const char* to_string(wait_mode m) noexcept;
+#include "wait_mode.hpp"
 
 struct server_config {
   std::string address = "127.0.0.1";
@@ -73,7 +82,8 @@ struct server_config {
   /// /busy and /mlp: every check_every-th answer is compared with the CPU's reference (/saxpy and
   /// /sum: every answer; that CPU work is what those routes are about).
   std::uint32_t check_every = 16;
-  mlp_batcher::options batching;  ///< evr mode; the blocking modes run each /mlp request alone
+  /// evr, hostfunc, poll; the blocking modes run each /mlp request alone.
+  mlp_batcher::options batching;
   /// A connection that sends no complete request head (or does not take its response) for this
   /// long is closed: keeps idle keep-alive clients and slow senders from holding sockets forever.
   std::chrono::milliseconds io_timeout{30000};
@@ -82,12 +92,13 @@ struct server_config {
 
 class server {
  public:
-  /// `contexts`: the io_contexts connections run on (evr: one per io thread; pool and thread
-  /// modes: one, the pool's or the accept loop's). The accept loop and the deadline sweep run on
-  /// the first. `reactor` is required in wait_mode::evr and ignored otherwise. `model` is the /mlp
-  /// model (its reference checks answers; the lanes hold its weights). All must outlive the
-  /// server. Until stop(), the server keeps every context's run() from returning.
-  server(std::vector<asio::io_context*> contexts, server_config cfg, lane_pool& lanes,
+  /// `contexts`: the io_contexts connections run on (evr, hostfunc, poll: one per io thread;
+  /// pool and thread modes: one, the pool's or the accept loop's). The accept loop and the
+  /// deadline sweep run on the first. `reactor` is required in wait_mode::evr and ignored
+  /// otherwise. `model` is the /mlp model (its reference checks answers; the lanes hold its
+  /// weights). All must outlive the server. Until stop(), the server keeps every context's run()
+  /// from returning.
+  server(std::vector<asio::io_context*> contexts, server_config cfg, lane_set& lanes,
          evr::reactor* reactor, const mlp::model& model, server_metrics& metrics);
   ~server();
   server(const server&) = delete;
@@ -120,10 +131,24 @@ class server {
     bool close = false;         ///< close the connection after this response
   };
   struct conn_thread;  // wait_mode::thread: a connection's own io_context and thread
+  /// Where an accepted connection runs: its executor, its own thread (thread mode) and the index
+  /// of its io_context in contexts_ (the modes with one per thread).
+  struct placement {
+    asio::any_io_executor executor;
+    std::shared_ptr<conn_thread> own;
+    std::size_t context = 0;
+  };
 
   asio::awaitable<void> accept_loop();
+  /// Where the next accepted connection goes (accept loop only: round-robin state).
+  placement next_placement();
   /// Registers and serves an accepted socket; false once the server is stopping.
-  bool start_connection(asio::ip::tcp::socket socket, std::shared_ptr<conn_thread> own);
+  bool start_connection(asio::ip::tcp::socket socket, placement where);
+  /// What the waits of the connections and batchers on contexts_[context] use (non-blocking
+  /// modes).
+  gpu_wait::source wait_source(std::size_t context) const noexcept;
+  /// The lane pool of the connection's own device (where it waits when every lane is taken).
+  lane_pool& home_pool(const connection& c) noexcept;
   std::shared_ptr<conn_thread> new_conn_thread();
   void reap_conn_threads();
   asio::awaitable<void> serve(std::shared_ptr<connection> c);
@@ -153,17 +178,22 @@ class server {
 
   std::vector<asio::io_context*> contexts_;
   std::size_t next_context_ = 0;  // round-robin (accept loop only)
+  std::size_t next_device_ = 0;   // round-robin (accept loop only)
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> keep_running_;
   server_config cfg_;
-  lane_pool& lanes_;
+  lane_set& lanes_;
   evr::reactor* reactor_;
   const mlp::model& model_;
   server_metrics& metrics_;
-  std::unique_ptr<mlp_batcher> batcher_;   // evr mode
-  std::atomic<std::uint64_t> answers_{0};  // for sample_check
-  asio::strand<asio::io_context::executor_type> accept_strand_;
+  std::vector<std::unique_ptr<event_poller>> pollers_;  // poll mode: one per context
+  std::vector<std::unique_ptr<mlp_batcher>> batchers_;  // non-blocking modes: one per device
+  std::atomic<std::uint64_t> answers_{0};               // for sample_check
+  /// Where the accept loop and the deadline sweep run: the first context's plain executor, which
+  /// one thread runs (a strand would cost every sweep timer's completion an allocation), or in
+  /// pool mode, where all the pool's threads run that context, a strand of it.
+  asio::any_io_executor control_;
   asio::ip::tcp::acceptor acceptor_;
-  asio::steady_timer sweep_timer_;  // on accept_strand_
+  asio::steady_timer sweep_timer_;  // on control_
   std::uint16_t port_ = 0;
 
   std::mutex mutex_;  // guards connections_, conn_threads_, keep_running_ and stopping_'s change
