@@ -225,6 +225,15 @@ class device_not_counted final : public evr::device::backend {
     not_counted off;
     b_.free_fence_block(block);
   }
+  std::error_code allocate_signal_block(int d, std::size_t slots,
+                                        evr::device::signal_block& out) noexcept override {
+    not_counted off;
+    return b_.allocate_signal_block(d, slots, out);
+  }
+  void free_signal_block(evr::device::signal_block& block) noexcept override {
+    not_counted off;
+    b_.free_signal_block(block);
+  }
   std::error_code write_fence(native_stream s, std::uint64_t address,
                               std::uint64_t value) noexcept override {
     not_counted off;
@@ -274,6 +283,8 @@ class lane_launch_not_counted final : public lane {
     l_->enqueue_mlp(rows);
   }
   const float* mlp_output() const noexcept override { return l_->mlp_output(); }
+  void use_signal(evr::signal_slot slot) noexcept override { l_->use_signal(std::move(slot)); }
+  evr::wait_target wait_target() const noexcept override { return l_->wait_target(); }
 
  private:
   std::unique_ptr<lane> l_;

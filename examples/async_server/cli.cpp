@@ -189,6 +189,10 @@ settings parse_command_line(int argc, char** argv) {
                  "/busy and /mlp: compare every Nth answer with the CPU (/saxpy, /sum: every one)")
       ->check(CLI::Range(1u, 1000000u))
       ->group("Routes");
+  app.add_flag("!--no-busy-signal", s.busy_signal,
+               "evr mode: /busy's kernel does not signal an evr slot (a device-signalled wait); "
+               "the wait puts a marker on the stream, as in the other modes")
+      ->group("Routes");
   app.add_option("--mlp-width", s.mlp_width,
                  "/mlp hidden layer width (0: 8192 on a GPU, 1024 on the simulated device)")
       ->check(CLI::Range(0, 65536))

@@ -50,7 +50,7 @@ class gpu_wait {
   template <typename Handler>
   void start(lane& l, Handler handler) {
     switch (mode_) {
-      case wait_mode::evr: waiter_->async_wait(l.stream(), std::move(handler)); break;
+      case wait_mode::evr: waiter_->async_wait(l.wait_target(), std::move(handler)); break;
       case wait_mode::hostfunc: host_func_wait::start(l.stream(), std::move(handler)); break;
       case wait_mode::poll: poller_->start(l, std::move(handler)); break;
       case wait_mode::pool:

@@ -6,6 +6,8 @@
 
 #include "busy_math.hpp"
 
+#include <evr/device/signal.cuh>
+
 namespace {
 
 constexpr unsigned threads_per_block = 256;
@@ -44,7 +46,8 @@ __global__ void sum_kernel(const float* x, double* sum, std::size_t n) {
 // them, and thread 0 spins on the GPU's nanosecond clock until `ns` have passed since the kernel
 // began, then writes the answer (into mapped host memory: no copy follows). Everything but the
 // spin is a few microseconds of work.
-__global__ void busy_kernel(unsigned long long ns, std::uint32_t seed, std::uint32_t* result) {
+__global__ void busy_kernel(unsigned long long ns, std::uint32_t seed, std::uint32_t* result,
+                            evr::signal_ref done, bool signal_done) {
   unsigned long long start;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   std::uint32_t v = busy_math::thread_value(seed, threadIdx.x);
@@ -61,6 +64,9 @@ __global__ void busy_kernel(unsigned long long ns, std::uint32_t seed, std::uint
   // to the host before anything the stream does after this kernel (the completion marker).
   *static_cast<volatile std::uint32_t*>(result) = v;
   __threadfence_system();
+  // A device-signalled wait: the kernel itself tells evr it is done (its fence orders the answer
+  // before the count), so nothing follows it on the stream.
+  if (signal_done) evr::signal(done);
 }
 
 }  // namespace
@@ -99,8 +105,9 @@ int server_kernels::busy_concurrency(int device, char* detail, std::size_t detai
 }
 
 int server_kernels::launch_busy(CUstream_st* stream, std::uint32_t us, std::uint32_t seed,
-                                std::uint32_t* result) {
-  busy_kernel<<<1, busy_math::threads, 0, stream>>>(static_cast<unsigned long long>(us) * 1000ull,
-                                                    seed, result);
+                                std::uint32_t* result, const evr::signal_ref* done) {
+  busy_kernel<<<1, busy_math::threads, 0, stream>>>(
+      static_cast<unsigned long long>(us) * 1000ull, seed, result,
+      done != nullptr ? *done : evr::signal_ref{}, done != nullptr);
   return static_cast<int>(cudaGetLastError());
 }

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <evr/device/signal_ref.h>
+
 struct CUstream_st;
 
 namespace server_kernels {
@@ -21,8 +23,10 @@ int launch_sum(CUstream_st* stream, const float* x, double* sum, std::size_t n);
 /// Enqueues the /busy kernel: one block of busy_math::threads threads computes
 /// busy_math::reference(seed) into *result (the device's address of mapped pinned host memory,
 /// written with a system-scope fence after it) and runs `us` microseconds in all, measured on the
-/// GPU's clock (%globaltimer). Returns a cudaError_t value (0: ok).
-int launch_busy(CUstream_st* stream, std::uint32_t us, std::uint32_t seed, std::uint32_t* result);
+/// GPU's clock (%globaltimer). With `done`, the kernel then signals that evr slot (a
+/// device-signalled wait: evr/pool/signal_pool.hpp). Returns a cudaError_t value (0: ok).
+int launch_busy(CUstream_st* stream, std::uint32_t us, std::uint32_t seed, std::uint32_t* result,
+                const evr::signal_ref* done = nullptr);
 
 /// How many /busy kernels GPU `device` runs at once: its SMs times the busy kernel's resident
 /// blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), at most the concurrent kernels a

@@ -78,6 +78,7 @@ class sim_lane final : public lane {
   double sum() const noexcept override { return sum_; }
 
   void enqueue(const job::spec& s) override {
+    no_signal();
     auto body = [this, s] {
       if (s.kind == job::kind::saxpy) {
         for (std::size_t i = 0; i < s.n; ++i) out_[i] = s.a * x_[i] + y_[i];
@@ -89,9 +90,15 @@ class sim_lane final : public lane {
   }
 
   void enqueue_busy(const busy::spec& s) override {
+    const evr::signal_ref* done = arm_signal();
     launch(
         std::chrono::microseconds(s.us),
-        [this, seed = s.seed] { busy_ = busy_math::reference(seed); }, "simulated busy kernel");
+        [this, seed = s.seed, signal = done != nullptr,
+         ref = done != nullptr ? *done : evr::signal_ref{}] {
+          busy_ = busy_math::reference(seed);
+          if (signal) evr::sim::signal(ref);  // what evr::signal does on the GPU
+        },
+        "simulated busy kernel");
   }
   std::uint32_t busy_result() const noexcept override { return busy_; }
 
@@ -103,6 +110,7 @@ class sim_lane final : public lane {
   }
   float* mlp_input() noexcept override { return mlp_in_.data(); }
   void enqueue_mlp(std::size_t rows) override {
+    no_signal();
     const mlp::shape& d = model_.dims();
     auto body = [this, rows, in = static_cast<std::size_t>(d.in),
                  out = static_cast<std::size_t>(d.out)] {
@@ -211,6 +219,7 @@ class cuda_lane final : public lane {
   double sum() const noexcept override { return *h_sum_; }
 
   void enqueue(const job::spec& s) override {
+    no_signal();
     make_current(device_);
     const cudaStream_t st = native();
     const std::size_t bytes = s.n * sizeof(float);
@@ -235,7 +244,8 @@ class cuda_lane final : public lane {
     // The kernel writes its answer straight into mapped host memory (then a system-scope fence):
     // one launch and nothing else per request. The work is done -- in every mode, by evr's
     // marker or the blocking synchronize behind the kernel -- only after that write is visible.
-    check(static_cast<cudaError_t>(server_kernels::launch_busy(st, s.us, s.seed, d_busy_)),
+    check(static_cast<cudaError_t>(
+              server_kernels::launch_busy(st, s.us, s.seed, d_busy_, arm_signal())),
           "busy kernel");
   }
   std::uint32_t busy_result() const noexcept override {
@@ -261,6 +271,7 @@ class cuda_lane final : public lane {
   }
   float* mlp_input() noexcept override { return h_mlp_in_; }
   void enqueue_mlp(std::size_t rows) override {
+    no_signal();
     make_current(device_);
     const cudaStream_t st = native();
     const mlp::shape& d = weights_.dims();

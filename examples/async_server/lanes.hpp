@@ -103,7 +103,29 @@ class lane {
   /// until the lane is destroyed, recorded again by the next piece of work.
   std::error_code record_done_event(evr::device::native_event& out) noexcept;
 
+  // --- device-signalled waits (evr mode, server_config::busy_signal) -------------------------
+  /// From now on the /busy kernel signals `slot` (from the reactor's pools, of the lane's device).
+  /// Only while nothing is queued.
+  virtual void use_signal(evr::signal_slot slot) noexcept { slot_ = std::move(slot); }
+  /// What an evr wait for the work queued so far names: the /busy kernel's signal when that was
+  /// the last work enqueued and the lane has a slot; else the stream.
+  virtual evr::wait_target wait_target() const noexcept {
+    return ticket_.value != 0 ? evr::wait_target(stream(), ticket_) : evr::wait_target(stream());
+  }
+
+ protected:
+  /// enqueue_busy: the signal the kernel is to give (armed for it), or nullptr when the lane has
+  /// no slot. Every other enqueue calls no_signal().
+  const evr::signal_ref* arm_signal() noexcept {
+    if (!slot_) return nullptr;
+    ticket_ = slot_.arm();
+    return &slot_.ref();
+  }
+  void no_signal() noexcept { ticket_ = {}; }
+
  private:
+  evr::signal_slot slot_;
+  evr::signal_ticket ticket_;  // of the last /busy kernel, while it is the last work
   evr::event blocking_event_;  // created on first use with event_flags::blocking_sync
   evr::event done_event_;      // created on first use, no flags
 };
@@ -222,6 +244,8 @@ class lane_pool {
   }
   lease adopt(std::uint32_t index) noexcept { return lease(this, index); }
   std::size_t size() const noexcept { return lanes_.size(); }
+  /// Lane `i` (< size()), for set-up while nothing runs.
+  lane& lane_at(std::size_t i) const noexcept { return *lanes_[i]; }
   /// Lanes currently leased (a statistic; exact once no request is in flight).
   std::size_t leased() const noexcept { return leased_.load(std::memory_order_relaxed); }
 

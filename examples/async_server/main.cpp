@@ -85,6 +85,7 @@ struct process {
     sc.max_n = cfg.max_n;
     sc.max_busy_us = cfg.max_busy_us;
     sc.check_every = cfg.check_every;
+    sc.busy_signal = cfg.busy_signal;
     sc.batching.max_rows = cfg.mlp_max_batch;
     sc.batching.window = std::chrono::microseconds(cfg.mlp_window_us);
     sc.batching.inflight = cfg.mlp_inflight;

@@ -159,6 +159,15 @@ server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_
   if (cfg_.mode == wait_mode::evr && reactor_ == nullptr)
     throw std::invalid_argument("server: wait_mode::evr needs a reactor");
   if (cfg_.check_every == 0) throw std::invalid_argument("server: check_every must be at least 1");
+  if (cfg_.mode == wait_mode::evr && cfg_.busy_signal) {
+    for (std::size_t d = 0; d < lanes.devices(); ++d) {
+      lane_pool& pool = lanes.pool(d);
+      for (std::size_t i = 0; i < pool.size(); ++i) {
+        lane& l = pool.lane_at(i);
+        l.use_signal(reactor_->pools().signals(l.stream().device()).acquire());
+      }
+    }
+  }
   if (cfg_.mode == wait_mode::poll)
     for (asio::io_context* io : contexts_)
       pollers_.push_back(std::make_unique<event_poller>(*io, lanes.size()));

@@ -82,6 +82,10 @@ struct server_config {
   /// /busy and /mlp: every check_every-th answer is compared with the CPU's reference (/saxpy and
   /// /sum: every answer; that CPU work is what those routes are about).
   std::uint32_t check_every = 16;
+  /// evr mode: every lane gets an evr::signal_slot and /busy's kernel signals it when its answer
+  /// is written (a device-signalled wait: nothing added to the stream, a memory read for the
+  /// io thread); false: the wait puts a marker behind the kernel, as in every other mode.
+  bool busy_signal = true;
   /// evr, hostfunc, poll; the blocking modes run each /mlp request alone.
   mlp_batcher::options batching;
   /// A connection that sends no complete request head (or does not take its response) for this

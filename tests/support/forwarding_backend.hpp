@@ -75,6 +75,11 @@ class forwarding_backend : public device::backend {
     return inner_.allocate_fence_block(d, w, out);
   }
   void free_fence_block(device::fence_block& b) noexcept override { inner_.free_fence_block(b); }
+  std::error_code allocate_signal_block(int d, std::size_t n,
+                                        device::signal_block& out) noexcept override {
+    return inner_.allocate_signal_block(d, n, out);
+  }
+  void free_signal_block(device::signal_block& b) noexcept override { inner_.free_signal_block(b); }
   std::error_code write_fence(device::native_stream s, std::uint64_t address,
                               std::uint64_t value) noexcept override {
     return inner_.write_fence(s, address, value);
