@@ -22,12 +22,6 @@ constexpr std::int64_t min_lead_ns = 5'000;
 constexpr std::int64_t max_lead_ns = 300'000;
 constexpr std::int64_t max_late_sample_ns = 500'000;  // a busy loop's lateness is not the timer's
 constexpr std::size_t max_models = 4096;              // streams (handles) with a model, per loop
-// A timer further ahead than this is armed for this much before its time, then again for the
-// time itself: how late a timer fires grows with how long the loop slept (the core's idle
-// state), and the lead the window opens by is learned from these last, short sleeps only. On the
-// H100 host the lead was 15 us at 200 us work and 73-88 us at 1-5 ms with one sleep: polling
-// that long per wait was most of the loop's CPU there.
-constexpr std::int64_t final_sleep_ns = 250'000;
 
 void update(double& mean, double& dev, double sample, bool first) noexcept {
   if (first) {
@@ -131,7 +125,7 @@ void loop_waker::on_timer_fired() noexcept {
   while (::read(fd_, &expirations, sizeof expirations) < 0 && errno == EINTR) {
   }
   const std::int64_t now = monotonic_ns();
-  if (armed_for_ != 0 && now >= armed_for_ && armed_final_) {
+  if (armed_for_ != 0 && now >= armed_for_) {
     ++stats_.timer_fires;
     // How late this loop's timer wake-ups are: the lead for the next predictions. A timer armed
     // for a time already past (a window closed after the next wait was due) fires at once: its
@@ -195,11 +189,7 @@ void loop_waker::clear() noexcept {
 
 void loop_waker::arm() noexcept {
   // While a window is open its poller drains whatever comes: no timer until it closes.
-  const std::int64_t wake =
-      (open_window_ != 0 || schedule_.empty()) ? 0 : schedule_.begin()->wake_at;
-  std::int64_t at = wake;
-  if (wake != 0 && wake - monotonic_ns() > final_sleep_ns) at = wake - final_sleep_ns;
-  armed_final_ = at == wake;
+  const std::int64_t at = (open_window_ != 0 || schedule_.empty()) ? 0 : schedule_.begin()->wake_at;
   if (at == armed_for_) return;
   itimerspec spec{};
   if (at != 0) {

@@ -13,9 +13,7 @@
 //     gets a wake-up time: the predicted end minus two deviations minus the lead (the measured
 //     lateness of this loop's timer wake-ups, plus a margin);
 //   * a timerfd (no timer slack, nanosecond resolution, unlike asyncio's millisecond timers),
-//     watched by the loop like the eventfd, is armed for the earliest such time; a time more
-//     than 250 us ahead is slept towards in two steps, the last of 250 us, whose lateness alone
-//     sets the lead (a long sleep wakes later: the lead was 73-88 us at 1-5 ms work with one);
+//     watched by the loop like the eventfd, is armed for the earliest such time;
 //   * when it fires, the earliest due wait's window opens (open_next): the coroutine awaiting it
 //     (evr's future, python/evr/__init__.py) wakes and polls the completion queue between
 //     `yield`s, as `while not s.query(): await asyncio.sleep(0)` does, so other tasks still run;
@@ -53,7 +51,7 @@ std::int64_t monotonic_ns() noexcept;
 struct loop_stats {
   std::uint64_t completions = 0;  ///< completions drained on this loop
   std::uint64_t predicted = 0;    ///< waits that got a wake-up time
-  std::uint64_t timer_fires = 0;  ///< the timerfd woke the loop for a wait's window
+  std::uint64_t timer_fires = 0;  ///< the timerfd woke the loop
   std::uint64_t spins = 0;        ///< windows opened with a coroutine polling
   std::uint64_t spin_hits = 0;    ///< ... that ended with the wait's completion
   std::uint64_t spin_misses = 0;  ///< windows (or due waits) that passed without it (fell back)
@@ -152,7 +150,6 @@ class loop_waker {
   std::int64_t max_spin_ns_;
   std::int64_t armed_for_ = 0;     ///< the time the timerfd is armed for (0: disarmed)
   std::int64_t armed_at_ = 0;      ///< when it was armed
-  bool armed_final_ = true;        ///< armed for a wake-up time itself, not ahead of a long one
   std::uint64_t open_window_ = 0;  ///< the open window's number (0: none open)
   std::uint64_t windows_ = 0;      ///< windows opened so far (the last number given)
   std::uint64_t next_ticket_ = 1;
