@@ -6,7 +6,8 @@
 //              evr::errc, evr::cuda_category(), evr::evr_category(), evr::throw_if
 //   pool/      evr::event_pool, evr::pool_set, evr::event_registry, evr::signal_pool,
 //              evr::signal_slot, evr::signal_ticket (device-signalled waits; the kernel side,
-//              evr::signal_ref, is <evr/device/signal_ref.h>, its functions <evr/device/signal.cuh>)
+//              evr::signal_ref, is <evr/device/signal_ref.h>, its functions
+//              <evr/device/signal.cuh>)
 //   reactor/   evr::reactor (construction, stop, metrics, accessors), evr::reactor_options,
 //              evr::reactor_metrics, evr::strategy, evr::idle_mode, evr::delivery,
 //              evr::wait_target (what a wait waits for: built from a stream, an event, or a
