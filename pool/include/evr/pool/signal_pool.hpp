@@ -58,7 +58,7 @@ struct signal_pool_state;
 class signal_slot {
  public:
   signal_slot() noexcept = default;  ///< an empty slot (ref() and arm() must not be called)
-  signal_slot(signal_slot&& other) noexcept;
+  signal_slot(signal_slot&& other) noexcept;  ///< takes other's slot; other is left empty
   signal_slot& operator=(signal_slot&& other) noexcept;  ///< gives back the slot held before
   signal_slot(const signal_slot&) = delete;
   signal_slot& operator=(const signal_slot&) = delete;
