@@ -95,14 +95,26 @@ TEST_CASE("predictive: a missed prediction falls back, and the new length is lea
   evr::stream st(sim, 0);
   // (A loaded CI machine may run a simulated kernel late now and then: that is a miss too, so
   // the counts are compared, not fixed.)
-  for (int i = 0; i < 4; ++i) run_one(sim, r, st, 5ms);
+  std::chrono::nanoseconds longest{0};  // the longest round trip: launch to completion seen
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run_one(sim, r, st, 5ms);
+    longest = std::max<std::chrono::nanoseconds>(longest, std::chrono::steady_clock::now() - t0);
+  }
   const auto before = r.metrics().prediction_misses;
-  run_one(sim, r, st, 60ms);  // far longer than anything seen: missed, still found
+  // Far longer than anything seen: missed, still found. A miss is a wait that outlives
+  // start + high + max(margin, spread / 2), high being the longest of the 4 samples (each at
+  // most its round trip, measured above) and the timer margin at most half the sleep: at most
+  // 1.5 x high. Twice the longest round trip outlives it whatever the scheduling (a fixed length
+  // could fit in a window widened by a learning wait found late on a loaded machine).
+  const auto longer = std::max<std::chrono::nanoseconds>(60ms, 2 * longest);
+  CAPTURE(longer.count());
+  run_one(sim, r, st, longer);
   CHECK(r.metrics().prediction_misses >= before + 1);
-  for (int i = 0; i < 2; ++i) run_one(sim, r, st, 60ms);  // three in a row: the new regime
+  for (int i = 0; i < 2; ++i) run_one(sim, r, st, longer);  // three in a row: the new regime
   const auto learned = r.metrics().prediction_misses;
   CHECK(learned <= before + 3);
-  for (int i = 0; i < 4; ++i) run_one(sim, r, st, 60ms);
+  for (int i = 0; i < 4; ++i) run_one(sim, r, st, longer);
   // The new length is predicted: not every one of them is missed (without learning, each would
   // be; a sanitized build on a loaded machine may still run one late).
   CHECK(r.metrics().prediction_misses < learned + 4);
