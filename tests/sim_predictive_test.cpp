@@ -67,25 +67,32 @@ TEST_CASE("predictive: the reactor never sleeps past a submission that could fin
   std::this_thread::sleep_for(20ms);
 
   // More waits behind a's pending work cannot finish before it: they must not wake the reactor.
+  // (A submission that wakes the reactor counts the wake-up itself, before on_complete returns:
+  // nothing to wait for before the check.)
   const auto before = r.metrics();
   for (int i = 0; i < 10; ++i)
     REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code) { ++a_done; }));
-  std::this_thread::sleep_for(5ms);
   CHECK(r.metrics().wakeups == before.wakeups);
 
-  // A wait on an idle stream could be done at once: it wakes the reactor and is found within one
-  // look, not ~160 ms later when the reactor would have woken for a's prediction.
+  // A wait on an idle stream could be done at once: its submission wakes the reactor (counted
+  // before on_complete returns), which finds it then, not ~160 ms later when it would have woken
+  // for a's prediction: b is delivered before a. Both are read on the reactor thread, in b's
+  // callback: the test thread may be scheduled late on a loaded machine (it once saw b done only
+  // after a's 200 ms kernel had ended, though b took under 100 ms). The time b took is reported;
+  // it is the machine's scheduling as much as evr's.
   std::atomic<bool> b_done{false};
+  std::atomic<int> a_done_at_b{-1};
   const auto t0 = std::chrono::steady_clock::now();
   std::atomic<std::int64_t> latency_ns{0};
   REQUIRE_FALSE(evr::on_complete(r, b, [&](std::error_code) {
     latency_ns = (std::chrono::steady_clock::now() - t0).count();
+    a_done_at_b = a_done.load();
     b_done = true;
   }));
-  REQUIRE(wait_until([&] { return b_done.load(); }, 5s));
-  CHECK(a_done.load() == 0);
   CHECK(r.metrics().wakeups > before.wakeups);
-  CHECK(std::chrono::nanoseconds(latency_ns.load()) < 100ms);
+  REQUIRE(wait_until([&] { return b_done.load(); }, 5s));
+  MESSAGE("b delivered " << latency_ns.load() / 1000 << " us after its submission");
+  CHECK(a_done_at_b.load() == 0);
   REQUIRE(wait_until([&] { return a_done.load() == 11; }, 5s));
 }
 
