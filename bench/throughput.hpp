@@ -85,8 +85,6 @@ struct memory_row {
   double rss_bytes = 0, heap_bytes = -1;  // per in-flight wait; heap -1: no mallinfo2
 };
 
-/// This thread's CPU time (ns; 0 where unsupported).
-double thread_cpu_ns();
 /// One evr wait (plain callback on the reactor thread) whose completion bumps `done`.
 void wait_counting(reactor& r, const evr::stream& s, std::atomic<std::uint64_t>& done);
 

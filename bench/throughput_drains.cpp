@@ -21,8 +21,12 @@
 #endif
 
 namespace evr::bench {
+namespace {
 
-double thread_cpu_ns() {
+/// This thread's CPU time (ns; 0 where unsupported). File-local: idle_lanes.hpp's
+/// evr::bench::thread_cpu_ns returns an int64 under the same mangled name, and the two were one
+/// symbol to the linker (an ODR violation: a call not inlined could take the other definition).
+double this_thread_cpu_ns() {
 #if defined(__linux__)
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -31,6 +35,8 @@ double thread_cpu_ns() {
   return 0;
 #endif
 }
+
+}  // namespace
 
 void wait_counting(reactor& r, const evr::stream& s, std::atomic<std::uint64_t>& done) {
   evr::throw_if(
@@ -78,7 +84,7 @@ class baseline_poller {
 
  private:
   void loop() {
-    const double start = thread_cpu_ns();
+    const double start = this_thread_cpu_ns();
     while (!stop_.load(std::memory_order_relaxed)) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -88,7 +94,7 @@ class baseline_poller {
           look_at_heads();
         }
       }
-      cpu_ns_.store(thread_cpu_ns() - start, std::memory_order_release);
+      cpu_ns_.store(this_thread_cpu_ns() - start, std::memory_order_release);
       if (kind_ == kind::head_per_stream)
         std::this_thread::sleep_for(std::chrono::microseconds(10));
     }

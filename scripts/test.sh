@@ -14,6 +14,9 @@
 #
 # Environment:
 #   EVR_JOBS=N        parallel build jobs (default: nproc)
+#   EVR_TEST_JOBS=N   tests run at once by ctest (default: EVR_JOBS); the tests hold under a full
+#                     competing load (scripts/test-under-load.sh), so running them side by side
+#                     only shortens the run
 #   EVR_ASIO_PRESET=P mode asio=DIR: the preset it starts from (sim-only, release or dev; default
 #                     sim-only), build/asio-<version>-P when not sim-only
 #   EVR_SKIP_DEPS=1   do not run scripts/install-deps.sh
@@ -53,7 +56,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 case "$preset" in
   release | dev | sim-only | boost | asan | tsan | gpu) ;;
   -h | --help)
-    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -63,6 +66,7 @@ case "$preset" in
 esac
 
 jobs="${EVR_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+test_jobs="${EVR_TEST_JOBS:-$jobs}"
 build_dir="build/$preset"
 start=$SECONDS
 name="$preset"
@@ -121,16 +125,16 @@ fi
 
 if [[ -n "$asio_dir" ]]; then
   # The test presets' settings (release, sim-only, dev: no environment), on this build folder.
-  step "test: ctest --test-dir $build_dir --output-on-failure --no-tests=error $*"
-  ctest --test-dir "$build_dir" --output-on-failure --no-tests=error "$@"
+  step "test: ctest --test-dir $build_dir --output-on-failure --no-tests=error -j $test_jobs $*"
+  ctest --test-dir "$build_dir" --output-on-failure --no-tests=error -j "$test_jobs" "$@"
   # The demo as scripts/demo.sh runs it (its self-test, then the compare line): non-zero unless
   # its last line says "result: OK".
   demo=("$build_dir/examples/evr-async-server" --self-test 2000 --connections 16 --compare)
   step "demo: ${demo[*]}"
   "${demo[@]}"
 else
-  step "test: ctest --preset $preset --output-on-failure $*"
-  "${runner[@]}" ctest --preset "$preset" --output-on-failure "$@"
+  step "test: ctest --preset $preset --output-on-failure -j $test_jobs $*"
+  "${runner[@]}" ctest --preset "$preset" --output-on-failure -j "$test_jobs" "$@"
 fi
 
 step "passed in $((SECONDS - start)) s"

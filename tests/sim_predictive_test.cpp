@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -23,6 +24,7 @@
 #include <evr/sim/device.hpp>
 
 #include "support/asio.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/helpers.hpp"
 #include "support/instant_backend.hpp"
 
@@ -65,25 +67,32 @@ TEST_CASE("predictive: the reactor never sleeps past a submission that could fin
   std::this_thread::sleep_for(20ms);
 
   // More waits behind a's pending work cannot finish before it: they must not wake the reactor.
+  // (A submission that wakes the reactor counts the wake-up itself, before on_complete returns:
+  // nothing to wait for before the check.)
   const auto before = r.metrics();
   for (int i = 0; i < 10; ++i)
     REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code) { ++a_done; }));
-  std::this_thread::sleep_for(5ms);
   CHECK(r.metrics().wakeups == before.wakeups);
 
-  // A wait on an idle stream could be done at once: it wakes the reactor and is found within one
-  // look, not ~160 ms later when the reactor would have woken for a's prediction.
+  // A wait on an idle stream could be done at once: its submission wakes the reactor (counted
+  // before on_complete returns), which finds it then, not ~160 ms later when it would have woken
+  // for a's prediction: b is delivered before a. Both are read on the reactor thread, in b's
+  // callback: the test thread may be scheduled late on a loaded machine (it once saw b done only
+  // after a's 200 ms kernel had ended, though b took under 100 ms). The time b took is reported;
+  // it is the machine's scheduling as much as evr's.
   std::atomic<bool> b_done{false};
+  std::atomic<int> a_done_at_b{-1};
   const auto t0 = std::chrono::steady_clock::now();
   std::atomic<std::int64_t> latency_ns{0};
   REQUIRE_FALSE(evr::on_complete(r, b, [&](std::error_code) {
     latency_ns = (std::chrono::steady_clock::now() - t0).count();
+    a_done_at_b = a_done.load();
     b_done = true;
   }));
-  REQUIRE(wait_until([&] { return b_done.load(); }, 5s));
-  CHECK(a_done.load() == 0);
   CHECK(r.metrics().wakeups > before.wakeups);
-  CHECK(std::chrono::nanoseconds(latency_ns.load()) < 100ms);
+  REQUIRE(wait_until([&] { return b_done.load(); }, 5s));
+  MESSAGE("b delivered " << latency_ns.load() / 1000 << " us after its submission");
+  CHECK(a_done_at_b.load() == 0);
   REQUIRE(wait_until([&] { return a_done.load() == 11; }, 5s));
 }
 
@@ -93,14 +102,26 @@ TEST_CASE("predictive: a missed prediction falls back, and the new length is lea
   evr::stream st(sim, 0);
   // (A loaded CI machine may run a simulated kernel late now and then: that is a miss too, so
   // the counts are compared, not fixed.)
-  for (int i = 0; i < 4; ++i) run_one(sim, r, st, 5ms);
+  std::chrono::nanoseconds longest{0};  // the longest round trip: launch to completion seen
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run_one(sim, r, st, 5ms);
+    longest = std::max<std::chrono::nanoseconds>(longest, std::chrono::steady_clock::now() - t0);
+  }
   const auto before = r.metrics().prediction_misses;
-  run_one(sim, r, st, 60ms);  // far longer than anything seen: missed, still found
+  // Far longer than anything seen: missed, still found. A miss is a wait that outlives
+  // start + high + max(margin, spread / 2), high being the longest of the 4 samples (each at
+  // most its round trip, measured above) and the timer margin at most half the sleep: at most
+  // 1.5 x high. Twice the longest round trip outlives it whatever the scheduling (a fixed length
+  // could fit in a window widened by a learning wait found late on a loaded machine).
+  const auto longer = std::max<std::chrono::nanoseconds>(60ms, 2 * longest);
+  CAPTURE(longer.count());
+  run_one(sim, r, st, longer);
   CHECK(r.metrics().prediction_misses >= before + 1);
-  for (int i = 0; i < 2; ++i) run_one(sim, r, st, 60ms);  // three in a row: the new regime
+  for (int i = 0; i < 2; ++i) run_one(sim, r, st, longer);  // three in a row: the new regime
   const auto learned = r.metrics().prediction_misses;
   CHECK(learned <= before + 3);
-  for (int i = 0; i < 4; ++i) run_one(sim, r, st, 60ms);
+  for (int i = 0; i < 4; ++i) run_one(sim, r, st, longer);
   // The new length is predicted: not every one of them is missed (without learning, each would
   // be; a sanitized build on a loaded machine may still run one late).
   CHECK(r.metrics().prediction_misses < learned + 4);
@@ -154,31 +175,110 @@ TEST_CASE("predictive: poll_budget spreads the looks at irregular work, and lose
   CHECK(sweeps[1] * 4 < sweeps[0]);
 }
 
+namespace {
+
+/// The simulated device, logging when each stream's markers are queried: an event query asks
+/// about the stream the event was last recorded on (poll: every look at a stream is one).
+class query_log final : public evr::test::forwarding_backend {
+ public:
+  using clock = std::chrono::steady_clock;
+  explicit query_log(evr::device::backend& inner) : forwarding_backend(inner) {}
+
+  std::error_code record_event(evr::device::native_event e,
+                               evr::device::native_stream s) noexcept override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      recorded_on_[e] = s;
+    }
+    return inner_.record_event(e, s);
+  }
+  std::error_code query_event(evr::device::native_event e) noexcept override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = recorded_on_.find(e);
+      if (it != recorded_on_.end()) queries_.push_back({it->second, clock::now()});
+    }
+    return inner_.query_event(e);
+  }
+  /// When the markers of stream `s` were queried, in [from, to).
+  std::vector<clock::time_point> queries_of(evr::device::native_stream s, clock::time_point from,
+                                            clock::time_point to) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<clock::time_point> out;
+    for (const auto& q : queries_)
+      if (q.stream == s && q.at >= from && q.at < to) out.push_back(q.at);
+    return out;
+  }
+
+ private:
+  struct query {
+    evr::device::native_stream stream;
+    clock::time_point at;
+  };
+  mutable std::mutex mutex_;
+  std::map<evr::device::native_event, evr::device::native_stream> recorded_on_;
+  std::vector<query> queries_;
+};
+
+}  // namespace
+
 TEST_CASE("predictive: another stream's windows do not make the reactor query a stream early") {
   // Stream a's long wait is before its window; stream b's short waits make the reactor sweep
   // (spinning through their windows). With event markers each look at a stream is a driver
-  // query: sweeps skip a until its window (else every sweep queried it: about 2 per sweep).
+  // query: sweeps skip a until its window (else every sweep queried it too: about 2 queries per
+  // sweep). What the design gives, whatever the scheduling: the pass that takes a's wait in
+  // looks at a once (the wait is planned after that pass's sweep); from then on the plan skips a
+  // until no earlier than half-way from its submission to its window's opening (the timer margin
+  // the reactor looks early by is at most half the sleep: sleep_overshoot::margin), and the
+  // window opens low - spread/4 - prespin after the submission (low, spread: of a's samples, each
+  // at least the kernel's length less the gap between its launch and its submission, which is
+  // measured). So before that point a is queried at most once, however late b's waits run on a
+  // loaded machine.
+  // (Before, the test compared all queries per sweep with 1.4 over b's waits: on a loaded
+  // machine b's waits reached a's window, where a is rightly looked at, and it failed: 1.65.)
+  using clock = std::chrono::steady_clock;
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  query_log dev(sim);
   auto opts = quick_options(evr::strategy::poll);
   opts.idle = evr::idle_mode::predictive;
   opts.fault_probe_interval = 10s;
-  evr::reactor r(sim, opts);
-  evr::stream a(sim, 0), b(sim, 0);
-  // a learns 40 ms (8 samples: a younger model is not trusted to skip looks)
-  for (int i = 0; i < 8; ++i) run_one(sim, r, a, 40ms);
+  evr::reactor r(dev, opts);
+  evr::stream a(dev, 0), b(dev, 0);
+  constexpr auto length = 100ms;
+  // a learns its length (8 samples: a younger model is not trusted to skip looks). Each sample
+  // is at least `length` less the launch-to-submission gap, and at most the round trip.
+  clock::duration gap{0}, round_trip{0};
+  for (int i = 0; i < 8; ++i) {
+    std::atomic<int> done{0};
+    const auto launched = clock::now();
+    sim.launch_kernel(a.native(), length);
+    REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code ec) { done += ec ? 100 : 1; }));
+    gap = std::max(gap, clock::now() - launched);
+    REQUIRE(wait_until([&] { return done.load() != 0; }, 10s));
+    round_trip = std::max(round_trip, clock::now() - launched);
+    REQUIRE(done.load() == 1);
+  }
   std::atomic<int> a_done{0};
-  sim.launch_kernel(a.native(), 40ms);
+  const auto a_submitted = clock::now();  // before: the wait's own submission time is later
+  sim.launch_kernel(a.native(), length);
   REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code ec) { a_done += ec ? 100 : 1; }));
-  const auto m0 = r.metrics();
+  const auto low = length - gap;                             // at most the model's low
+  const auto spread = std::max(round_trip - low, clock::duration{0});  // at least its spread
+  const auto opens = low - spread / 4 - opts.prespin;        // at most the window's offset
+  const auto no_look_before = a_submitted + opens / 2;
   for (int i = 0; i < 6; ++i) run_one(sim, r, b, 2ms);  // 12+ ms, far from a's window
-  const auto m1 = r.metrics();
   REQUIRE(wait_until([&] { return a_done.load() != 0; }, 10s));
   CHECK(a_done.load() == 1);  // skipped, still found (at its window), exactly once
-  REQUIRE(m1.sweeps > m0.sweeps);
-  const double queries_per_sweep = static_cast<double>(m1.event_queries - m0.event_queries) /
-                                   static_cast<double>(m1.sweeps - m0.sweeps);
-  CAPTURE(queries_per_sweep);
-  CHECK(queries_per_sweep < 1.4);  // b alone (less while b has nothing pending)
+  const auto early = dev.queries_of(a.native(), a_submitted, no_look_before);
+  const auto b_meanwhile = dev.queries_of(b.native(), a_submitted, no_look_before);
+  const double unlooked_ms = std::chrono::duration<double, std::milli>(opens / 2).count();
+  CAPTURE(unlooked_ms);
+  CAPTURE(early.size());
+  CAPTURE(b_meanwhile.size());
+  // b's sweeps ran meanwhile (it was queried; else the check below would show nothing), and
+  // none of them queried a but the one that took its wait in.
+  CHECK(b_meanwhile.size() > 0);
+  CHECK(early.size() <= 1);
 }
 
 TEST_CASE("predictive: irregular work in its window is looked at on the poll tick only") {

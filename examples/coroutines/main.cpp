@@ -23,8 +23,8 @@
 #include <evr/callbacks/asio_compat.hpp>
 #include <evr/evr.hpp>
 
-#include "example_cli.hpp"
 #include "example_device.hpp"
+#include "example_device_cli.hpp"
 
 namespace {
 

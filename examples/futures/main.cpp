@@ -17,8 +17,8 @@
 
 #include <evr/evr.hpp>
 
-#include "example_cli.hpp"
 #include "example_device.hpp"
+#include "example_device_cli.hpp"
 
 namespace {
 

@@ -20,8 +20,8 @@
 
 #include <evr/evr.hpp>
 
-#include "example_cli.hpp"
 #include "example_device.hpp"
+#include "example_device_cli.hpp"
 
 #if defined(EVR_EXAMPLES_HAVE_KERNELS)
 #include <cuda_runtime.h>
