@@ -60,14 +60,42 @@ struct signal_pool_state {
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 };
 
+namespace {
+/// Blocks with a signal still to land when their pool went away: kept for the process (a kernel
+/// armed for and not yet run would write into freed memory), and listed here so that they stay
+/// reachable, which is what they are, rather than lost (a leak checker would report them). Only
+/// waits whose kernel never signalled (a fault, a misuse) leave a block here. Never destroyed
+/// (the list must outlive every pool, statics included). Thread-safe: its mutex.
+struct kept_signal_blocks {
+  std::mutex mutex;
+  std::vector<device::signal_block> blocks;
+
+  static kept_signal_blocks& instance() {
+    static kept_signal_blocks* const kept = new kept_signal_blocks;
+    return *kept;
+  }
+  void keep(const device::signal_block& b) noexcept {
+    std::lock_guard<std::mutex> lock(mutex);
+    try {
+      blocks.push_back(b);
+    } catch (const std::bad_alloc&) {
+      // Out of memory: the block stays allocated all the same, only unlisted.
+    }
+  }
+};
+}  // namespace
+
 signal_pool_state::~signal_pool_state() {
-  // Every slot is back (they hold the state). A block with a signal still to land is kept for
-  // the process: a kernel armed for and not yet run would write into freed memory.
+  // Every slot is back (they hold the state).
   for (std::size_t b = 0; b < blocks.size(); ++b) {
     bool settled_block = true;
     for (std::size_t i = b * batch; i < (b + 1) * batch && settled_block; ++i)
       settled_block = settled(i);
-    if (settled_block) backend.free_signal_block(blocks[b]);
+    if (settled_block) {
+      backend.free_signal_block(blocks[b]);
+    } else {
+      kept_signal_blocks::instance().keep(blocks[b]);
+    }
   }
 }
 
