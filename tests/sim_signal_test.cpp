@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -38,6 +39,17 @@ std::error_code launch_signalling(evr::sim::device& sim, const evr::stream& st,
                                   const evr::signal_slot& slot,
                                   std::chrono::nanoseconds duration = {}) {
   return sim.launch_kernel(st.native(), duration, [ref = slot.ref()] { evr::sim::signal(ref); });
+}
+
+/// Runs the manual device's queued operations until `done()` (20 s at most): for outcomes that
+/// need the stream idle (a signal that never came, a fault), where the reactor may have queued a
+/// doorbell host function (adaptive, an old wait) after the test last ran the device; on a GPU
+/// it would run by itself.
+bool run_device_until(evr::sim::device& sim, const std::function<bool()>& done) {
+  return wait_until([&] {
+    sim.run_until_blocked();
+    return done();
+  });
 }
 
 /// Outcomes of on_complete callbacks, in the order they ran (on the reactor thread).
@@ -167,14 +179,12 @@ TEST_CASE("signal: a kernel that never signals fails its wait with not_signalled
     // Alone on its stream: the fault probe finds the stream idle and the signal missing.
     REQUIRE(sim.launch_kernel(st.native()) == std::error_code{});  // returns without signalling
     REQUIRE_FALSE(evr::on_complete(r, evr::wait_target(st, slot.arm()), out.callback(0)));
-    sim.run_until_blocked();
-    REQUIRE(wait_until([&] { return out.count() == 1; }));
+    REQUIRE(run_device_until(sim, [&] { return out.count() == 1; }));
     // Followed by a plain wait: its marker lands behind the kernel, so the stream is past it.
     REQUIRE(sim.launch_kernel(st.native()) == std::error_code{});
     REQUIRE_FALSE(evr::on_complete(r, evr::wait_target(st, slot.arm()), out.callback(1)));
     REQUIRE_FALSE(evr::on_complete(r, st, out.callback(2)));
-    sim.run_until_blocked();
-    REQUIRE(wait_until([&] { return out.count() == 3; }));
+    REQUIRE(run_device_until(sim, [&] { return out.count() == 3; }));
     for (int i = 0; i < 2; ++i) {
       CHECK(out.seen[static_cast<std::size_t>(i)].first == i);
       CHECK(out.seen[static_cast<std::size_t>(i)].second == evr::errc::not_signalled);
@@ -197,8 +207,7 @@ TEST_CASE("signal: a device fault fails a pending signal wait with the CUDA erro
     const evr::signal_ticket t = slot.arm();
     REQUIRE(launch_signalling(sim, st, slot) == std::error_code{});  // never runs
     REQUIRE_FALSE(evr::on_complete(r, evr::wait_target(st, t), out.callback(0)));
-    sim.run_until_blocked();
-    REQUIRE(wait_until([&] { return out.count() == 1; }));
+    REQUIRE(run_device_until(sim, [&] { return out.count() == 1; }));
     CHECK(out.seen[0].second.category() == evr::cuda_category());
     CHECK(slot.signalled() == 0);
   }
