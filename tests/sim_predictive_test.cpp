@@ -262,9 +262,9 @@ TEST_CASE("predictive: another stream's windows do not make the reactor query a 
   const auto a_submitted = clock::now();  // before: the wait's own submission time is later
   sim.launch_kernel(a.native(), length);
   REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code ec) { a_done += ec ? 100 : 1; }));
-  const auto low = length - gap;                             // at most the model's low
+  const auto low = length - gap;                                       // at most the model's low
   const auto spread = std::max(round_trip - low, clock::duration{0});  // at least its spread
-  const auto opens = low - spread / 4 - opts.prespin;        // at most the window's offset
+  const auto opens = low - spread / 4 - opts.prespin;  // at most the window's offset
   const auto no_look_before = a_submitted + opens / 2;
   for (int i = 0; i < 6; ++i) run_one(sim, r, b, 2ms);  // 12+ ms, far from a's window
   REQUIRE(wait_until([&] { return a_done.load() != 0; }, 10s));
