@@ -1,6 +1,8 @@
 // pool_set: one event_pool per (device, class), created on first use.
 #include <evr/pool/pool_set.hpp>
 
+#include <atomic>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -10,6 +12,32 @@ namespace {
 std::string get_context(int device, event_class klass) {
   return "evr::pool_set::get(device " + std::to_string(device) + ", class " + to_string(klass) +
          ")";
+}
+
+/// The pool in `slot`, made by `make()` on first use. Double-checked: the fast path is one acquire
+/// load (pairs with the release store that publishes a constructed pool); creation runs under
+/// `mutex`, after `check()` (the device exists). Errors in `ec`: check()'s, an evr::error's code,
+/// not_enough_memory.
+template <typename Pool, typename Check, typename Make>
+Pool* get_or_create(std::atomic<Pool*>& slot, std::mutex& mutex, std::error_code& ec, Check check,
+                    Make make) noexcept {
+  if (Pool* pool = slot.load(std::memory_order_acquire)) return pool;
+  std::lock_guard<std::mutex> lock(mutex);
+  // relaxed: stores happen under `mutex`, which we hold.
+  if (Pool* pool = slot.load(std::memory_order_relaxed)) return pool;
+  if ((ec = check())) return nullptr;
+  Pool* pool = nullptr;
+  try {
+    pool = make();
+  } catch (const error& e) {
+    ec = e.code();
+    return nullptr;
+  } catch (const std::bad_alloc&) {
+    ec = std::make_error_code(std::errc::not_enough_memory);
+    return nullptr;
+  }
+  slot.store(pool, std::memory_order_release);  // release: publishes the constructed pool
+  return pool;
 }
 
 }  // namespace
@@ -50,21 +78,9 @@ signal_pool* pool_set::signals(int device, std::error_code& ec) noexcept {
     ec = make_error_code(errc::no_device);
     return nullptr;
   }
-  auto& slot = signal_pools_[static_cast<std::size_t>(device)];
-  // acquire: pairs with the release store below, so the pool is fully constructed when seen.
-  if (signal_pool* pool = slot.load(std::memory_order_acquire)) return pool;
-  std::lock_guard<std::mutex> lock(create_mutex_);
-  if (signal_pool* pool = slot.load(std::memory_order_relaxed)) return pool;
-  if ((ec = check_device(device))) return nullptr;
-  signal_pool* pool = nullptr;
-  try {
-    pool = new signal_pool(backend_, device);
-  } catch (const std::bad_alloc&) {
-    ec = std::make_error_code(std::errc::not_enough_memory);
-    return nullptr;
-  }
-  slot.store(pool, std::memory_order_release);  // release: publishes the constructed pool
-  return pool;
+  return get_or_create(
+      signal_pools_[static_cast<std::size_t>(device)], create_mutex_, ec,
+      [&] { return check_device(device); }, [&] { return new signal_pool(backend_, device); });
 }
 
 event_pool& pool_set::get(int device, event_class klass) {
@@ -84,27 +100,10 @@ event_pool* pool_set::get(int device, event_class klass, std::error_code& ec) no
     ec = make_error_code(errc::no_device);
     return nullptr;
   }
-  auto& slot =
-      pools_[static_cast<std::size_t>(device) * event_class_count + static_cast<unsigned>(klass)];
-  // acquire: pairs with the release store below, so the pool is fully constructed when seen.
-  if (event_pool* pool = slot.load(std::memory_order_acquire)) return pool;
-
-  std::lock_guard<std::mutex> lock(create_mutex_);
-  // relaxed: stores happen under create_mutex_, which we hold.
-  if (event_pool* pool = slot.load(std::memory_order_relaxed)) return pool;
-  if ((ec = check_device(device))) return nullptr;
-  event_pool* pool = nullptr;
-  try {
-    pool = new event_pool(backend_, device, klass, options_);
-  } catch (const error& e) {
-    ec = e.code();
-    return nullptr;
-  } catch (const std::bad_alloc&) {
-    ec = std::make_error_code(std::errc::not_enough_memory);
-    return nullptr;
-  }
-  slot.store(pool, std::memory_order_release);  // release: publishes the constructed pool
-  return pool;
+  return get_or_create(
+      pools_[static_cast<std::size_t>(device) * event_class_count + static_cast<unsigned>(klass)],
+      create_mutex_, ec, [&] { return check_device(device); },
+      [&] { return new event_pool(backend_, device, klass, options_); });
 }
 
 void pool_set::empty_cache() noexcept {
