@@ -271,6 +271,7 @@ class lane_launch_not_counted final : public lane {
   }
   const float* out() const noexcept override { return l_->out(); }
   double sum() const noexcept override { return l_->sum(); }
+  void shrink(std::size_t n) override { l_->shrink(n); }
   void enqueue_busy(const busy::spec& s) override {
     not_counted off;
     l_->enqueue_busy(s);

@@ -76,6 +76,12 @@ class sim_lane final : public lane {
   float* y() noexcept override { return y_.data(); }
   const float* out() const noexcept override { return out_.data(); }
   double sum() const noexcept override { return sum_; }
+  void shrink(std::size_t n) override {
+    if (x_.size() <= n) return;
+    x_ = {};
+    y_ = {};
+    out_ = {};
+  }
 
   void enqueue(const job::spec& s) override {
     no_signal();
@@ -201,7 +207,8 @@ class cuda_lane final : public lane {
     if (n <= capacity_) return;
     make_current(device_);
     // Grows to a power of two so a mix of sizes settles after a few requests. cudaFree and
-    // cudaMallocHost synchronize the device: acceptable at warm-up, the reason not to shrink.
+    // cudaMallocHost synchronize the device: acceptable at warm-up; buffers shrink only after an
+    // unusually large request, on a large-request thread (shrink()).
     std::size_t cap = std::max<std::size_t>(capacity_, 1 << 16);
     while (cap < n) cap *= 2;
     free_buffers();
@@ -217,6 +224,11 @@ class cuda_lane final : public lane {
   float* y() noexcept override { return h_y_; }
   const float* out() const noexcept override { return h_out_; }
   double sum() const noexcept override { return *h_sum_; }
+  void shrink(std::size_t n) override {
+    if (capacity_ <= n) return;
+    make_current(device_);
+    free_buffers();  // the next reserve() allocates at the size it needs
+  }
 
   void enqueue(const job::spec& s) override {
     no_signal();
@@ -359,92 +371,16 @@ std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights) {
 }
 #endif
 
-lane_pool::lane_pool(std::vector<lane*> lanes)
-    : lanes_(std::move(lanes)), next_(new std::atomic<std::uint32_t>[lanes_.size()]) {
-  if (lanes_.size() >= 0xffff) throw std::invalid_argument("lane_pool: at most 65534 lanes");
-  for (std::size_t i = lanes_.size(); i-- > 0;) push(static_cast<std::uint32_t>(i));  // 0 on top
-}
-
-lane_pool::~lane_pool() {
-  // Waiters left (the server's contexts were torn down with requests waiting for a lane): their
-  // handlers are destroyed without running, which destroys the suspended coroutines.
-  std::lock_guard lock(mutex_);
-  while (waiter* w = first_) {
-    first_ = w->next;
-    w->complete(none);
-  }
-  last_ = nullptr;
-}
-
-std::uint32_t lane_pool::pop() noexcept {
-  std::uint64_t head = head_.load(std::memory_order_acquire);
-  for (;;) {
-    const std::uint32_t top = static_cast<std::uint32_t>(head & 0xffffffffu);
-    if (top == 0) return none;
-    const std::uint64_t below = next_[top - 1].load(std::memory_order_relaxed);
-    const std::uint64_t tag = (head >> 32) + 1;
-    if (head_.compare_exchange_weak(head, (tag << 32) | below, std::memory_order_seq_cst,
-                                    std::memory_order_acquire))
-      return top - 1;
-  }
-}
-
-void lane_pool::push(std::uint32_t index) noexcept {
-  std::uint64_t head = head_.load(std::memory_order_relaxed);
-  for (;;) {
-    next_[index].store(static_cast<std::uint32_t>(head & 0xffffffffu), std::memory_order_relaxed);
-    const std::uint64_t next = (head & ~std::uint64_t{0xffffffffu}) | (index + 1);
-    if (head_.compare_exchange_weak(head, next, std::memory_order_seq_cst,
-                                    std::memory_order_relaxed))
-      return;
-  }
-}
+lane_pool::lane_pool(std::vector<lane*> lanes) : lanes_(std::move(lanes)), slots_(lanes_.size()) {}
 
 lane_pool::lease lane_pool::try_acquire() noexcept {
-  const std::uint32_t i = pop();
-  if (i == none) return lease();
-  leased_.fetch_add(1, std::memory_order_relaxed);
-  return lease(this, i);
+  const std::uint32_t i = slots_.try_take();
+  return i == index_pool::none ? lease() : lease(this, i);
 }
 
 asio::awaitable<lane_pool::lease> lane_pool::acquire() {
   if (lease l = try_acquire()) co_return l;
   co_return co_await acquire_waiting();
-}
-
-void lane_pool::enqueue(waiter* w) {
-  std::unique_lock lock(mutex_);
-  // Announce the waiter before looking at the list once more: a release() that pushed a lane
-  // after our last look is either seen by this pop or sees waiting_ != 0 (both seq_cst), so no
-  // lane stays in the list while a request waits.
-  waiting_.fetch_add(1, std::memory_order_seq_cst);
-  if (const std::uint32_t i = pop(); i != none) {
-    waiting_.fetch_sub(1, std::memory_order_relaxed);
-    lock.unlock();
-    leased_.fetch_add(1, std::memory_order_relaxed);
-    w->complete(i);
-    return;
-  }
-  (last_ != nullptr ? last_->next : first_) = w;
-  last_ = w;
-}
-
-void lane_pool::release(std::uint32_t index) noexcept {
-  leased_.fetch_sub(1, std::memory_order_relaxed);
-  push(index);
-  if (waiting_.load(std::memory_order_seq_cst) == 0) return;
-  // Someone waits: hand lanes from the list to the oldest waiters.
-  std::lock_guard lock(mutex_);
-  while (first_ != nullptr) {
-    const std::uint32_t got = pop();
-    if (got == none) break;
-    waiter* w = first_;
-    first_ = w->next;
-    if (first_ == nullptr) last_ = nullptr;
-    waiting_.fetch_sub(1, std::memory_order_relaxed);
-    leased_.fetch_add(1, std::memory_order_relaxed);
-    w->complete(got);
-  }
 }
 
 void lane_pool::lease::give_back() noexcept {
@@ -454,7 +390,7 @@ void lane_pool::lease::give_back() noexcept {
       std::fprintf(stderr, "evr-async-server: draining a lane after a failure: %s\n",
                    ec.message().c_str());
   }
-  pool_->release(index_);
+  pool_->slots_.give_back(index_);
   lane_ = nullptr;
   pool_ = nullptr;
 }

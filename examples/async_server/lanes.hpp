@@ -7,7 +7,8 @@
 // one at the same time); when all lanes are busy, a request waits for one without blocking its
 // thread. Taking and giving back a lane is a compare-and-swap on a lock-free free list while lanes
 // are free (no lock, no Asio operation); only a request that finds none queues a handler under a
-// mutex, and the next lane given back goes to the oldest such request. How many lanes: enough
+// mutex, and the next lane given back goes to the oldest such request (index_pool.hpp; a waiting
+// request is cancelled when its client leaves). How many lanes: enough
 // that the GPU, not the lane count, limits how much runs at once (--streams; by default measured
 // from the GPU at start-up, see main.cpp; scripts/server-study.py measures the effect).
 #pragma once
@@ -22,24 +23,16 @@
 #include <utility>
 #include <vector>
 
-#include <mutex>
-
-#include <asio/any_io_executor.hpp>
-#include <asio/associated_allocator.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/async_result.hpp>
 #include <asio/awaitable.hpp>
-#include <asio/executor_work_guard.hpp>
-#include <asio/post.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <evr/evr.hpp>
 #include <evr/sim/device.hpp>
 
 #include "busy.hpp"
+#include "index_pool.hpp"
 #include "job.hpp"
 #include "mlp.hpp"
-#include "op_allocator.hpp"
 
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
 #include "kernels.hpp"
@@ -79,6 +72,10 @@ class lane {
   virtual void enqueue(const job::spec& s) = 0;
   virtual const float* out() const noexcept = 0;  ///< saxpy's result, on the host
   virtual double sum() const noexcept = 0;        ///< sum's result, on the host
+  /// Gives back x/y/out buffers that hold more than n elements (an unusually large request's);
+  /// the next reserve() allocates anew. Only while nothing is queued. May block (a CUDA free
+  /// synchronizes the device): call it off the io threads.
+  virtual void shrink(std::size_t n) = 0;
 
   // --- /busy --------------------------------------------------------------------------------
   /// Enqueues the busy kernel and the copy of its answer. Same contract as enqueue().
@@ -217,9 +214,8 @@ class lane_pool {
   };
 
   /// The lanes are not owned: they outlive the pool (one set of lanes serves every server the
-  /// process runs in turn). At most 65535 lanes.
+  /// process runs in turn). At most 65534 lanes.
   explicit lane_pool(std::vector<lane*> lanes);
-  ~lane_pool();
   lane_pool(const lane_pool&) = delete;
   lane_pool& operator=(const lane_pool&) = delete;
 
@@ -232,86 +228,26 @@ class lane_pool {
   /// a coroutine frame on the path where a lane is free).
   asio::awaitable<lease> acquire_waiting();
   /// The waiting part as an Asio operation, completing with void(std::uint32_t lane index) on the
-  /// handler's executor; `adopt` turns the index into the lease. For a coroutine that must not pay
-  /// for a frame of acquire_waiting's own: lanes_.adopt(co_await lanes_.async_wait_lane(tok)).
+  /// handler's executor; `adopt` turns the index into the lease (an empty one when the wait was
+  /// cancelled through the handler's cancellation slot: index_pool says how). For a coroutine that
+  /// must not pay for a frame of acquire_waiting's own:
+  /// lanes_.adopt(co_await lanes_.async_wait_lane(tok)).
   template <typename CompletionToken>
   auto async_wait_lane(CompletionToken&& token) {
-    return asio::async_initiate<CompletionToken, void(std::uint32_t)>(
-        [this](auto handler) {
-          enqueue(waiter_for<decltype(handler)>::create(std::move(handler)));
-        },
-        token);
+    return slots_.async_take(std::forward<CompletionToken>(token));
   }
-  lease adopt(std::uint32_t index) noexcept { return lease(this, index); }
+  lease adopt(std::uint32_t index) noexcept {
+    return index == index_pool::cancelled ? lease() : lease(this, index);
+  }
   std::size_t size() const noexcept { return lanes_.size(); }
   /// Lane `i` (< size()), for set-up while nothing runs.
   lane& lane_at(std::size_t i) const noexcept { return *lanes_[i]; }
   /// Lanes currently leased (a statistic; exact once no request is in flight).
-  std::size_t leased() const noexcept { return leased_.load(std::memory_order_relaxed); }
+  std::size_t leased() const noexcept { return slots_.taken(); }
 
  private:
-  /// A request waiting for a lane: its completion handler, type-erased (Asio 1.22 has no
-  /// any_completion_handler), posted to its own executor when a lane is handed to it.
-  /// Allocated with the handler's associated allocator (Asio's recycling allocator for a
-  /// coroutine: no malloc once warm) and linked into an intrusive list (no container to grow).
-  struct waiter {
-    waiter* next = nullptr;
-    /// Posts the handler with the lane (index, or none: the pool is going away, drop it) and
-    /// frees the waiter.
-    virtual void complete(std::uint32_t index) = 0;
-
-   protected:
-    ~waiter() = default;
-  };
-  template <typename Handler>
-  struct waiter_for;
-
-  static constexpr std::uint32_t none = 0xffffffffu;
-  std::uint32_t pop() noexcept;  ///< a free lane's index, or none
-  void push(std::uint32_t index) noexcept;
-  void enqueue(waiter* w);
-  void release(std::uint32_t index) noexcept;
-
   std::vector<lane*> lanes_;
-  // The free list: a Treiber stack of lane indices. head_ = (tag << 32) | (index + 1), 0 when
-  // empty; the tag changes on every pop, so a stale compare-and-swap fails (no ABA).
-  std::unique_ptr<std::atomic<std::uint32_t>[]> next_;  // next_[i]: index + 1 below lane i
-  alignas(64) std::atomic<std::uint64_t> head_{0};
-  alignas(64) std::atomic<std::size_t> leased_{0};
-  std::atomic<std::size_t> waiting_{0};  // waiters in the list, readable without the lock
-  std::mutex mutex_;                     // guards the waiter list
-  waiter* first_ = nullptr;              // the oldest waiter
-  waiter* last_ = nullptr;               // the newest
-};
-
-template <typename Handler>
-struct lane_pool::waiter_for final : lane_pool::waiter {
-  using allocator_type = op_allocator_t<Handler, waiter_for>;
-  static allocator_type allocator(const Handler& h) { return op_allocator<waiter_for>(h); }
-
-  static waiter* create(Handler&& h) {
-    allocator_type alloc = allocator(h);
-    waiter_for* w = std::allocator_traits<allocator_type>::allocate(alloc, 1);
-    return new (w) waiter_for(std::move(h));
-  }
-  void complete(std::uint32_t index) override {
-    // Move everything out, free this, then post: the memory goes back before the handler runs.
-    Handler h = std::move(handler);
-    auto ex = work.get_executor();
-    work.reset();
-    allocator_type alloc = allocator(h);
-    this->~waiter_for();
-    std::allocator_traits<allocator_type>::deallocate(alloc, this, 1);
-    if (index == none) return;  // the pool is going away: the handler (a coroutine) is dropped
-    asio::post(ex, [h = std::move(h), index]() mutable { std::move(h)(index); });
-  }
-
- private:
-  explicit waiter_for(Handler&& h)
-      : handler(std::move(h)), work(asio::get_associated_executor(handler)) {}
-  ~waiter_for() = default;
-  Handler handler;
-  asio::executor_work_guard<asio::associated_executor_t<Handler>> work;
+  index_pool slots_;  // lane indices: the free list and the requests waiting for a lane
 };
 
 inline asio::awaitable<lane_pool::lease> lane_pool::acquire_waiting() {
