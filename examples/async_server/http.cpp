@@ -138,6 +138,18 @@ error request_error(http_errno e) {
   }
 }
 
+/// True when a header line of `head` (after the request line) is named `lower_name`.
+bool has_header_line(std::string_view head, std::string_view lower_name) noexcept {
+  for (std::size_t at = head.find('\n'); at != std::string_view::npos;
+       at = head.find('\n', at + 1)) {
+    std::string_view line = head.substr(at + 1);
+    line = line.substr(0, line.find('\n'));
+    const std::size_t colon = line.find(':');
+    if (colon != std::string_view::npos && iequals(line.substr(0, colon), lower_name)) return true;
+  }
+  return false;
+}
+
 int hex_value(char c) noexcept {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -163,6 +175,10 @@ std::optional<error> decode(std::string_view in, std::string& out) {
 }
 
 }  // namespace
+
+bool only_line_ends(std::string_view s) noexcept {
+  return s.find_first_not_of("\r\n") == std::string_view::npos;
+}
 
 bool iequals(std::string_view a, std::string_view b) noexcept {
   if (a.size() != b.size()) return false;
@@ -219,7 +235,14 @@ std::optional<error> parse_request_head(std::string_view head, request& out) {
   const std::size_t parsed =
       http_parser_execute(&p, &request_collector::settings(), head.data(), head.size());
   if (c.refused) return c.refused;
-  if (const auto e = HTTP_PARSER_ERRNO(&p); e != HPE_OK) return request_error(e);
+  if (const auto e = HTTP_PARSER_ERRNO(&p); e != HPE_OK) {
+    // The parser reports both a repeated Content-Length and one beside Transfer-Encoding so.
+    if (e == HPE_UNEXPECTED_CONTENT_LENGTH && has_header_line(head, "transfer-encoding"))
+      return error{400,
+                   "Transfer-Encoding together with Content-Length is not accepted (the two "
+                   "disagree on where the body ends); send a Content-Length body alone"};
+    return request_error(e);
+  }
   if (parsed != head.size() || c.in_value || p.http_major == 0)
     return error{400, "the request head is incomplete"};
 

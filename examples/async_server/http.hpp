@@ -7,7 +7,7 @@
 //   400  a bare LF line ending or obsolete line folding (the parser tolerates both; accepting
 //        them here and not elsewhere is how request smuggling starts), whitespace before a
 //        header's colon, a target not in origin form ("/path?query"), a missing or repeated Host
-//        in HTTP/1.1, more than one Content-Length
+//        in HTTP/1.1, more than one Content-Length, Transfer-Encoding with Content-Length
 //   413  a Content-Length above max_body_bytes
 //   431  more than 100 header fields (the reader refuses heads above max_head_bytes itself)
 //   501  Transfer-Encoding (no chunked bodies here)
@@ -59,6 +59,9 @@ struct error {
 /// Empty lines before the request line are skipped (RFC 9112 2.2). `out` is cleared first, its
 /// storage reused.
 std::optional<error> parse_request_head(std::string_view head, request& out);
+
+/// True when `s` holds nothing but CR and LF: empty lines a client may send before a request.
+bool only_line_ends(std::string_view s) noexcept;
 
 /// Splits "a=1&b=two" into pairs, decoding %XX and '+'. Returns an error for a bad escape. The
 /// pairs already in `out` are overwritten in place (their strings' storage reused).

@@ -125,6 +125,26 @@ std::uint64_t print_server_summary(const server_metrics& m) {
   return failures;
 }
 
+/// After stop() and join(): what the server left behind, on one line (requests, lanes, reactor
+/// waits: all 0 after a clean shutdown). True when nothing was left.
+bool print_leftovers(instance& inst) {
+  const std::int64_t requests = inst.metrics().in_flight();
+  const std::size_t leased = inst.lanes().leased();
+  const std::uint64_t waits = inst.reactor() ? inst.reactor()->metrics().in_flight : 0;
+  std::printf("shutdown: afterwards %lld requests, %zu of %zu lanes, %llu reactor waits left\n",
+              static_cast<long long>(requests), leased, inst.lanes().size(),
+              static_cast<unsigned long long>(waits));
+  return requests == 0 && leased == 0 && waits == 0;
+}
+
+/// The reactor's counters on one line (evr mode); returns them.
+std::optional<evr::reactor_metrics> print_reactor(instance& inst) {
+  if (inst.reactor() == nullptr) return std::nullopt;
+  const evr::reactor_metrics m = inst.reactor()->metrics();
+  std::printf("reactor: %s\n", reactor_summary(m).c_str());
+  return m;
+}
+
 /// The demo's comparison: evr and the blocking pool (spin), same thread count, same load.
 bool run_compare(const process& p) {
   struct row {
@@ -273,7 +293,9 @@ int main(int argc, char** argv) {
             cfg.address.c_str(), inst.srv().port());
         std::fflush(stdout);
         good = inst.join();
+        good = print_leftovers(inst) && good;
         good = print_server_summary(inst.metrics()) == 0 && good;
+        print_reactor(inst);
       } else if (cfg.what == action::load) {
         load_options lo;
         lo.server = inst.endpoint();
@@ -324,11 +346,7 @@ int main(int argc, char** argv) {
         if (!load.first_error.empty()) std::printf("first error: %s\n", load.first_error.c_str());
         const bool shutdown_ok = run_shutdown(p, inst);
         const std::uint64_t failures = print_server_summary(inst.metrics());
-        std::optional<evr::reactor_metrics> rm;
-        if (inst.reactor()) {
-          rm = inst.reactor()->metrics();
-          std::printf("reactor: %s\n", reactor_summary(*rm).c_str());
-        }
+        const std::optional<evr::reactor_metrics> rm = print_reactor(inst);
         good = edges.failures.empty() && load.requests == cfg.self_test_requests &&
                load.errors == 0 && shutdown_ok && failures == 0 &&
                inst.metrics().wrong_answers() == 0 &&

@@ -403,8 +403,21 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
   bool lingering_close = false;
   for (;;) {
     arm_deadline(*c, cfg_.io_timeout);
-    auto [ec, head_size] = co_await asio::async_read_until(
-        c->socket, asio::dynamic_buffer(buffer, http::max_head_bytes), head_end{}, use_tuple);
+    std::error_code ec;
+    std::size_t head_size = 0;
+    for (std::size_t skipped = 0;;) {
+      auto [rec, n] = co_await asio::async_read_until(
+          c->socket, asio::dynamic_buffer(buffer, http::max_head_bytes), head_end{}, use_tuple);
+      ec = rec;
+      head_size = n;
+      // Empty lines before a request line are skipped (RFC 9112 2.2). A "head" of empty lines
+      // alone ends at the second one: drop it and read on (up to max_head_bytes of them; then
+      // the parser calls what is left incomplete).
+      if (ec || !http::only_line_ends(std::string_view(buffer.data(), n)) ||
+          (skipped += n) > http::max_head_bytes)
+        break;
+      buffer.erase(0, n);
+    }
     const auto t0 = clock_type::now();
     response r;
     c->body.clear();
