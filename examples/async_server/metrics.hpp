@@ -53,8 +53,8 @@ class server_metrics {
   /// Paths are a closed set so that a scanner requesting random URLs cannot grow the label space.
   static constexpr std::array<std::string_view, 7> paths = {"/saxpy",   "/sum",     "/busy", "/mlp",
                                                             "/healthz", "/metrics", "other"};
-  static constexpr std::array<int, 11> statuses = {200, 400, 404, 405, 408, 413,
-                                                   431, 500, 501, 503, 505};
+  static constexpr std::array<int, 12> statuses = {200, 400, 404, 405, 408, 413,
+                                                   422, 431, 500, 501, 503, 505};
   /// Upper bounds (seconds) of the latency buckets; +Inf is implied.
   static constexpr std::array<double, 18> latency_bounds = {
       25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,

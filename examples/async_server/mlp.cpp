@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 
 namespace mlp {
@@ -77,6 +78,30 @@ model::model(shape s) : shape_(s) {
       L.bias[static_cast<std::size_t>(i)] =
           0.125f * unit(key(key_bias, l, 0, static_cast<unsigned>(i)));
   }
+  input_limit_ = bound_inputs();
+}
+
+float model::bound_inputs() const noexcept {
+  auto max_abs = [](const std::vector<float>& v) {
+    double m = 0;
+    for (float x : v) m = std::fmax(m, std::fabs(static_cast<double>(x)));
+    return m;
+  };
+  // The bound after layer l is affine in the input bound X: a X + c.
+  const double ceiling = static_cast<double>(std::numeric_limits<float>::max()) / 4;
+  double a = 1, c = 0, limit = ceiling;
+  for (const layer& L : layers_) {
+    double gain = 0;
+    for (int k = 0; k < rank; ++k) {
+      double l1 = 0;
+      for (float v : L.v[k]) l1 += std::fabs(static_cast<double>(v));
+      gain += max_abs(L.u[k]) * l1;
+    }
+    a *= gain;
+    c = gain * c + max_abs(L.bias);
+    limit = std::fmin(limit, (ceiling - c) / a);
+  }
+  return static_cast<float>(std::nextafter(limit, 0.0));
 }
 
 void model::forward(const float* x, float* y) const {
@@ -149,8 +174,9 @@ std::optional<refusal> too_many_rows(std::size_t rows, std::size_t max_rows) {
                           " rows (one batch), not " + std::to_string(rows)};
 }
 
-std::optional<refusal> parse_csv(std::string_view body, const shape& s, std::size_t max_rows,
+std::optional<refusal> parse_csv(std::string_view body, const model& m, std::size_t max_rows,
                                  request& out) {
+  const shape& s = m.dims();
   const std::size_t in = static_cast<std::size_t>(s.in);
   std::size_t line_no = 0;
   while (!body.empty()) {
@@ -177,6 +203,12 @@ std::optional<refusal> parse_csv(std::string_view body, const shape& s, std::siz
       if (!params::parse_whole(field, v) || !std::isfinite(v))
         return refusal{400, "line " + std::to_string(line_no) + ", number " + std::to_string(col) +
                                 ": " + params::quoted(field) + " is not a finite number"};
+      if (std::fabs(v) > m.input_limit())
+        return refusal{422, "line " + std::to_string(line_no) + ", number " + std::to_string(col) +
+                                ": " + params::quoted(field) +
+                                " is beyond what the model keeps finite (inputs of magnitude at "
+                                "most " +
+                                number(m.input_limit()) + ")"};
       if (out.inputs.size() - first == in)
         return refusal{400, "line " + std::to_string(line_no) + " has more than " +
                                 std::to_string(in) + " numbers (the model takes " +
@@ -201,13 +233,14 @@ std::optional<refusal> parse_csv(std::string_view body, const shape& s, std::siz
 }  // namespace
 
 std::optional<refusal> parse(const params::list& query, std::string_view body, bool post,
-                             const shape& s, std::size_t max_rows, request& out) {
+                             const model& m, std::size_t max_rows, request& out) {
   out = request{};
+  const shape& s = m.dims();
   if (post) {
     if (!query.empty())
       return refusal{400, "POST /mlp takes its rows in the body, not query parameters (" +
                               params::quoted(query.front().first) + ")"};
-    return parse_csv(body, s, max_rows, out);
+    return parse_csv(body, m, max_rows, out);
   }
   std::uint32_t seed = 1;
   std::size_t rows = 1;

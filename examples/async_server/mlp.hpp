@@ -65,12 +65,22 @@ class model {
   /// Computed through the factors in double: O(layers * width).
   void forward(const float* x, float* y) const;
 
+  /// The largest input magnitude for which every activation stays within a quarter of the float
+  /// range, however the inputs are signed and however a GPU orders its sums: each layer maps
+  /// |x| <= H to |y| <= G H + max|b|, with G = sum_k max|u_k| * ||v_k||_1 (|W_ij| <= sum_k
+  /// |u_ki| |v_kj|; a float partial sum of W x stays within sum_j |W_ij| |x_j| up to rounding,
+  /// which the quarter covers). Inputs beyond it could overflow to inf and NaN.
+  float input_limit() const noexcept { return input_limit_; }
+
  private:
   struct layer {
     std::vector<float> u[rank], v[rank], bias;
   };
+  float bound_inputs() const noexcept;
+
   shape shape_;
   std::vector<layer> layers_;
+  float input_limit_ = 0;
 };
 
 /// Input row number `seed`: `in` numbers in [-1, 1).
@@ -92,14 +102,17 @@ struct request {
 };
 
 struct refusal {
-  int status = 400;  ///< 400 malformed, 413 more rows than a batch holds
+  /// 400 malformed, 413 more rows than a batch holds, 422 an input beyond model::input_limit()
+  int status = 400;
   std::string message;
 };
 
-/// Reads a request. GET: `seed` (default 1) and `rows` (1..max_rows) from the query. POST: no query
-/// parameters; the body holds the rows as CSV (one row of `in` numbers per line; blank lines are
-/// ignored). A request with more rows than max_rows is refused with 413 (it cannot fit one batch).
+/// Reads a request for model `m`. GET: `seed` (default 1) and `rows` (1..max_rows) from the query.
+/// POST: no query parameters; the body holds the rows as CSV (one row of `in` numbers per line;
+/// blank lines are ignored). A request with more rows than max_rows is refused with 413 (it
+/// cannot fit one batch); a number beyond m.input_limit() with 422, naming it (its answer would
+/// not be finite).
 std::optional<refusal> parse(const params::list& query, std::string_view body, bool post,
-                             const shape& s, std::size_t max_rows, request& out);
+                             const model& m, std::size_t max_rows, request& out);
 
 }  // namespace mlp

@@ -601,8 +601,8 @@ asio::awaitable<server::response> server::handle(const http::request& req, conne
   // (GET /busy is served by serve() itself: see busy_request.)
   if (path == "/mlp") {
     mlp::request mreq;
-    if (auto bad = mlp::parse(query, req.body, req.method == "POST", model_.dims(),
-                              cfg_.batching.max_rows, mreq))
+    if (auto bad =
+            mlp::parse(query, req.body, req.method == "POST", model_, cfg_.batching.max_rows, mreq))
       co_return error_response(c, bad->status, bad->message);
     co_return co_await run_mlp(mreq, c);
   }
@@ -782,6 +782,18 @@ asio::awaitable<server::response> server::run_mlp(const mlp::request& req, conne
     metrics_.record_batch(req.rows);
   }
 
+  // Inputs within model::input_limit() keep every output finite (mlp.hpp): one that is not is
+  // the device's fault, whichever answer the sampled check would look at. (A checksum is finite
+  // only when every output of its row is.)
+  for (std::size_t r = 0; r < req.rows; ++r) {
+    if (!std::isfinite(mlp::checksum(outputs.data() + r * out, d.out))) {
+      metrics_.record_check(false);
+      const std::string msg =
+          "wrong mlp answer from the device, row " + std::to_string(r) + ": not finite";
+      std::fprintf(stderr, "evr-async-server: %s\n", msg.c_str());
+      co_return error_response(c, 500, msg);
+    }
+  }
   const bool checked = sample_check();
   if (checked) {
     std::vector<float> want(out);
