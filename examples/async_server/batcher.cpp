@@ -1,5 +1,6 @@
 #include "batcher.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -26,12 +27,16 @@ mlp_batcher::mlp_batcher(asio::io_context& io, lane_pool& lanes, const gpu_wait:
       timer_(timer_strand_) {}
 
 asio::awaitable<mlp_batcher::result> mlp_batcher::run(const mlp::request& req, float* outputs,
-                                                      mailbox& box) {
+                                                      mailbox& box,
+                                                      asio::cancellation_slot cancel) {
   result r;
   submit(entry{req.inputs.data(), req.rows, outputs, &box, &r});
+  // Cleared here, on the caller's executor where the signal is emitted, once the answer is in.
+  if (cancel.is_connected()) cancel.template emplace<withdrawal>(withdrawal{this, &box});
   // The batch writes `r` and the outputs before try_send; the channel's lock orders those writes
   // before this coroutine resumes.
   auto [ec, rows] = co_await box.async_receive(use_tuple);
+  if (cancel.is_connected()) cancel.clear();
   if (ec && !r.ec) {
     r.ec = ec;
     r.what = "waiting for the batch: " + ec.message();
@@ -40,7 +45,11 @@ asio::awaitable<mlp_batcher::result> mlp_batcher::run(const mlp::request& req, f
 }
 
 std::unique_ptr<mlp_batcher::batch> mlp_batcher::close_locked() {
-  if (open_) ++running_;
+  if (open_ && open_->rows == 0) open_.reset();  // every request withdrawn: nothing to run
+  if (open_) {
+    ++running_;
+    waiting_lane_.push_back(open_.get());
+  }
   return std::move(open_);
 }
 
@@ -66,6 +75,33 @@ void mlp_batcher::submit(const entry& e) {
   if (arm != 0) asio::post(timer_strand_, [this, arm] { arm_window(arm); });
   if (full) launch(std::move(full));
   if (closed) launch(std::move(closed));
+}
+
+void mlp_batcher::withdraw(mailbox* box) {
+  auto take_out = [box](batch& b) {
+    for (entry& e : b.entries) {
+      if (e.box != box || e.withdrawn) continue;
+      e.withdrawn = true;
+      b.rows -= e.rows;
+      return true;
+    }
+    return false;
+  };
+  {
+    std::lock_guard lock(mutex_);
+    bool found = open_ && take_out(*open_);
+    for (std::size_t i = 0; !found && i < waiting_lane_.size(); ++i)
+      found = take_out(*waiting_lane_[i]);
+    if (!found) return;  // its batch has started: the request waits for it
+  }
+  if (!box->try_send(std::error_code(asio::error::operation_aborted), std::size_t{0}))
+    std::fprintf(stderr, "evr-async-server: internal error: an mlp mailbox was full\n");
+}
+
+void mlp_batcher::start(batch& b) {
+  std::lock_guard lock(mutex_);
+  waiting_lane_.erase(std::find(waiting_lane_.begin(), waiting_lane_.end(), &b));
+  std::erase_if(b.entries, [](const entry& e) { return e.withdrawn; });
 }
 
 void mlp_batcher::arm_window(std::uint64_t id) {
@@ -116,6 +152,12 @@ asio::awaitable<void> mlp_batcher::execute(std::unique_ptr<batch> b) {
   {
     // Waits (suspended) while every lane is taken, like any request.
     lane_pool::lease lease = co_await lanes_.acquire();
+    start(*b);
+    if (b->entries.empty()) {  // every request of the batch was withdrawn
+      lease = {};
+      finished();
+      co_return;
+    }
     lane& l = *lease;
     try {
       l.reserve_rows(b->rows);
@@ -133,7 +175,7 @@ asio::awaitable<void> mlp_batcher::execute(std::unique_ptr<batch> b) {
     if (!ec) {
       const auto t0 = clock_type::now();
       // One wait for the whole batch: this coroutine, not a thread, waits.
-      auto [wec] = co_await wait_.async_wait(l, use_tuple);
+      auto [wec] = co_await wait_.async_wait(l, nullptr, use_tuple);
       waited = clock_type::now() - t0;
       ec = wec;
       if (ec) {

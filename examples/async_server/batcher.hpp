@@ -23,10 +23,15 @@
 // thread per row of the batch; with a non-blocking wait a batch of 128 requests costs no thread
 // at all while the GPU works. The server runs one batcher per GPU, each on that GPU's lanes.
 //
-// Thread safety: run() from any thread (one mutex guards the open batch and the count of running
-// ones; the window timer lives on a strand). Lifetime: the batcher, the lane pool, what its waits
-// use (the reactor, the poller) and the io_context must outlive every run() and every batch in
-// flight (the server's io threads are joined first).
+// Abandoned requests: a request whose client left (its connection emits the cancellation signal
+// given to run()) is withdrawn while its batch is still open or waiting for a lane: the batch runs
+// without its rows (not at all when none are left). Once its rows are copied to the GPU it waits
+// for the batch like any other.
+//
+// Thread safety: run() from any thread (one mutex guards the open batch, the batches waiting for a
+// lane and the count of running ones; the window timer lives on a strand). Lifetime: the batcher,
+// the lane pool, what its waits use (the reactor, the poller) and the io_context must outlive every
+// run() and every batch in flight (the server's io threads are joined first).
 #pragma once
 
 #include <chrono>
@@ -38,6 +43,7 @@
 #include <vector>
 
 #include <asio/awaitable.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/experimental/concurrent_channel.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
@@ -80,8 +86,11 @@ class mlp_batcher {
 
   /// Adds req's rows (req.rows <= max_rows) to the open batch and suspends until that batch has
   /// run; then `outputs` (req.rows x shape.out floats) holds the answers. `inputs` and `outputs`
-  /// must stay valid until run() returns.
-  asio::awaitable<result> run(const mlp::request& req, float* outputs, mailbox& box);
+  /// must stay valid until run() returns. A signal emitted on `cancel` (on the caller's executor)
+  /// withdraws the request if its rows have not gone to the GPU yet: it then returns at once with
+  /// operation_aborted.
+  asio::awaitable<result> run(const mlp::request& req, float* outputs, mailbox& box,
+                              asio::cancellation_slot cancel);
 
   const options& settings() const noexcept { return opts_; }
 
@@ -90,16 +99,28 @@ class mlp_batcher {
     const float* inputs;
     std::size_t rows;
     float* outputs;
-    mailbox* box;
+    mailbox* box;  // one per connection: names the request
     result* out;
+    bool withdrawn = false;
   };
   struct batch {
     std::uint64_t id = 0;
-    std::size_t rows = 0;
+    std::size_t rows = 0;  // of the entries not withdrawn
     std::vector<entry> entries;
+  };
+  /// What run() installs in the caller's cancellation slot.
+  struct withdrawal {
+    mlp_batcher* self;
+    mailbox* box;
+    void operator()(asio::cancellation_type) const { self->withdraw(box); }
   };
 
   void submit(const entry& e);
+  /// Takes the request of `box` out of the open batch or a batch waiting for a lane, and tells it
+  /// so; nothing when its batch has started.
+  void withdraw(mailbox* box);
+  /// A batch that got its lane: no longer withdrawable; drops the withdrawn entries.
+  void start(batch& b);
   void arm_window(std::uint64_t id);  // on timer_strand_
   /// Takes the open batch for launch (mutex_ held): counts it as running.
   std::unique_ptr<batch> close_locked();
@@ -116,8 +137,9 @@ class mlp_batcher {
   asio::strand<asio::io_context::executor_type> timer_strand_;
   asio::steady_timer timer_;  // on timer_strand_
 
-  std::mutex mutex_;  // guards open_, next_id_ and running_
+  std::mutex mutex_;  // guards open_, waiting_lane_, the entries' `withdrawn`, next_id_, running_
   std::unique_ptr<batch> open_;
+  std::vector<batch*> waiting_lane_;  // closed, not started (owned by their execute())
   std::uint64_t next_id_ = 1;
   std::size_t running_ = 0;  // batches closed and not yet finished
 };

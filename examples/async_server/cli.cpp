@@ -2,6 +2,7 @@
 
 #include "evr_tool_cli.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -42,10 +43,14 @@ std::string parse_devices(const std::string& v, std::vector<int>& out) {
   }
 }
 
-[[noreturn]] void usage_error(CLI::App& app, const std::string& why) {
-  std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", app.get_name().c_str(),
+[[noreturn]] void usage_error(const std::string& program, const std::string& why) {
+  std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", program.c_str(),
                why.c_str());
   std::exit(2);
+}
+
+[[noreturn]] void usage_error(CLI::App& app, const std::string& why) {
+  usage_error(app.get_name(), why);
 }
 
 }  // namespace
@@ -177,6 +182,18 @@ settings parse_command_line(int argc, char** argv) {
                  "close a connection idle (or stuck sending/receiving) this many seconds")
       ->check(CLI::Range(1, 86400))
       ->group("Serving");
+  app.add_option("--max-connections", s.max_connections,
+                 "open connections at most; when full, the ones waiting longest for a request "
+                 "head are closed to make room, and a new one is refused (503) only when none "
+                 "waits (0: the descriptor limit less 128 for the process; --mode thread: four "
+                 "descriptors a connection, at most 2048)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{10000000}))
+      ->group("Limits");
+  app.add_option("--max-connections-per-address", s.max_connections_per_address,
+                 "open connections from one client address at most; more are refused (503) "
+                 "(0: half of --max-connections; behind a proxy, set it to --max-connections)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{10000000}))
+      ->group("Limits");
 
   // --- routes ---
   app.add_option("--max-n", s.max_n, "largest n of /saxpy and /sum")
@@ -253,4 +270,40 @@ settings parse_command_line(int argc, char** argv) {
     usage_error(app,
                 "--compare runs after the self-test, not with --load-* or when serving (--port)");
   return s;
+}
+
+std::size_t descriptors_per_connection(wait_mode m) noexcept {
+  return m == wait_mode::thread ? 4 : 1;
+}
+
+void settle_connection_limits(settings& s, std::uint64_t descriptors) {
+  const std::size_t per = descriptors_per_connection(s.mode);
+  const std::uint64_t spare =
+      descriptors > reserved_descriptors ? descriptors - reserved_descriptors : 0;
+  const std::size_t room = std::max<std::size_t>(1, static_cast<std::size_t>(spare / per));
+  const std::string why =
+      "the descriptor limit (RLIMIT_NOFILE " + std::to_string(descriptors) + ") less " +
+      std::to_string(reserved_descriptors) + " for the process" +
+      (per == 1 ? std::string() : ", " + std::to_string(per) + " descriptors a connection");
+  if (s.max_connections == 0) {
+    s.max_connections = room;
+    s.connections_because = "from " + why;
+    if (s.mode == wait_mode::thread && s.max_connections > thread_mode_connections) {
+      s.max_connections = thread_mode_connections;
+      s.connections_because = "--mode thread's default: a thread each";
+    }
+  } else if (s.max_connections > room) {
+    usage_error("evr-async-server", "--max-connections " + std::to_string(s.max_connections) +
+                                        ": " + why + " leaves room for " + std::to_string(room) +
+                                        " at most");
+  } else {
+    s.connections_because = "--max-connections";
+  }
+  if (s.max_connections_per_address == 0) {
+    s.max_connections_per_address = std::max<std::size_t>(1, s.max_connections / 2);
+  } else if (s.max_connections_per_address > s.max_connections) {
+    usage_error("evr-async-server",
+                "--max-connections-per-address " + std::to_string(s.max_connections_per_address) +
+                    " is above --max-connections (" + std::to_string(s.max_connections) + ")");
+  }
 }

@@ -55,7 +55,30 @@ struct settings {
   int compare_connections = 256;
   double compare_seconds = 2;
   int timeout_seconds = 30;  ///< idle / slow-client timeout per connection
+  /// Open connections at most; 0 until settle_connection_limits derives it from the descriptor
+  /// limit.
+  std::size_t max_connections = 0;
+  /// From one client address at most; 0 until settled (half of max_connections).
+  std::size_t max_connections_per_address = 0;
+  std::string connections_because;  ///< how max_connections was chosen (for the start-up line)
 };
 
 /// Parses argv; prints a message and exits with status 2 on bad input (0 after --help).
 settings parse_command_line(int argc, char** argv);
+
+/// Descriptors the process keeps for itself beside its connections: stdio, the listener, the
+/// spare descriptor, each io_context's epoll, eventfd and timerfd, CUDA's driver files, and the
+/// connections being closed to make room (connection_table::evict_batch, at most 64).
+inline constexpr std::size_t reserved_descriptors = 128;
+/// Descriptors per connection: its socket; in --mode thread also its own io_context's three.
+std::size_t descriptors_per_connection(wait_mode m) noexcept;
+/// Thread mode's default cap: a thread per connection costs ~220 KB of memory (3 000 idle
+/// sockets made 680 MB), and a blocking baseline gains nothing from more threads than this.
+inline constexpr std::size_t thread_mode_connections = 2048;
+
+/// Fills in the connection limits from the descriptor limit `descriptors` (RLIMIT_NOFILE, once
+/// raised): by default (descriptors - reserved_descriptors) / descriptors_per_connection (thread
+/// mode: at most thread_mode_connections), half of that per address. An explicit value the
+/// descriptors cannot hold, or a per-address limit above the total, is refused with a message
+/// naming the option (exit status 2).
+void settle_connection_limits(settings& s, std::uint64_t descriptors);

@@ -17,6 +17,8 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/async_result.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 
 #include <evr/evr.hpp>
 
@@ -39,18 +41,29 @@ class gpu_wait {
   /// std::invalid_argument when the mode blocks or its source is missing.
   gpu_wait(const asio::any_io_executor& executor, const source& s);
 
-  /// Completes with the wait's result once the work queued so far on `l` is done.
+  /// Completes with the wait's result once the work queued so far on `l` is done. `cancel`, when
+  /// not null (evr mode; the other waits cannot be cancelled and ignore it): a signal, emitted on
+  /// this object's executor, that cancels the wait (operation_aborted; the GPU work goes on).
   template <typename CompletionToken>
-  auto async_wait(lane& l, CompletionToken&& token) {
+  auto async_wait(lane& l, asio::cancellation_signal* cancel, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(std::error_code)>(
-        [this](auto handler, lane* target) { start(*target, std::move(handler)); }, token, &l);
+        [this](auto handler, lane* target, asio::cancellation_signal* signal) {
+          start(*target, signal, std::move(handler));
+        },
+        token, &l, cancel);
   }
 
  private:
   template <typename Handler>
-  void start(lane& l, Handler handler) {
+  void start(lane& l, asio::cancellation_signal* cancel, Handler handler) {
     switch (mode_) {
-      case wait_mode::evr: waiter_->async_wait(l.wait_target(), std::move(handler)); break;
+      case wait_mode::evr:
+        if (cancel != nullptr)
+          waiter_->async_wait(l.wait_target(),
+                              asio::bind_cancellation_slot(cancel->slot(), std::move(handler)));
+        else
+          waiter_->async_wait(l.wait_target(), std::move(handler));
+        break;
       case wait_mode::hostfunc: host_func_wait::start(l.stream(), std::move(handler)); break;
       case wait_mode::poll: poller_->start(l, std::move(handler)); break;
       case wait_mode::pool:

@@ -24,6 +24,8 @@
 #include <vector>
 
 #include <asio/awaitable.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <evr/evr.hpp>
@@ -225,8 +227,9 @@ class lane_pool {
   /// are served first come, first served; the coroutine resumes on its own executor.
   asio::awaitable<lease> acquire();
   /// Only the waiting part of acquire(), for a caller whose try_acquire() came back empty (saves
-  /// a coroutine frame on the path where a lane is free).
-  asio::awaitable<lease> acquire_waiting();
+  /// a coroutine frame on the path where a lane is free). A signal emitted on `cancel` (on the
+  /// caller's executor) ends the wait with an empty lease.
+  asio::awaitable<lease> acquire_waiting(asio::cancellation_slot cancel = {});
   /// The waiting part as an Asio operation, completing with void(std::uint32_t lane index) on the
   /// handler's executor; `adopt` turns the index into the lease (an empty one when the wait was
   /// cancelled through the handler's cancellation slot: index_pool says how). For a coroutine that
@@ -250,6 +253,8 @@ class lane_pool {
   index_pool slots_;  // lane indices: the free list and the requests waiting for a lane
 };
 
-inline asio::awaitable<lane_pool::lease> lane_pool::acquire_waiting() {
-  co_return adopt(co_await async_wait_lane(asio::use_awaitable));
+inline asio::awaitable<lane_pool::lease> lane_pool::acquire_waiting(
+    asio::cancellation_slot cancel) {
+  co_return adopt(
+      co_await async_wait_lane(asio::bind_cancellation_slot(cancel, asio::use_awaitable)));
 }

@@ -39,12 +39,16 @@
 namespace {
 
 /// A thousand connections need a thousand descriptors, more than the usual soft limit (1024).
-void raise_descriptor_limit() {
+/// Returns the limit in force afterwards.
+std::uint64_t raise_descriptor_limit() {
   rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
+  if (lim.rlim_cur < lim.rlim_max) {
+    const rlim_t before = lim.rlim_cur;
     lim.rlim_cur = lim.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &lim);
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) lim.rlim_cur = before;
   }
+  return lim.rlim_cur == RLIM_INFINITY ? std::uint64_t{1} << 20 : lim.rlim_cur;
 }
 
 void print_latency(const char* what, const load_report& r) {
@@ -90,6 +94,7 @@ struct process {
     sc.batching.window = std::chrono::microseconds(cfg.mlp_window_us);
     sc.batching.inflight = cfg.mlp_inflight;
     sc.io_timeout = std::chrono::seconds(cfg.timeout_seconds);
+    sc.connections = {cfg.max_connections, cfg.max_connections_per_address};
     sc.info = {to_string(m),
                blocks_a_thread(m) ? to_string(s) : "none",
                dev.label,
@@ -123,6 +128,12 @@ std::uint64_t print_server_summary(const server_metrics& m) {
       static_cast<unsigned long long>(ok), static_cast<unsigned long long>(client_errors),
       static_cast<unsigned long long>(server_errors), static_cast<unsigned long long>(failures));
   return failures;
+}
+
+/// What the server admits, on one line (README.md, "Limits").
+void print_limits(const settings& cfg) {
+  std::printf("limits: %zu connections (%s), %zu per client address\n", cfg.max_connections,
+              cfg.connections_because.c_str(), cfg.max_connections_per_address);
 }
 
 /// After stop() and join(): what the server left behind, on one line (requests, lanes, reactor
@@ -225,8 +236,8 @@ bool run_shutdown(const process& p, instance& inst) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const settings cfg = parse_command_line(argc, argv);
-  raise_descriptor_limit();
+  settings cfg = parse_command_line(argc, argv);
+  settle_connection_limits(cfg, raise_descriptor_limit());
   if (cfg.device != "sim" && cfg.cuda_connections > 0) {
     // Streams share the GPU's hardware queues (8 by default); work behind a kernel on a shared
     // queue waits for it even when it belongs to another stream. Up to 32 queues: must be set
@@ -276,6 +287,7 @@ int main(int argc, char** argv) {
                   : blocks_a_thread(cfg.mode) ? "blocking waits"
                                               : "waits written by hand",
                   mlp_desc, cfg.address.c_str(), inst.srv().port());
+      print_limits(cfg);
       std::fflush(stdout);
 
       const server_limits limits = p.limits(cfg.mode);

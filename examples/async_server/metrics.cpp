@@ -185,6 +185,21 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
   append(out, "evr_server_requests_in_flight %lld\n", static_cast<long long>(in_flight()));
   header(out, "evr_server_connections", "gauge", "Connections open (this one included).");
   append(out, "evr_server_connections %zu\n", connections);
+  counter(out, "evr_server_connections_accepted_total", "Connections accepted.",
+          this->connections(connection_event::accepted));
+  header(out, "evr_server_connections_refused_total", "counter",
+         "Connections refused: over the per-address limit, the server full with none idle, or "
+         "out of descriptors.");
+  const std::pair<const char*, connection_event> refusals[] = {
+      {"per_address", connection_event::refused_per_address},
+      {"total", connection_event::refused_total},
+      {"descriptors", connection_event::refused_descriptors}};
+  for (const auto& [reason, e] : refusals)
+    append(out, "evr_server_connections_refused_total{reason=\"%s\"} %llu\n", reason,
+           static_cast<unsigned long long>(this->connections(e)));
+  counter(out, "evr_server_connections_evicted_total",
+          "Connections waiting for a request head closed to make room for new ones.",
+          this->connections(connection_event::evicted));
 
   auto path_label = [](std::string_view p) { return "path=\"" + std::string(p) + "\""; };
   header(out, "evr_server_request_duration_seconds", "histogram",
@@ -204,6 +219,14 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
          static_cast<unsigned long long>(checks_[0].load(std::memory_order_relaxed)));
   append(out, "evr_server_checks_total{result=\"wrong\"} %llu\n",
          static_cast<unsigned long long>(checks_[1].load(std::memory_order_relaxed)));
+
+  header(out, "evr_server_requests_abandoned_total", "counter",
+         "Requests left unanswered because their client left (or the server stopped): queued "
+         "(dropped before any GPU work) or running (the work finished, nobody to answer).");
+  append(out, "evr_server_requests_abandoned_total{stage=\"queued\"} %llu\n",
+         static_cast<unsigned long long>(abandoned(true)));
+  append(out, "evr_server_requests_abandoned_total{stage=\"running\"} %llu\n",
+         static_cast<unsigned long long>(abandoned(false)));
 
   if (reactor != nullptr) {
     const evr::reactor_metrics& m = *reactor;

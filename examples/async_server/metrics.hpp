@@ -7,6 +7,10 @@
 //   evr_server_requests_in_flight                           gauge: heads read, responses not yet
 //                                                           written
 //   evr_server_connections                                  gauge: connections open
+//   evr_server_connections_accepted_total                   counter
+//   evr_server_connections_refused_total{reason}            counter: per_address, total (the
+//                                                           server full, none idle), descriptors
+//   evr_server_connections_evicted_total                    counter: idle ones closed for room
 //   evr_server_request_duration_seconds{path}               histogram: head read -> response
 //                                                           written
 //   evr_server_gpu_wait_seconds{path}                       histogram: GPU work enqueued -> the
@@ -14,6 +18,9 @@
 //                                                           co_await; blocking: the synchronize)
 //   evr_server_mlp_batch_rows                               histogram: rows per /mlp batch run
 //   evr_server_checks_total{result}                         counter: answers compared with the CPU
+//   evr_server_requests_abandoned_total{stage}              counter: requests left unanswered as
+//                                                           their client left: queued (dropped
+//                                                           before any GPU work) or running
 // Reactor metrics (evr mode): evr_reactor_<counter>_total, evr_reactor_in_flight (gauge), and the
 //   submit->deliver and detect->deliver histograms from the reactor's power-of-two buckets. The
 //   reactor keeps counts per bucket but no sum of the samples, so their _sum is NaN ("unknown" in
@@ -48,6 +55,15 @@ class histogram {
   std::atomic<double> sum_{0.0};
 };
 
+/// What happened to a connection at the door (connection_table.hpp).
+enum class connection_event : std::uint8_t {
+  accepted,
+  refused_per_address,  ///< over --max-connections-per-address
+  refused_total,        ///< over --max-connections with none idle to close
+  refused_descriptors,  ///< the process ran out of descriptors
+  evicted,              ///< an idle connection closed to make room
+};
+
 class server_metrics {
  public:
   /// Paths are a closed set so that a scanner requesting random URLs cannot grow the label space.
@@ -72,6 +88,20 @@ class server_metrics {
   void record_batch(std::size_t rows) noexcept;
   /// An answer was compared with the CPU's.
   void record_check(bool agreed) noexcept;
+  /// A request got no answer because its client left (or the server stopped): while it was
+  /// queued (dropped before any GPU work) or while its work ran.
+  void record_abandoned(bool queued) noexcept {
+    abandoned_[queued ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+  }
+  std::uint64_t abandoned(bool queued) const noexcept {
+    return abandoned_[queued ? 0 : 1].load(std::memory_order_relaxed);
+  }
+  void record_connection(connection_event e) noexcept {
+    connection_events_[static_cast<std::size_t>(e)].fetch_add(1, std::memory_order_relaxed);
+  }
+  std::uint64_t connections(connection_event e) const noexcept {
+    return connection_events_[static_cast<std::size_t>(e)].load(std::memory_order_relaxed);
+  }
   void request_started() noexcept { in_flight_.fetch_add(1, std::memory_order_relaxed); }
   void request_finished() noexcept { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
   std::int64_t in_flight() const noexcept { return in_flight_.load(std::memory_order_relaxed); }
@@ -100,7 +130,9 @@ class server_metrics {
   std::array<histogram<latency_bounds.size()>, paths.size()> duration_{};
   std::array<histogram<latency_bounds.size()>, paths.size()> gpu_wait_{};
   histogram<batch_bounds.size()> batches_{};
-  std::array<std::atomic<std::uint64_t>, 2> checks_{};  // agreed, disagreed
+  std::array<std::atomic<std::uint64_t>, 2> checks_{};     // agreed, disagreed
+  std::array<std::atomic<std::uint64_t>, 2> abandoned_{};  // queued, running
+  std::array<std::atomic<std::uint64_t>, 5> connection_events_{};
   std::atomic<std::int64_t> in_flight_{0};
 };
 

@@ -1,8 +1,12 @@
 #include "server.hpp"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -108,35 +112,6 @@ double micros(clock_type::duration d) {
 
 }  // namespace
 
-struct server::connection {
-  /// `wait`: what its GPU waits use (null in the blocking modes); `device`: the device it prefers.
-  connection(asio::ip::tcp::socket s, const gpu_wait::source* wait, std::size_t device)
-      : socket(std::move(s)), device(device) {
-    body.reserve(256);  // a /busy answer is ~110 bytes, its response ~200: no growing later
-    wire.reserve(512);
-    if (wait != nullptr) {
-      gpu.emplace(socket.get_executor(), *wait);
-      mailbox.emplace(socket.get_executor(), 1);
-    }
-  }
-  // On the connection's executor (evr, hostfunc, poll: its io_context's one thread; pool: its
-  // strand; thread: its own thread), like everything below but deadline_ns.
-  asio::ip::tcp::socket socket;
-  const std::size_t device;  // its requests take this device's lanes first
-  /// When the connection must have made progress (steady_clock, ns), 0: no deadline. Set by the
-  /// connection, taken (exchanged with 0) by the sweep that closes it.
-  std::atomic<std::int64_t> deadline_ns{0};
-  std::optional<gpu_wait> gpu;                  // the non-blocking modes
-  std::optional<mlp_batcher::mailbox> mailbox;  // the non-blocking modes: /mlp batches answer here
-  // Reused from request to request (cleared, their capacity kept): no allocation per request once
-  // they have grown to what this connection's requests need.
-  std::string in;  // bytes read and not yet consumed: a pipelined request may follow a body
-  http::request req;
-  params::list query, form;
-  std::string body;  // the response's body
-  std::string wire;  // the response as sent
-};
-
 struct server::conn_thread {
   asio::io_context io{1};
   std::thread thread;
@@ -155,7 +130,8 @@ server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_
                    ? asio::any_io_executor(asio::make_strand(*contexts_.at(0)))
                    : asio::any_io_executor(contexts_.at(0)->get_executor())),
       acceptor_(control_),
-      sweep_timer_(control_) {
+      sweep_timer_(control_),
+      table_(cfg_.connections) {
   if (cfg_.mode == wait_mode::evr && reactor_ == nullptr)
     throw std::invalid_argument("server: wait_mode::evr needs a reactor");
   if (cfg_.check_every == 0) throw std::invalid_argument("server: check_every must be at least 1");
@@ -194,6 +170,7 @@ lane_pool& server::home_pool(const connection& c) noexcept {
 server::~server() {
   stop();
   join_connection_threads();
+  if (spare_descriptor_ >= 0) ::close(spare_descriptor_);
 }
 
 void server::start() {
@@ -209,6 +186,7 @@ void server::start() {
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) throw std::runtime_error("cannot listen on " + where + ": " + ec.message());
   port_ = acceptor_.local_endpoint().port();
+  spare_descriptor_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   asio::co_spawn(control_, accept_loop(), [](std::exception_ptr e) {
     if (e) std::rethrow_exception(e);  // a bug, not a client's doing: let run() report it
   });
@@ -224,7 +202,7 @@ void server::stop() {
     std::lock_guard lock(mutex_);
     if (stopping_.load(std::memory_order_relaxed)) return;
     stopping_.store(true, std::memory_order_relaxed);
-    open = connections_;
+    open = table_.all();
     running.swap(keep_running_);
   }
   asio::post(control_, [this] {
@@ -232,11 +210,14 @@ void server::stop() {
     acceptor_.close(ignored);
     sweep_timer_.cancel();
   });
-  // Each connection is closed on its own executor (or thread), where its coroutine runs.
+  // Each connection is closed on its own executor (or thread), where its coroutine runs; a
+  // request waiting for a lane, an admission slot or its batch is dropped there (its client can
+  // get no answer now), one whose work is on the GPU finishes it.
   for (const auto& c : open) {
     asio::post(c->socket.get_executor(), [c] {
       std::error_code ignored;
       c->socket.close(ignored);
+      abandon(*c);
     });
   }
   // `running` goes now: each context's run() returns once its connections are done.
@@ -277,30 +258,77 @@ asio::awaitable<void> server::accept_loop() {
   std::error_code ignored;
   acceptor_.non_blocking(true,
                          ignored);  // for the draining accepts below (async ones are unaffected)
-  const bool own_threads = cfg_.mode == wait_mode::thread;
   for (;;) {
     placement where = next_placement();
     auto [ec, socket] = co_await acceptor_.async_accept(where.executor, use_tuple);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
-      // Out of descriptors and the like: say so and retry a little later instead of spinning.
-      std::fprintf(stderr, "evr-async-server: accept: %s\n", ec.message().c_str());
-      backoff.expires_after(std::chrono::milliseconds(50));
-      co_await backoff.async_wait(use_tuple);
+      if (!accept_failed(ec)) {  // nothing shed: retry a little later instead of spinning
+        backoff.expires_after(std::chrono::milliseconds(50));
+        co_await backoff.async_wait(use_tuple);
+      }
       continue;
     }
-    if (own_threads) reap_conn_threads();
-    if (!start_connection(std::move(socket), std::move(where))) co_return;
+    admission a = admit(std::move(socket), std::move(where));
     // Then take what else is waiting in the backlog without another trip through the scheduler:
     // when every io thread is busy (pool mode), each trip can take milliseconds, and 256 clients
-    // connecting at once would otherwise wait in line for one accept each.
-    for (int i = 0; i < 256; ++i) {
+    // connecting at once would otherwise wait in line for one accept each. Not after an eviction:
+    // the connections chosen close on their executors, and their descriptors must be free before
+    // more are taken (the reserve holds one batch of them).
+    for (int i = 0; i < 256 && a == admission::next; ++i) {
       placement more_where = next_placement();
       asio::ip::tcp::socket more = acceptor_.accept(more_where.executor, ec);
-      if (ec) break;  // would_block: the backlog is empty (other errors: the async accept reports)
-      if (!start_connection(std::move(more), std::move(more_where))) co_return;
+      if (ec) {  // would_block: the backlog is empty
+        if (ec != asio::error::would_block && ec != asio::error::try_again) accept_failed(ec);
+        break;
+      }
+      a = admit(std::move(more), std::move(more_where));
+    }
+    if (a == admission::stopping) co_return;
+  }
+}
+
+bool server::accept_failed(const std::error_code& ec) {
+  // (Asio 1.22's system category does not map errno values to std::errc: compare them.)
+  const bool out_of_descriptors = ec.category() == asio::error::get_system_category() &&
+                                  (ec.value() == EMFILE || ec.value() == ENFILE);
+  bool shed = false;
+  std::size_t closed = 0;
+  if (out_of_descriptors) {
+    // The limits keep connections within the descriptor limit, but other descriptors (or a lower
+    // limit set from outside) can still run out. Close idle connections to make room, and take the
+    // connection waiting in the backlog with the spare descriptor and close it at once (refused),
+    // so that the loop neither spins on the same error nor leaves that client hanging.
+    std::vector<std::shared_ptr<connection>> idle;
+    {
+      std::lock_guard lock(mutex_);
+      table_.evict_idle(table_.evict_batch(), idle);
+    }
+    closed = idle.size();
+    close_evicted(idle);
+    if (spare_descriptor_ >= 0) {
+      ::close(spare_descriptor_);
+      const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        ::close(fd);
+        metrics_.record_connection(connection_event::refused_descriptors);
+        shed = true;
+      }
+      spare_descriptor_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
   }
+  // Said at most once a second: a full server must not also flood its log.
+  ++accept_errors_;
+  const auto now = clock_type::now();
+  if (now - last_accept_report_ >= std::chrono::seconds(1)) {
+    std::fprintf(stderr,
+                 "evr-async-server: accept: %s (%llu times since the last report; %zu idle "
+                 "connections closed now)\n",
+                 ec.message().c_str(), static_cast<unsigned long long>(accept_errors_), closed);
+    last_accept_report_ = now;
+    accept_errors_ = 0;
+  }
+  return shed;
 }
 
 server::placement server::next_placement() {
@@ -316,21 +344,68 @@ server::placement server::next_placement() {
   return {contexts_[i]->get_executor(), nullptr, i};
 }
 
-bool server::start_connection(asio::ip::tcp::socket socket, placement where) {
-  std::error_code ignored;
-  socket.set_option(asio::ip::tcp::no_delay(true), ignored);  // small responses, sent at once
-  socket.non_blocking(true, ignored);  // responses are written at once when the socket takes them
+server::admission server::admit(asio::ip::tcp::socket socket, placement where) {
+  if (cfg_.mode == wait_mode::thread) reap_conn_threads();
+  std::error_code ec;
+  const asio::ip::tcp::endpoint peer = socket.remote_endpoint(ec);
+  if (ec) return admission::next;  // already reset by the client: nothing to serve
+  metrics_.record_connection(connection_event::accepted);
+  socket.set_option(asio::ip::tcp::no_delay(true), ec);  // small responses, sent at once
+  socket.non_blocking(true, ec);  // responses are written at once when the socket takes them
   std::optional<gpu_wait::source> wait;
   if (!blocks_a_thread(cfg_.mode)) wait = wait_source(where.context);
-  auto c = std::make_shared<connection>(std::move(socket), wait ? &*wait : nullptr,
-                                        next_device_++ % lanes_.devices());
-  std::shared_ptr<conn_thread>& own = where.own;
+  auto c = std::make_shared<connection>(std::move(socket), peer.address(), wait ? &*wait : nullptr,
+                                        next_device_ % lanes_.devices());
+  std::vector<std::shared_ptr<connection>> evicted;
+  connection_table::verdict verdict;
   {
     std::lock_guard lock(mutex_);
-    if (stopping_.load(std::memory_order_relaxed)) return false;  // c's socket closes as it goes
-    connections_.insert(c);
-    if (own) conn_threads_.push_back(own);
+    if (stopping_.load(std::memory_order_relaxed)) return admission::stopping;  // c closes
+    verdict = table_.admit(c, evicted);
+    if (verdict == connection_table::verdict::admitted && where.own)
+      conn_threads_.push_back(where.own);
   }
+  close_evicted(evicted);
+  if (verdict != connection_table::verdict::admitted) {
+    refuse(*c, verdict);
+  } else {
+    ++next_device_;
+    start_serving(c, where.own);
+  }
+  return evicted.empty() ? admission::next : admission::yield;
+}
+
+void server::refuse(connection& c, connection_table::verdict why) {
+  const bool per_address = why == connection_table::verdict::over_address;
+  metrics_.record_connection(per_address ? connection_event::refused_per_address
+                                         : connection_event::refused_total);
+  const connection_table::limits& l = table_.limit();  // (constant: no lock needed)
+  const std::string body =
+      per_address ? "error 503: too many connections from your address (at most " +
+                        std::to_string(l.per_address) + "); retry later\n"
+                  : "error 503: the server has all the connections it takes (" +
+                        std::to_string(l.total) + ") and none of them is idle; retry later\n";
+  // Best effort, without waiting: a fresh socket's buffer takes this at once.
+  std::error_code ignored;
+  c.socket.write_some(asio::buffer(http::format_response(503, "text/plain; charset=utf-8", body,
+                                                         false, "Retry-After: 1\r\n")),
+                      ignored);
+  c.socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  c.socket.close(ignored);
+}
+
+void server::close_evicted(const std::vector<std::shared_ptr<connection>>& evicted) {
+  for (const auto& c : evicted) {
+    metrics_.record_connection(connection_event::evicted);
+    asio::post(c->socket.get_executor(), [c] {
+      std::error_code ignored;
+      c->socket.close(ignored);  // its pending read fails, the coroutine ends
+    });
+  }
+}
+
+void server::start_serving(const std::shared_ptr<connection>& c,
+                           const std::shared_ptr<conn_thread>& own) {
   asio::co_spawn(c->socket.get_executor(), serve(c), [](std::exception_ptr e) {
     if (!e) return;
     try {
@@ -352,7 +427,6 @@ bool server::start_connection(asio::ip::tcp::socket socket, placement where) {
       t->done.store(true, std::memory_order_release);
     });
   }
-  return true;
 }
 
 void server::arm_deadline(connection& c, std::chrono::nanoseconds after) noexcept {
@@ -361,8 +435,9 @@ void server::arm_deadline(connection& c, std::chrono::nanoseconds after) noexcep
 
 asio::awaitable<void> server::sweep_deadlines() {
   using namespace std::chrono_literals;
-  const auto period = std::clamp<clock_type::duration>(cfg_.io_timeout / 8, 10ms, 250ms);
+  const auto period = std::clamp<clock_type::duration>(cfg_.io_timeout / 8, 10ms, 50ms);
   std::vector<std::shared_ptr<connection>> late;
+  std::vector<std::pair<std::shared_ptr<connection>, std::uint32_t>> slow;
   for (;;) {
     sweep_timer_.expires_after(period);
     auto [ec] = co_await sweep_timer_.async_wait(use_tuple);
@@ -370,10 +445,14 @@ asio::awaitable<void> server::sweep_deadlines() {
     const std::int64_t now = to_ns(clock_type::now());
     {
       std::lock_guard lock(mutex_);
-      for (const auto& c : connections_) {
+      for (const auto& c : table_.all()) {
         std::int64_t d = c->deadline_ns.load(std::memory_order_relaxed);
         // Taken only if unchanged: a connection that made progress meanwhile has moved it.
         if (d != 0 && d <= now && c->deadline_ns.compare_exchange_strong(d, 0)) late.push_back(c);
+        // A request served since the last sweep at least: its client is watched from now on.
+        const std::uint32_t serving = c->serving.load(std::memory_order_relaxed);
+        if (serving != 0 && serving == c->swept) slow.emplace_back(c, serving);
+        c->swept = serving;
       }
     }
     for (auto& c : late) {
@@ -382,13 +461,16 @@ asio::awaitable<void> server::sweep_deadlines() {
         c->socket.close(ignored);  // the pending read or write fails, the coroutine ends
       });
     }
+    for (auto& [c, request] : slow)
+      asio::post(c->socket.get_executor(), [this, c, request] { watch_client(c, request); });
     late.clear();
+    slow.clear();
   }
 }
 
 void server::forget(const std::shared_ptr<connection>& c) {
   std::lock_guard lock(mutex_);
-  connections_.erase(c);
+  table_.erase(c);
 }
 
 asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
@@ -403,6 +485,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
   bool lingering_close = false;
   for (;;) {
     arm_deadline(*c, cfg_.io_timeout);
+    c->reading_head.store(true, std::memory_order_relaxed);
     std::error_code ec;
     std::size_t head_size = 0;
     for (std::size_t skipped = 0;;) {
@@ -418,6 +501,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
         break;
       buffer.erase(0, n);
     }
+    c->reading_head.store(false, std::memory_order_relaxed);
     const auto t0 = clock_type::now();
     response r;
     c->body.clear();
@@ -451,6 +535,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
       req.body.assign(buffer, 0, req.content_length);
       buffer.erase(0, req.content_length);
       c->deadline_ns.store(0, std::memory_order_relaxed);  // the GPU work is not the client's delay
+      c->serving.store(++c->requests, std::memory_order_relaxed);
       struct in_flight {
         server_metrics& m;
         explicit in_flight(server_metrics& metrics) : m(metrics) { m.request_started(); }
@@ -471,12 +556,15 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
           lane_pool::lease lease = lanes_.try_acquire(c->device);
           if (!lease) {
             lane_pool& home = home_pool(*c);
-            lease = home.adopt(co_await home.async_wait_lane(asio::use_awaitable));
+            lease = home.adopt(co_await home.async_wait_lane(
+                asio::bind_cancellation_slot(c->abandon.slot(), asio::use_awaitable)));
           }
-          if (!launch_busy(lease, spec, *c, r)) {
+          if (!lease || c->gone) {
+            r = abandoned_response(dropped::queued);
+          } else if (!launch_busy(lease, spec, *c, r)) {
             const auto tw = clock_type::now();
             if (c->gpu) {
-              auto [wec] = co_await c->gpu->async_wait(*lease, use_tuple);
+              auto [wec] = co_await c->gpu->async_wait(*lease, abandon_signal(*c), use_tuple);
               ec = wec;
             } else {
               ec = lease->wait_blocking(cfg_.sync);
@@ -486,11 +574,19 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
             if (!ec) {
               waited(lease, "/busy", d);
               result = lease->busy_result();
+            } else if (c->gone) {
+              release_when_done(lease);
             }
           }
         }  // the lane goes back before the answer is checked and sent
-        if (r.status == 200) r = answer_busy(*c, spec, ec, result, gpu_us);
+        if (r.status == 200 && !c->gone) r = answer_busy(*c, spec, ec, result, gpu_us);
       }
+      end_request(*c);
+    }
+    if (r.abandoned != dropped::no || c->gone) {
+      // Nobody to answer: the request was dropped, or its answer would go nowhere.
+      metrics_.record_abandoned(r.abandoned == dropped::queued);
+      break;
     }
 
     const bool keep_alive =
@@ -576,7 +672,7 @@ asio::awaitable<server::response> server::handle(const http::request& req, conne
     std::size_t open = 0;
     {
       std::lock_guard lock(mutex_);
-      open = connections_.size();
+      open = table_.size();
     }
     c.body = metrics_.render(m ? &*m : nullptr, cfg_.info, open);
     co_return r;
@@ -623,8 +719,9 @@ asio::awaitable<std::error_code> server::wait_gpu(lane_pool::lease& lease, conne
   std::error_code ec;
   if (c.gpu) {
     // evr, hostfunc, poll: this thread serves other connections until the work is done.
-    auto [wec] = co_await c.gpu->async_wait(*lease, use_tuple);
+    auto [wec] = co_await c.gpu->async_wait(*lease, abandon_signal(c), use_tuple);
     ec = wec;
+    if (ec && c.gone) release_when_done(lease);
   } else {
     // pool / thread: this thread can do nothing else until the GPU is done.
     ec = lease->wait_blocking(cfg_.sync);
@@ -643,7 +740,8 @@ void server::waited(lane_pool::lease& lease, std::string_view path, clock_type::
 asio::awaitable<server::response> server::run_job(const job::spec& spec, connection& c) {
   // Waits (suspended) while every lane is taken: bounded GPU memory and streams under any load.
   lane_pool::lease lease = lanes_.try_acquire(c.device);
-  if (!lease) lease = co_await home_pool(c).acquire_waiting();
+  if (!lease) lease = co_await home_pool(c).acquire_waiting(c.abandon.slot());
+  if (!lease || c.gone) co_return abandoned_response(dropped::queued);
   lane& l = *lease;
   // (No co_return inside the handlers: the response is built after the try statement.)
   std::optional<response> refused;
@@ -662,6 +760,7 @@ asio::awaitable<server::response> server::run_job(const job::spec& spec, connect
   double gpu_us = 0;
   const std::error_code ec =
       co_await wait_gpu(lease, c, spec.kind == job::kind::saxpy ? "/saxpy" : "/sum", gpu_us);
+  if (c.gone) co_return abandoned_response(dropped::running);
   if (ec) co_return error_response(c, 500, "waiting for the GPU failed: " + ec.message());
 
   double value = 0;
@@ -704,6 +803,58 @@ bool server::healthz_request(const http::request& req, connection& c, response& 
   r.content_type = "text/plain; charset=utf-8";
   c.body = "ok\n";
   return true;
+}
+
+server::response server::abandoned_response(dropped stage) {
+  response r;
+  r.abandoned = stage;
+  return r;
+}
+
+asio::cancellation_signal* server::abandon_signal(connection& c) noexcept {
+  return c.watching ? &c.abandon : nullptr;
+}
+
+void server::release_when_done(lane_pool::lease& lease) {
+  if (reactor_ == nullptr || !lease) return;  // only an evr wait is ever cancelled
+  const evr::wait_target target(lease->stream());
+  lease.mark_idle();  // destroyed only once the GPU is past `target`
+  // On the first context: the lease goes back there, and run() does not return before it has.
+  evr::release_after(*reactor_, target, std::move(lease), contexts_.front()->get_executor());
+}
+
+void server::end_request(connection& c) {
+  c.serving.store(0, std::memory_order_relaxed);
+  if (c.watching) {
+    std::error_code ignored;
+    c.socket.cancel(ignored);  // the watch's handler runs with operation_aborted
+  }
+}
+
+void server::watch_client(const std::shared_ptr<connection>& c, std::uint32_t request) {
+  if (c->watching || c->gone || c->serving.load(std::memory_order_relaxed) != request) return;
+  c->watching = true;
+  c->socket.async_wait(asio::ip::tcp::socket::wait_read,
+                       [this, c](std::error_code ec) { client_readable(c, ec); });
+}
+
+void server::client_readable(const std::shared_ptr<connection>& c, std::error_code ec) {
+  c->watching = false;
+  if (ec || !c->socket.is_open()) return;
+  // One byte peeked: a pipelined request (the client is there), nothing yet (woken for no
+  // reason), or the end: the client closed or reset the connection. A client that only shut
+  // down its sending side is taken as gone too, as proxies such as nginx do.
+  char byte;
+  std::error_code pec;
+  const std::size_t n =
+      c->socket.receive(asio::buffer(&byte, 1), asio::socket_base::message_peek, pec);
+  if (n > 0 || pec == asio::error::would_block || pec == asio::error::try_again) return;
+  abandon(*c);
+}
+
+void server::abandon(connection& c) {
+  c.gone = true;
+  c.abandon.emit(asio::cancellation_type::terminal);
 }
 
 bool server::launch_busy(lane_pool::lease& lease, const busy::spec& spec, connection& c,
@@ -757,14 +908,19 @@ asio::awaitable<server::response> server::run_mlp(const mlp::request& req, conne
     // The request joins a batch of its device; this coroutine (not a thread) waits for it.
     const auto t0 = clock_type::now();
     mlp_batcher& batcher = *batchers_[c.device % batchers_.size()];
-    const mlp_batcher::result r = co_await batcher.run(req, outputs.data(), *c.mailbox);
+    const mlp_batcher::result r =
+        co_await batcher.run(req, outputs.data(), *c.mailbox, c.abandon.slot());
     gpu_us = micros(clock_type::now() - t0);
+    if (r.ec == asio::error::operation_aborted && c.gone)
+      co_return abandoned_response(dropped::queued);
+    if (c.gone) co_return abandoned_response(dropped::running);
     if (r.ec) co_return error_response(c, 500, r.what);
     batch_rows = r.batch_rows;
   } else {
     // pool / thread: a batch of this request alone, waited for by blocking the thread.
     lane_pool::lease lease = lanes_.try_acquire(c.device);
-    if (!lease) lease = co_await home_pool(c).acquire_waiting();
+    if (!lease) lease = co_await home_pool(c).acquire_waiting(c.abandon.slot());
+    if (!lease || c.gone) co_return abandoned_response(dropped::queued);
     lane& l = *lease;
     std::optional<response> refused;
     try {
@@ -777,6 +933,7 @@ asio::awaitable<server::response> server::run_mlp(const mlp::request& req, conne
     }
     if (refused) co_return std::move(*refused);
     const std::error_code ec = co_await wait_gpu(lease, c, "/mlp", gpu_us);
+    if (c.gone) co_return abandoned_response(dropped::running);
     if (ec) co_return error_response(c, 500, "waiting for the GPU failed: " + ec.message());
     std::memcpy(outputs.data(), l.mlp_output(), outputs.size() * sizeof(float));
     metrics_.record_batch(req.rows);

@@ -41,7 +41,13 @@
 // GPUs: the lanes of every device used (lane_set.hpp); each connection prefers one device,
 // round-robin at accept, and /mlp has a batcher per device.
 // Deadlines (idle and slow clients): a connection stores when it must next make progress; one
-// sweep every io_timeout/8 (at most 250 ms) closes the late ones. No timer per request.
+// sweep every io_timeout/8 (at most 50 ms) closes the late ones. No timer per request.
+// Abandoned requests: the same sweep starts watching the socket of a connection whose request it
+// finds still being served a sweep later (no cost for the quick ones): a client that closes or
+// resets its connection then has its request dropped if it still waits for a lane, an admission
+// slot or its /mlp batch (cancellation slots), its evr wait cancelled if its work is on the GPU
+// (the lane goes back once the GPU is done: evr::release_after), and no answer written. stop()
+// does the same for every connection.
 #pragma once
 
 #include <chrono>
@@ -65,6 +71,8 @@
 
 #include "batcher.hpp"
 #include "busy.hpp"
+#include "connection.hpp"
+#include "connection_table.hpp"
 #include "event_poller.hpp"
 #include "gpu_wait.hpp"
 #include "http.hpp"
@@ -94,6 +102,9 @@ struct server_config {
   /// A connection that sends no complete request head (or does not take its response) for this
   /// long is closed: keeps idle keep-alive clients and slow senders from holding sockets forever.
   std::chrono::milliseconds io_timeout{30000};
+  /// Open connections at most, and from one client address (connection_table.hpp; the command
+  /// line derives the defaults from the descriptor limit: cli.hpp).
+  connection_table::limits connections{10000, 10000};
   server_metrics::info info;  ///< for evr_server_info
 };
 
@@ -128,14 +139,17 @@ class server {
 
  private:
   using clock_type = std::chrono::steady_clock;
-  struct connection;
   /// A response's head fields; its body is written into the connection's body buffer (reused
   /// from request to request: no allocation once it has grown to the largest body).
+  /// Why a request got no answer: its client left (or the server stopped) while it waited for a
+  /// lane, an admission slot or its batch (queued: dropped, no GPU work), or while its work ran.
+  enum class dropped : std::uint8_t { no, queued, running };
   struct response {
     int status = 200;
     std::string_view content_type = "application/json";  ///< always a literal
-    std::string extra_headers;  ///< "Name: value\r\n" lines (error responses only)
-    bool close = false;         ///< close the connection after this response
+    std::string extra_headers;        ///< "Name: value\r\n" lines (error responses only)
+    bool close = false;               ///< close the connection after this response
+    dropped abandoned = dropped::no;  ///< not `no`: nothing is sent, the connection closes
   };
   struct conn_thread;  // wait_mode::thread: a connection's own io_context and thread
   /// Where an accepted connection runs: its executor, its own thread (thread mode) and the index
@@ -149,8 +163,20 @@ class server {
   asio::awaitable<void> accept_loop();
   /// Where the next accepted connection goes (accept loop only: round-robin state).
   placement next_placement();
-  /// Registers and serves an accepted socket; false once the server is stopping.
-  bool start_connection(asio::ip::tcp::socket socket, placement where);
+  /// What the accept loop does after admit(): go on, let the evicted connections close first,
+  /// or end (the server is stopping).
+  enum class admission { next, yield, stopping };
+  /// An accepted socket: registered and served, or refused (a limit: connection_table.hpp).
+  admission admit(asio::ip::tcp::socket socket, placement where);
+  /// After a failed accept: reports it (at most once a second) and, when out of descriptors,
+  /// closes idle connections and refuses one waiting connection with the spare descriptor. True
+  /// when that shed a connection (the loop may go on at once).
+  bool accept_failed(const std::error_code& ec);
+  /// Answers 503 (Retry-After) without waiting and closes.
+  void refuse(connection& c, connection_table::verdict why);
+  /// Closes connections the table chose to make room (on their executors).
+  void close_evicted(const std::vector<std::shared_ptr<connection>>& evicted);
+  void start_serving(const std::shared_ptr<connection>& c, const std::shared_ptr<conn_thread>& own);
   /// What the waits of the connections and batchers on contexts_[context] use (non-blocking
   /// modes).
   gpu_wait::source wait_source(std::size_t context) const noexcept;
@@ -179,6 +205,21 @@ class server {
   /// After a successful wait: the lane is idle, the wait goes to the metrics.
   void waited(lane_pool::lease& lease, std::string_view path, clock_type::duration d);
   bool sample_check() noexcept;
+  static response abandoned_response(dropped stage);
+  /// What a GPU wait of `c` binds for cancellation: its abandon signal while the client is
+  /// watched (so only a request that has waited a sweep period pays for it), else nothing.
+  static asio::cancellation_signal* abandon_signal(connection& c) noexcept;
+  /// Evr mode, after a wait cancelled because the client left: gives the lane back once the GPU
+  /// is done with the work queued on it (evr::release_after), without waiting here.
+  void release_when_done(lane_pool::lease& lease);
+  /// The request's answer is ready: the sweep no longer counts it, the watch (if any) ends.
+  static void end_request(connection& c);
+  /// On c's executor: while request `request` is still being served, waits for the socket to
+  /// become readable, which is how a client leaving (FIN or RST) shows (client_readable).
+  void watch_client(const std::shared_ptr<connection>& c, std::uint32_t request);
+  void client_readable(const std::shared_ptr<connection>& c, std::error_code ec);
+  /// On c's executor: the client is gone; cancels what its request waits for.
+  static void abandon(connection& c);
   /// Writes "error <status>: <message>" into c's body.
   static response error_response(connection& c, int status, std::string_view message,
                                  bool close = false);
@@ -206,8 +247,14 @@ class server {
   asio::steady_timer sweep_timer_;  // on control_
   std::uint16_t port_ = 0;
 
-  std::mutex mutex_;  // guards connections_, conn_threads_, keep_running_ and stopping_'s change
-  std::unordered_set<std::shared_ptr<connection>> connections_;
+  // The accept loop's: a descriptor kept open to be closed when the process runs out of them
+  // (accept_failed), and the rate of its reports.
+  int spare_descriptor_ = -1;
+  std::uint64_t accept_errors_ = 0;
+  clock_type::time_point last_accept_report_{};
+
+  std::mutex mutex_;  // guards table_, conn_threads_, keep_running_ and stopping_'s change
+  connection_table table_;
   std::list<std::shared_ptr<conn_thread>> conn_threads_;
   std::atomic<bool> stopping_{false};  // read on every response without the lock
 };
