@@ -194,6 +194,22 @@ settings parse_command_line(int argc, char** argv) {
                  "(0: half of --max-connections; behind a proxy, set it to --max-connections)")
       ->check(CLI::Range(std::size_t{0}, std::size_t{10000000}))
       ->group("Limits");
+  app.add_option("--request-memory-mib", s.request_memory_mib,
+                 "memory the requests being served may hold beyond the lanes' own buffers "
+                 "(/mlp rows, /saxpy and /sum above --large-n); a request that does not fit "
+                 "gets 503 with Retry-After (at least one /saxpy of --max-n)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->group("Limits");
+  app.add_option("--large-n", s.large_n,
+                 "/saxpy and /sum above this n are large: buffers of their own, given back "
+                 "afterwards, filled and checked on --large-concurrency threads of their own "
+                 "rather than an io thread")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 28))
+      ->group("Limits");
+  app.add_option("--large-concurrency", s.large_concurrency,
+                 "large /saxpy and /sum served at once (the rest wait their turn, holding no lane)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{256}))
+      ->group("Limits");
 
   // --- routes ---
   app.add_option("--max-n", s.max_n, "largest n of /saxpy and /sum")
@@ -258,6 +274,12 @@ settings parse_command_line(int argc, char** argv) {
     usage_error(app, "--threads does not apply to --mode thread (one thread per connection)");
   if (s.threads == 0 && s.mode != wait_mode::pool)
     usage_error(app, "--threads 0 (one per lane) applies to --mode pool only");
+
+  if (const std::size_t largest = (3 * sizeof(float) * s.max_n + (1 << 20) - 1) >> 20;
+      s.request_memory_mib < largest)
+    usage_error(app, "--request-memory-mib " + std::to_string(s.request_memory_mib) +
+                         " cannot hold one /saxpy of --max-n " + std::to_string(s.max_n) + " (" +
+                         std::to_string(largest) + " MiB)");
 
   const bool load = load_c->count() + load_s->count() + load_p->count() > 0;
   if (load)

@@ -60,7 +60,10 @@ struct settings {
   std::size_t max_connections = 0;
   /// From one client address at most; 0 until settled (half of max_connections).
   std::size_t max_connections_per_address = 0;
-  std::string connections_because;  ///< how max_connections was chosen (for the start-up line)
+  std::string connections_because;       ///< how max_connections was chosen (for the start-up line)
+  std::size_t request_memory_mib = 512;  ///< server_config::request_memory, in MiB
+  std::size_t large_n = std::size_t{1} << 18;
+  std::size_t large_concurrency = 2;
 };
 
 /// Parses argv; prints a message and exits with status 2 on bad input (0 after --help).

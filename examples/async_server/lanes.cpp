@@ -78,9 +78,9 @@ class sim_lane final : public lane {
   double sum() const noexcept override { return sum_; }
   void shrink(std::size_t n) override {
     if (x_.size() <= n) return;
-    x_ = {};
-    y_ = {};
-    out_ = {};
+    x_ = std::vector<float>();  // (not `= {}`: that keeps the capacity)
+    y_ = std::vector<float>();
+    out_ = std::vector<float>();
   }
 
   void enqueue(const job::spec& s) override {

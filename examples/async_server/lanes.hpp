@@ -205,6 +205,7 @@ class lane_pool {
     lane* operator->() const noexcept { return lane_; }
     void mark_busy() noexcept { busy_ = true; }   ///< before enqueueing
     void mark_idle() noexcept { busy_ = false; }  ///< once the work is known to be done
+    bool busy() const noexcept { return busy_; }
     explicit operator bool() const noexcept { return lane_ != nullptr; }
 
    private:

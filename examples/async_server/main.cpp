@@ -95,6 +95,9 @@ struct process {
     sc.batching.inflight = cfg.mlp_inflight;
     sc.io_timeout = std::chrono::seconds(cfg.timeout_seconds);
     sc.connections = {cfg.max_connections, cfg.max_connections_per_address};
+    sc.request_memory = std::uint64_t{cfg.request_memory_mib} << 20;
+    sc.large_n = cfg.large_n;
+    sc.large_concurrency = cfg.large_concurrency;
     sc.info = {to_string(m),
                blocks_a_thread(m) ? to_string(s) : "none",
                dev.label,
@@ -132,8 +135,11 @@ std::uint64_t print_server_summary(const server_metrics& m) {
 
 /// What the server admits, on one line (README.md, "Limits").
 void print_limits(const settings& cfg) {
-  std::printf("limits: %zu connections (%s), %zu per client address\n", cfg.max_connections,
-              cfg.connections_because.c_str(), cfg.max_connections_per_address);
+  std::printf(
+      "limits: %zu connections (%s), %zu per client address; request memory %zu MiB; /saxpy "
+      "and /sum above n=%zu: %zu at once, off the io threads\n",
+      cfg.max_connections, cfg.connections_because.c_str(), cfg.max_connections_per_address,
+      cfg.request_memory_mib, cfg.large_n, cfg.large_concurrency);
 }
 
 /// After stop() and join(): what the server left behind, on one line (requests, lanes, reactor

@@ -157,7 +157,7 @@ std::uint64_t server_metrics::count(int lo, int hi) const noexcept {
 }
 
 std::string server_metrics::render(const evr::reactor_metrics* reactor, const info& about,
-                                   std::size_t connections) const {
+                                   const gauges& now) const {
   std::string out;
   out.reserve(16384);
 
@@ -184,9 +184,21 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
          "Requests whose head was read and whose response is not yet written.");
   append(out, "evr_server_requests_in_flight %lld\n", static_cast<long long>(in_flight()));
   header(out, "evr_server_connections", "gauge", "Connections open (this one included).");
-  append(out, "evr_server_connections %zu\n", connections);
+  append(out, "evr_server_connections %zu\n", now.connections);
+  header(out, "evr_server_lanes_leased", "gauge", "Lanes taken by work now.");
+  append(out, "evr_server_lanes_leased %zu\n", now.lanes_leased);
+  header(out, "evr_server_request_memory_bytes", "gauge",
+         "Request buffers held beyond the lanes' own (used), and their budget (limit).");
+  append(out, "evr_server_request_memory_bytes{of=\"used\"} %llu\n",
+         static_cast<unsigned long long>(now.request_memory));
+  append(out, "evr_server_request_memory_bytes{of=\"limit\"} %llu\n",
+         static_cast<unsigned long long>(now.request_memory_limit));
+  header(out, "evr_server_large_requests", "gauge",
+         "Large /saxpy and /sum requests running, and waiting for their turn.");
+  append(out, "evr_server_large_requests{state=\"running\"} %zu\n", now.large_running);
+  append(out, "evr_server_large_requests{state=\"waiting\"} %zu\n", now.large_waiting);
   counter(out, "evr_server_connections_accepted_total", "Connections accepted.",
-          this->connections(connection_event::accepted));
+          connections(connection_event::accepted));
   header(out, "evr_server_connections_refused_total", "counter",
          "Connections refused: over the per-address limit, the server full with none idle, or "
          "out of descriptors.");
@@ -196,10 +208,10 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
       {"descriptors", connection_event::refused_descriptors}};
   for (const auto& [reason, e] : refusals)
     append(out, "evr_server_connections_refused_total{reason=\"%s\"} %llu\n", reason,
-           static_cast<unsigned long long>(this->connections(e)));
+           static_cast<unsigned long long>(connections(e)));
   counter(out, "evr_server_connections_evicted_total",
           "Connections waiting for a request head closed to make room for new ones.",
-          this->connections(connection_event::evicted));
+          connections(connection_event::evicted));
 
   auto path_label = [](std::string_view p) { return "path=\"" + std::string(p) + "\""; };
   header(out, "evr_server_request_duration_seconds", "histogram",

@@ -7,6 +7,11 @@
 //   evr_server_requests_in_flight                           gauge: heads read, responses not yet
 //                                                           written
 //   evr_server_connections                                  gauge: connections open
+//   evr_server_lanes_leased                                 gauge: lanes taken by work
+//   evr_server_request_memory_bytes{of}                     gauge: request buffers held ("used")
+//                                                           and their budget ("limit")
+//   evr_server_large_requests{state}                        gauge: large /saxpy and /sum
+//                                                           "running" or "waiting" their turn
 //   evr_server_connections_accepted_total                   counter
 //   evr_server_connections_refused_total{reason}            counter: per_address, total (the
 //                                                           server full, none idle), descriptors
@@ -118,10 +123,16 @@ class server_metrics {
     std::string mode, sync, device, strategy;
     int threads = 0, lanes = 0, devices = 1;  // lanes: all devices'
   };
+  /// What the server holds right now, for the gauges of the page.
+  struct gauges {
+    std::size_t connections = 0;  ///< open
+    std::size_t lanes_leased = 0;
+    std::uint64_t request_memory = 0, request_memory_limit = 0;  ///< bytes (memory_budget)
+    std::size_t large_running = 0, large_waiting = 0;            ///< large /saxpy and /sum
+  };
   /// The whole /metrics page. `reactor` may be null (the blocking modes have no reactor).
-  /// `connections`: the server's open connections.
   std::string render(const evr::reactor_metrics* reactor, const info& about,
-                     std::size_t connections) const;
+                     const gauges& now) const;
 
  private:
   static std::size_t path_index(std::string_view path) noexcept;

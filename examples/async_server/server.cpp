@@ -1,6 +1,7 @@
 #include "server.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -131,6 +132,9 @@ server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_
                    : asio::any_io_executor(contexts_.at(0)->get_executor())),
       acceptor_(control_),
       sweep_timer_(control_),
+      budget_(cfg_.request_memory),
+      large_turns_(cfg_.large_concurrency),
+      large_threads_(cfg_.large_concurrency, "evr-large"),
       table_(cfg_.connections) {
   if (cfg_.mode == wait_mode::evr && reactor_ == nullptr)
     throw std::invalid_argument("server: wait_mode::evr needs a reactor");
@@ -669,12 +673,17 @@ asio::awaitable<server::response> server::handle(const http::request& req, conne
         reactor_ != nullptr ? std::optional(reactor_->metrics()) : std::nullopt;
     response r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    std::size_t open = 0;
+    server_metrics::gauges now;
     {
       std::lock_guard lock(mutex_);
-      open = table_.size();
+      now.connections = table_.size();
     }
-    c.body = metrics_.render(m ? &*m : nullptr, cfg_.info, open);
+    now.lanes_leased = lanes_.leased();
+    now.request_memory = budget_.used();
+    now.request_memory_limit = budget_.limit();
+    now.large_running = large_turns_.taken();
+    now.large_waiting = large_turns_.waiting();
+    c.body = metrics_.render(m ? &*m : nullptr, cfg_.info, now);
     co_return r;
   }
 
@@ -738,6 +747,7 @@ void server::waited(lane_pool::lease& lease, std::string_view path, clock_type::
 }
 
 asio::awaitable<server::response> server::run_job(const job::spec& spec, connection& c) {
+  if (spec.n > cfg_.large_n) co_return co_await run_large_job(spec, c);
   // Waits (suspended) while every lane is taken: bounded GPU memory and streams under any load.
   lane_pool::lease lease = lanes_.try_acquire(c.device);
   if (!lease) lease = co_await home_pool(c).acquire_waiting(c.abandon.slot());
@@ -751,33 +761,125 @@ asio::awaitable<server::response> server::run_job(const job::spec& spec, connect
     lease.mark_busy();  // from here on, an early exit drains the lane before it is reused
     l.enqueue(spec);
   } catch (const std::bad_alloc&) {
-    refused = error_response(c, 503, "out of memory for n=" + std::to_string(spec.n));
+    refused = overloaded_response(c, "out of memory for n=" + std::to_string(spec.n));
   } catch (const std::exception& e) {
     refused = error_response(c, 500, std::string("launching the GPU work failed: ") + e.what());
   }
   if (refused) co_return std::move(*refused);
 
   double gpu_us = 0;
-  const std::error_code ec =
-      co_await wait_gpu(lease, c, spec.kind == job::kind::saxpy ? "/saxpy" : "/sum", gpu_us);
+  const std::error_code ec = co_await wait_gpu(lease, c, job_path(spec), gpu_us);
   if (c.gone) co_return abandoned_response(dropped::running);
   if (ec) co_return error_response(c, 500, "waiting for the GPU failed: " + ec.message());
-
   double value = 0;
-  if (auto wrong = job::check(spec, l.x(), l.y(), l.out(), l.sum(), value)) {
-    metrics_.record_check(false);
+  if (auto wrong = check_job(spec, l, value)) co_return error_response(c, 500, *wrong);
+  co_return job_answer(c, spec, value, gpu_us);
+}
+
+asio::awaitable<server::response> server::run_large_job(const job::spec& spec, connection& c) {
+  const memory_budget::charge held(budget_, job_bytes(spec.n));
+  if (!held) co_return over_budget(c, job_bytes(spec.n));
+  // One of large_concurrency turns, waited for first come, first served (no lane is held
+  // meanwhile); then a lane; then the work, on a large-request thread.
+  std::uint32_t turn = large_turns_.try_take();
+  if (turn == index_pool::none)
+    turn = co_await large_turns_.async_take(
+        asio::bind_cancellation_slot(c.abandon.slot(), asio::use_awaitable));
+  if (turn == index_pool::cancelled) co_return abandoned_response(dropped::queued);
+  const struct turn_back {
+    index_pool& turns;
+    std::uint32_t turn;
+    ~turn_back() { turns.give_back(turn); }
+  } give_back{large_turns_, turn};
+  lane_pool::lease lease = lanes_.try_acquire(c.device);
+  if (!lease) lease = co_await home_pool(c).acquire_waiting(c.abandon.slot());
+  if (!lease || c.gone) co_return abandoned_response(dropped::queued);
+  large_outcome out;
+  auto step = [&] { out = run_large_step(spec, lease); };
+  co_await large_threads_.async_run(step, asio::use_awaitable);
+  if (c.gone) co_return abandoned_response(dropped::running);
+  if (out.status == 503) co_return overloaded_response(c, out.message);
+  if (out.status != 200) co_return error_response(c, out.status, out.message);
+  co_return job_answer(c, spec, out.value, out.gpu_us);
+}
+
+server::large_outcome server::run_large_step(const job::spec& spec, lane_pool::lease& lease) {
+  large_outcome out;
+  lane& l = *lease;
+  try {
+    l.reserve(spec.n);
+    job::fill_inputs(spec, l.x(), l.y());
+    lease.mark_busy();
+    l.enqueue(spec);
+    const auto t0 = clock_type::now();
+    if (const std::error_code ec = l.wait_blocking(cfg_.sync)) {
+      out = {500, "waiting for the GPU failed: " + ec.message()};
+    } else {
+      const auto d = clock_type::now() - t0;
+      out.gpu_us = micros(d);
+      waited(lease, job_path(spec), d);
+      if (auto wrong = check_job(spec, l, out.value)) out = {500, *wrong};
+    }
+  } catch (const std::bad_alloc&) {
+    out = {503, "out of memory for n=" + std::to_string(spec.n)};
+  } catch (const std::exception& e) {
+    out = {500, std::string("launching the GPU work failed: ") + e.what()};
+  }
+  if (lease.busy()) {  // a failure left work queued: drain it here, not on the io thread
+    if (const std::error_code ec = l.wait_blocking(cfg_.sync))
+      std::fprintf(stderr, "evr-async-server: draining a lane after a failure: %s\n",
+                   ec.message().c_str());
+    lease.mark_idle();
+  }
+  // The buffers go back to the system (not only to the allocator) before the next request.
+  l.shrink(cfg_.large_n);
+  malloc_trim(0);
+  return out;
+}
+
+std::optional<std::string> server::check_job(const job::spec& spec, lane& l, double& value) {
+  auto wrong = job::check(spec, l.x(), l.y(), l.out(), l.sum(), value);
+  metrics_.record_check(!wrong);
+  if (wrong)
     std::fprintf(stderr, "evr-async-server: %s (n=%zu seed=%u)\n", wrong->c_str(), spec.n,
                  spec.seed);
-    co_return error_response(c, 500, *wrong);
-  }
-  metrics_.record_check(true);
+  return wrong;
+}
+
+server::response server::job_answer(connection& c, const job::spec& spec, double value,
+                                    double gpu_us) const {
   c.body = std::string("{\"op\":\"") + job::to_string(spec.kind) +
            "\",\"n\":" + std::to_string(spec.n) +
            (spec.kind == job::kind::saxpy ? ",\"a\":" + json_number(spec.a) : std::string()) +
            ",\"seed\":" + std::to_string(spec.seed) + ",\"result\":" + json_number(value) +
            ",\"checked\":true,\"wait_us\":" + fixed1(gpu_us) + ",\"wait\":\"" +
            to_string(cfg_.mode) + "\"}\n";
-  co_return response{};
+  return response{};
+}
+
+std::string_view server::job_path(const job::spec& spec) noexcept {
+  return spec.kind == job::kind::saxpy ? "/saxpy" : "/sum";
+}
+
+std::uint64_t server::job_bytes(std::size_t n) noexcept {
+  return std::uint64_t{3} * sizeof(float) * n;  // x, y and out
+}
+
+server::response server::overloaded_response(connection& c, std::string_view message) {
+  response r = error_response(c, 503, message);
+  r.extra_headers = "Retry-After: 1\r\n";
+  return r;
+}
+
+server::response server::over_budget(connection& c, std::uint64_t bytes) const {
+  constexpr double mib = 1024.0 * 1024.0;
+  char msg[200];
+  std::snprintf(msg, sizeof msg,
+                "the server's request memory is taken (%.0f of %.0f MiB, --request-memory-mib; "
+                "this request needs %.1f MiB); retry later",
+                static_cast<double>(budget_.used()) / mib,
+                static_cast<double>(budget_.limit()) / mib, static_cast<double>(bytes) / mib);
+  return overloaded_response(c, msg);
 }
 
 bool server::busy_request(const http::request& req, connection& c, busy::spec& spec, response& r) {
@@ -901,6 +1003,9 @@ server::response server::answer_busy(connection& c, const busy::spec& spec, std:
 asio::awaitable<server::response> server::run_mlp(const mlp::request& req, connection& c) {
   const mlp::shape& d = model_.dims();
   const std::size_t in = static_cast<std::size_t>(d.in), out = static_cast<std::size_t>(d.out);
+  const std::uint64_t bytes = std::uint64_t{req.rows} * (in + out) * sizeof(float);
+  const memory_budget::charge held(budget_, bytes);
+  if (!held) co_return over_budget(c, bytes);
   std::vector<float> outputs(req.rows * out);
   std::size_t batch_rows = req.rows;
   double gpu_us = 0;

@@ -76,11 +76,14 @@
 #include "event_poller.hpp"
 #include "gpu_wait.hpp"
 #include "http.hpp"
+#include "index_pool.hpp"
 #include "job.hpp"
 #include "lane_set.hpp"
 #include "lanes.hpp"
+#include "memory_budget.hpp"
 #include "metrics.hpp"
 #include "mlp.hpp"
+#include "offload_threads.hpp"
 #include "wait_mode.hpp"
 
 struct server_config {
@@ -105,6 +108,14 @@ struct server_config {
   /// Open connections at most, and from one client address (connection_table.hpp; the command
   /// line derives the defaults from the descriptor limit: cli.hpp).
   connection_table::limits connections{10000, 10000};
+  /// Bytes that the requests being served may hold beyond the lanes' standing buffers
+  /// (memory_budget.hpp): /mlp rows, large /saxpy and /sum buffers. Over it: 503.
+  std::uint64_t request_memory = std::uint64_t{512} << 20;
+  /// /saxpy and /sum above this n are large: buffers of their own (from request_memory, given
+  /// back afterwards), at most large_concurrency at once (the rest wait their turn), filled and
+  /// checked on large-request threads rather than an io thread.
+  std::size_t large_n = std::size_t{1} << 18;
+  std::size_t large_concurrency = 2;
   server_metrics::info info;  ///< for evr_server_info
 };
 
@@ -187,6 +198,24 @@ class server {
   asio::awaitable<void> serve(std::shared_ptr<connection> c);
   asio::awaitable<response> handle(const http::request& req, connection& c);
   asio::awaitable<response> run_job(const job::spec& spec, connection& c);
+  /// A /saxpy or /sum above large_n (server_config says how it is served).
+  asio::awaitable<response> run_large_job(const job::spec& spec, connection& c);
+  struct large_outcome {
+    int status = 200;
+    std::string message;  ///< when status is not 200
+    double value = 0, gpu_us = 0;
+  };
+  /// On a large-request thread: fill, enqueue, wait (blocking), check, give the buffers back.
+  large_outcome run_large_step(const job::spec& spec, lane_pool::lease& lease);
+  /// Compares the lane's result with the CPU (and counts it); what was wrong, or nothing.
+  std::optional<std::string> check_job(const job::spec& spec, lane& l, double& value);
+  response job_answer(connection& c, const job::spec& spec, double value, double gpu_us) const;
+  static std::string_view job_path(const job::spec& spec) noexcept;
+  /// The request buffers a /saxpy or /sum of n elements holds (memory_budget).
+  static std::uint64_t job_bytes(std::size_t n) noexcept;
+  /// 503 with Retry-After: the server is full for now, not broken.
+  static response overloaded_response(connection& c, std::string_view message);
+  response over_budget(connection& c, std::uint64_t bytes) const;
   /// GET /busy, served inline by serve(): false when `req` is not one; else true, with `spec`
   /// parsed, or with an error response in `r` (status != 200) when its parameters are bad.
   bool busy_request(const http::request& req, connection& c, busy::spec& spec, response& r);
@@ -252,6 +281,10 @@ class server {
   int spare_descriptor_ = -1;
   std::uint64_t accept_errors_ = 0;
   clock_type::time_point last_accept_report_{};
+
+  memory_budget budget_;
+  index_pool large_turns_;         // large_concurrency turns for large /saxpy and /sum
+  offload_threads large_threads_;  // where their CPU work and blocking waits run
 
   std::mutex mutex_;  // guards table_, conn_threads_, keep_running_ and stopping_'s change
   connection_table table_;
