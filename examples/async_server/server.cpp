@@ -268,7 +268,10 @@ asio::awaitable<void> server::accept_loop() {
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
       if (!accept_failed(ec)) {  // nothing shed: retry a little later instead of spinning
-        backoff.expires_after(std::chrono::milliseconds(50));
+        // Out of descriptors with idle connections closing: once they are closed (5 ms).
+        // Anything else: 50 ms.
+        backoff.expires_after(
+            std::chrono::milliseconds(ec == asio::error::no_descriptors ? 5 : 50));
         co_await backoff.async_wait(use_tuple);
       }
       continue;
@@ -296,43 +299,50 @@ bool server::accept_failed(const std::error_code& ec) {
   // (Asio 1.22's system category does not map errno values to std::errc: compare them.)
   const bool out_of_descriptors = ec.category() == asio::error::get_system_category() &&
                                   (ec.value() == EMFILE || ec.value() == ENFILE);
-  bool shed = false;
   std::size_t closed = 0;
+  bool shed = false;
   if (out_of_descriptors) {
     // The limits keep connections within the descriptor limit, but other descriptors (or a lower
-    // limit set from outside) can still run out. Close idle connections to make room, and take the
-    // connection waiting in the backlog with the spare descriptor and close it at once (refused),
-    // so that the loop neither spins on the same error nor leaves that client hanging.
+    // limit set from outside) can still run out. Close idle connections to make room (the loop
+    // retries once they are closed, on their executors); when none is idle, take the connection
+    // waiting in the backlog with the spare descriptor and close it at once (refused), so that
+    // the loop neither spins on the same error nor leaves that client hanging.
     std::vector<std::shared_ptr<connection>> idle;
     {
       std::lock_guard lock(mutex_);
-      table_.evict_idle(table_.evict_batch(), idle);
+      table_.evict_idle(max_evicted_at_once, idle);
     }
     closed = idle.size();
     close_evicted(idle);
-    if (spare_descriptor_ >= 0) {
-      ::close(spare_descriptor_);
-      const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) {
-        ::close(fd);
-        metrics_.record_connection(connection_event::refused_descriptors);
-        shed = true;
-      }
-      spare_descriptor_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    }
+    if (closed == 0) shed = shed_one();
   }
-  // Said at most once a second: a full server must not also flood its log.
+  report_accept_error(ec, closed);
+  return shed;
+}
+
+bool server::shed_one() {
+  if (spare_descriptor_ < 0) return false;
+  ::close(spare_descriptor_);
+  const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd >= 0) {
+    ::close(fd);
+    metrics_.record_connection(connection_event::refused_descriptors);
+  }
+  spare_descriptor_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return fd >= 0;
+}
+
+void server::report_accept_error(const std::error_code& ec, std::size_t closed) {
+  // At most once a second: a full server must not also flood its log.
   ++accept_errors_;
   const auto now = clock_type::now();
-  if (now - last_accept_report_ >= std::chrono::seconds(1)) {
-    std::fprintf(stderr,
-                 "evr-async-server: accept: %s (%llu times since the last report; %zu idle "
-                 "connections closed now)\n",
-                 ec.message().c_str(), static_cast<unsigned long long>(accept_errors_), closed);
-    last_accept_report_ = now;
-    accept_errors_ = 0;
-  }
-  return shed;
+  if (now - last_accept_report_ < std::chrono::seconds(1)) return;
+  std::fprintf(stderr,
+               "evr-async-server: accept: %s (%llu times since the last report; %zu idle "
+               "connections closed now)\n",
+               ec.message().c_str(), static_cast<unsigned long long>(accept_errors_), closed);
+  last_accept_report_ = now;
+  accept_errors_ = 0;
 }
 
 server::placement server::next_placement() {
@@ -350,10 +360,10 @@ server::placement server::next_placement() {
 
 server::admission server::admit(asio::ip::tcp::socket socket, placement where) {
   if (cfg_.mode == wait_mode::thread) reap_conn_threads();
+  metrics_.record_connection(connection_event::accepted);
   std::error_code ec;
   const asio::ip::tcp::endpoint peer = socket.remote_endpoint(ec);
   if (ec) return admission::next;  // already reset by the client: nothing to serve
-  metrics_.record_connection(connection_event::accepted);
   socket.set_option(asio::ip::tcp::no_delay(true), ec);  // small responses, sent at once
   socket.non_blocking(true, ec);  // responses are written at once when the socket takes them
   std::optional<gpu_wait::source> wait;

@@ -180,9 +180,16 @@ class server {
   /// An accepted socket: registered and served, or refused (a limit: connection_table.hpp).
   admission admit(asio::ip::tcp::socket socket, placement where);
   /// After a failed accept: reports it (at most once a second) and, when out of descriptors,
-  /// closes idle connections and refuses one waiting connection with the spare descriptor. True
-  /// when that shed a connection (the loop may go on at once).
+  /// closes idle connections, or when none is idle refuses one waiting connection with the spare
+  /// descriptor. True when that shed a connection (the loop may go on at once).
   bool accept_failed(const std::error_code& ec);
+  /// Closes the spare descriptor, accepts a waiting connection with it and closes that; reopens
+  /// the spare. True when there was one.
+  bool shed_one();
+  void report_accept_error(const std::error_code& ec, std::size_t closed);
+  /// Connections closed at once when out of descriptors: what the descriptor reserve holds
+  /// beside the process's own (cli.hpp).
+  static constexpr std::size_t max_evicted_at_once = 64;
   /// Answers 503 (Retry-After) without waiting and closes.
   void refuse(connection& c, connection_table::verdict why);
   /// Closes connections the table chose to make room (on their executors).
