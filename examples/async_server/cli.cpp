@@ -190,8 +190,10 @@ settings parse_command_line(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{0}, std::size_t{10000000}))
       ->group("Limits");
   app.add_option("--max-connections-per-address", s.max_connections_per_address,
-                 "open connections from one client address at most; more are refused (503) "
-                 "(0: half of --max-connections; behind a proxy, set it to --max-connections)")
+                 "open connections from one client address at most; over it, that address's "
+                 "connections waiting longest for a request head make room, and a new one is "
+                 "refused (503) only when none waits (0: half of --max-connections; behind a "
+                 "proxy, set it to --max-connections)")
       ->check(CLI::Range(std::size_t{0}, std::size_t{10000000}))
       ->group("Limits");
   app.add_option("--request-memory-mib", s.request_memory_mib,

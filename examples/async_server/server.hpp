@@ -38,6 +38,8 @@
 //     io_context per thread a connection would wait behind the blocked thread it was pinned to).
 //   * thread: each accepted connection gets a thread of its own running a private io_context for
 //     that one socket, so its reads, writes and waits block only that thread.
+// Files: connections, limits, the sweep and abandoned requests here and in server.cpp; what each
+// route does in routes.cpp.
 // GPUs: the lanes of every device used (lane_set.hpp); each connection prefers one device,
 // round-robin at accept, and /mlp has a batcher per device.
 // Deadlines (idle and slow clients): a connection stores when it must next make progress; one
@@ -150,6 +152,9 @@ class server {
 
  private:
   using clock_type = std::chrono::steady_clock;
+  static double micros(clock_type::duration d) noexcept {
+    return std::chrono::duration<double, std::micro>(d).count();
+  }
   /// A response's head fields; its body is written into the connection's body buffer (reused
   /// from request to request: no allocation once it has grown to the largest body).
   /// Why a request got no answer: its client left (or the server stopped) while it waited for a
