@@ -4,7 +4,7 @@
 // The parser does the framing and the grammar: request line, methods, versions, header tokens,
 // Content-Length (malformed or repeated: refused), keep-alive, chunked detection. On top of it
 // this file applies the server's policy, each refusal with the status a client can act on:
-//   400  a bare LF line ending or obsolete line folding (the parser tolerates both; accepting
+//   400  a bare LF or CR line ending or obsolete line folding (the parser tolerates them; accepting
 //        them here and not elsewhere is how request smuggling starts), whitespace before a
 //        header's colon, a target not in origin form ("/path?query"), a missing or repeated Host
 //        in HTTP/1.1, more than one Content-Length, Transfer-Encoding with Content-Length

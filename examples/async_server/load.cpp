@@ -439,6 +439,12 @@ std::vector<edge_case> edge_cases(const server_limits& lim) {
        {}},
       {"space before colon", {"GET /sum?n=1 HTTP/1.1\r\nHost : x\r\n\r\n"}, {400}, true, {}},
       {"bare LF line endings", {"GET /sum?n=1 HTTP/1.1\nHost: x\n\n"}, {400}, true, {"CRLF"}},
+      {"a bare CR ending the headers early, a second request behind",
+       {"POST /sum HTTP/1.1\r\n" + host +
+        "Content-Length: 5\r\n\r?n=1&xGET /sum?n=2 HTTP/1.1\r\nHost: x\r\n\r\n"},
+       {400},
+       true,
+       {"bare CR"}},
       {"bad Content-Length",
        {"POST /sum HTTP/1.1\r\n" + host + "Content-Length: abc\r\n\r\n"},
        {400},

@@ -155,11 +155,11 @@ class server {
   static double micros(clock_type::duration d) noexcept {
     return std::chrono::duration<double, std::micro>(d).count();
   }
-  /// A response's head fields; its body is written into the connection's body buffer (reused
-  /// from request to request: no allocation once it has grown to the largest body).
   /// Why a request got no answer: its client left (or the server stopped) while it waited for a
   /// lane, an admission slot or its batch (queued: dropped, no GPU work), or while its work ran.
   enum class dropped : std::uint8_t { no, queued, running };
+  /// A response's head fields; its body is written into the connection's body buffer (reused
+  /// from request to request: no allocation once it has grown to the largest body).
   struct response {
     int status = 200;
     std::string_view content_type = "application/json";  ///< always a literal
