@@ -28,9 +28,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo="$PWD"
 start=$SECONDS
-# Ray Serve from 2.48: serve.batch's max_concurrent_batches (one batch per stream of a replica)
-# is there from 2.48.0. Below the next major release; checked with 2.48.0 and 2.60.0.
-ray_requirement='ray[serve]>=2.48,<3'
+# Ray Serve from 2.59: serve.batch's max_concurrent_batches (a batch per stream of a replica) is
+# there from 2.48, but with today's protobuf (7) Serve fails to deploy before 2.57 (it reads the
+# FieldDescriptor.label protobuf 7 removed), and 2.57-2.58.1 do not install jinja2, which
+# `from ray import serve` needs. Below the next major release. Checked with 2.59.0 and 2.60.0.
+ray_requirement='ray[serve]>=2.59,<3'
 step() { echo "==> [check-ray-serve] $*"; }
 fail() {
   echo "check-ray-serve: FAILED: $*" >&2
@@ -58,15 +60,15 @@ version="$(sed -n 's/^project(evr VERSION \([0-9][0-9.]*\).*/\1/p' CMakeLists.tx
 unset PYTHONPATH
 
 step "1. a fresh venv ($("$py" --version), $py), $ray_requirement from the package index"
-rm -rf "$venv"
-"$py" -m venv "$venv"
+make_venv() { rm -rf "$venv" && "$py" -m venv "$venv"; }
+timed "a fresh venv" make_venv
 pip_install() { "$venv/bin/pip" install --disable-pip-version-check -q "$@"; }
 timed "pip install $ray_requirement numpy aiohttp" pip_install "$ray_requirement" numpy aiohttp ||
   fail "pip install $ray_requirement (a package index is needed)"
 "$venv/bin/python" -c 'import ray; print("ray", ray.__version__)'
 
 step "2. evr $version into the venv"
-if [[ -d "$pkg_dir" ]] &&
+if [[ -d "$pkg_dir" ]] && timed "pip install evr==$version (the wheel)" \
   pip_install --no-index --find-links "$pkg_dir/dist" "evr==$version" 2>/dev/null; then
   echo "evr: the wheel of scripts/check-python-package.sh ($pkg_dir/dist)"
 else

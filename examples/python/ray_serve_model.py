@@ -141,11 +141,13 @@ def start(args):
     if replicas < 1:
         raise SystemExit("ray_serve_model: Ray sees no GPU; --device sim serves on simulated "
                          "replicas")
-    serve.start(http_options={"host": args.host, "port": args.port})
+    # The proxy's and the replicas' logs at --serve-log-level (below INFO: no line per request).
+    logging = {"log_level": args.serve_log_level}
+    serve.start(http_options={"host": args.host, "port": args.port}, logging_config=logging)
     app = ServedModel.options(num_replicas=replicas,
                               max_ongoing_requests=args.max_batch * args.streams,
                               health_check_period_s=args.health_check_s).bind(model_config(args))
-    serve.run(app, name=APP, route_prefix="/", logging_config={"log_level": args.serve_log_level})
+    serve.run(app, name=APP, route_prefix="/", logging_config=logging)
     return replicas
 
 
@@ -166,7 +168,7 @@ def add_arguments(ap):
     ap.add_argument("--health-check-s", type=float, default=10.0,
                     help="how often Ray Serve checks each replica (health_check_period_s): a "
                          "replica that died is replaced after the next check")
-    ap.add_argument("--serve-log-level", default="WARNING", help="the replicas' log level")
+    ap.add_argument("--serve-log-level", default="WARNING", help="Ray Serve's log level (proxy, replicas)")
     served_model.add_model_arguments(ap)
 
 
@@ -177,6 +179,8 @@ def check_arguments(ap, args):
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.window_ms < 0:
         ap.error(f"--window-ms must be >= 0, got {args.window_ms:g}")
+    if args.health_check_s <= 0:
+        ap.error(f"--health-check-s must be > 0, got {args.health_check_s:g}")
 
 
 def main():

@@ -149,6 +149,36 @@ class Load:
         return self.right[phase] / seconds if seconds > 0 else float("nan")
 
 
+def cpu_by_role():
+    """{role: CPU seconds} of this process and its descendants, which a local Ray's processes
+    are: "client" (this process: the load and the checks), "proxy" (Serve's HTTP proxy),
+    "replicas", "ray" (the rest: GCS, raylet, Serve's controller, ...). Processes that exited
+    are not counted."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    procs = {}  # pid -> (parent pid, CPU seconds, argv[0])
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat[stat.rindex(")") + 2:].split()
+        procs[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks, argv0)
+    children = collections.defaultdict(list)
+    for pid, (ppid, _, _) in procs.items():
+        children[ppid].append(pid)
+    roles, todo = collections.Counter(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        todo += children[pid]
+        _, cpu, argv0 = procs.get(pid, (0, 0.0, ""))
+        roles["client" if pid == os.getpid() else "proxy" if argv0.startswith("ray::ProxyActor")
+              else "replicas" if argv0.startswith("ray::ServeReplica") else "ray"] += cpu
+    return roles
+
+
 def percentile(values, q):
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
@@ -186,9 +216,12 @@ async def kill_and_replace(args, url):
     conn = aiohttp.TCPConnector(limit=args.connections + 4)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         stats, checker, failures = await check_basics(session, url, args.replicas, deadline)
+        cpu_start = cpu_by_role()
         load = Load(session, url, checker, args.connections, deadline)
         await load.until(lambda: load.right["before"] >= args.before, deadline,
                          f"{args.before} answers before the kill")
+        cpu = cpu_by_role()
+        cpu.subtract(cpu_start)
         victim, victim_stats = next(iter(stats.items()))
         load.enter("during")
         os.kill(victim_stats["pid"], signal.SIGKILL)
@@ -212,10 +245,15 @@ async def kill_and_replace(args, url):
         await load.stop()
         gone = not pid_alive(victim_stats["pid"])
         running_at_end = await loop.run_in_executor(None, running_replicas)
+        final = await replica_stats(session, url, args.replicas, deadline)
 
     newcomers = new()
     first_new = min(load.first_answer[r] for r in newcomers)
     report(load, victim, newcomers, killed_at, first_new, replaced_at, running)
+    seconds = load.phase_start["during"] - load.phase_start["before"]
+    log("CPU before the kill, cores (ms per request): " + ", ".join(
+        f"{role} {cpu[role] / seconds:.2f} ({cpu[role] / load.right['before'] * 1e3:.1f})"
+        for role in ("client", "proxy", "replicas", "ray")))
     if load.wrong:
         failures.append(f"{load.wrong} answers were wrong")
     for phase in ("before", "after"):
@@ -224,6 +262,12 @@ async def kill_and_replace(args, url):
                             f"{dict(load.failed[phase])}")
     if victim in load.by_replica["after"]:
         failures.append(f"the killed replica {victim} answered after the replacement")
+    batches, rows = (sum(st[k] for st in final.values()) for k in ("batches", "rows"))
+    log(f"replicas at the end: {', '.join(sorted(final))} ({batches} batches, "
+        f"{rows / max(1, batches):.1f} rows per batch since each started)")
+    if set(final) != set(stats) - {victim} | set(newcomers):
+        failures.append(f"the replicas at the end are {sorted(final)}: not the survivors of "
+                        f"{sorted(stats)} without {victim} and the new {newcomers}")
     if running_at_end != args.replicas:
         failures.append(f"{running_at_end} replicas running at the end, not {args.replicas}")
     if not gone:
@@ -271,6 +315,9 @@ def main():
                     help="seconds after which the check fails instead of waiting longer")
     args = ap.parse_args()
     ray_serve_model.check_arguments(ap, args)
+    for name in ("connections", "before", "after"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.replicas < 2:
         ap.error("--replicas must be >= 2: one is killed while the others answer")
     if args.address:
