@@ -73,10 +73,11 @@ if [[ -d "$pkg_dir" ]] && timed "pip install evr==$version (the wheel)" \
   echo "evr: the wheel of scripts/check-python-package.sh ($pkg_dir/dist)"
 else
   echo "evr: no fitting wheel in $pkg_dir/dist; pip install ./python (builds the extension)"
-  timed "pip install ./python" pip_install ./python > "$dir/pip-install-evr.log" 2>&1 ||
-    { tail -n 40 "$dir/pip-install-evr.log"; fail "pip install ./python (log: $dir/pip-install-evr.log)"; }
+  log="$dir/pip-install-evr.log"
+  timed "pip install ./python" pip_install ./python > "$log" 2>&1 ||
+    { tail -n 40 "$log"; fail "pip install ./python (log: $log)"; }
 fi
-(cd "$dir" && "$venv/bin/python" -c 'import evr; print("evr", evr.__version__, "from", evr.__file__)')
+(cd "$dir" && "$venv/bin/python" -c 'import evr; print("evr", evr.__version__, evr.__file__)')
 
 step "3. examples/python/ray_serve_model_check.py: 2 simulated replicas, one killed under load"
 check() { (cd "$dir" && "$venv/bin/python" "$repo/examples/python/ray_serve_model_check.py" \

@@ -168,7 +168,8 @@ def add_arguments(ap):
     ap.add_argument("--health-check-s", type=float, default=10.0,
                     help="how often Ray Serve checks each replica (health_check_period_s): a "
                          "replica that died is replaced after the next check")
-    ap.add_argument("--serve-log-level", default="WARNING", help="Ray Serve's log level (proxy, replicas)")
+    ap.add_argument("--serve-log-level", default="WARNING",
+                    help="Ray Serve's log level (proxy, replicas)")
     served_model.add_model_arguments(ap)
 
 

@@ -122,6 +122,7 @@ class Load:
                 self.seen.setdefault(outcome, doc)  # what a client saw, the first time
                 self.failed[self.phase][outcome] += 1  # the phase when it failed
                 failed = True
+                await asyncio.sleep(0.05)  # a client's back-off before it asks again
                 if time.monotonic() > self.deadline:
                     raise RuntimeError(f"row {k} not answered right in the time allowed: "
                                        f"{outcome}")
@@ -201,8 +202,8 @@ async def check_basics(session, url, replicas, deadline):
             if r.status != 400:
                 failures.append(f"{what}: status {r.status}, expected 400")
     pids = ", ".join(f"{r} pid {s['pid']}" for r, s in stats.items())
-    log(f"{replicas} replicas answer ({pids}), model {'-'.join(map(str, config['dims']))}; 256 answers checked: {dict(got)}; "
-        f"4 malformed bodies refused with 400")
+    log(f"{replicas} replicas answer ({pids}), model {'-'.join(map(str, config['dims']))}; "
+        f"256 answers checked: {dict(got)}; 4 malformed bodies refused with 400")
     return stats, checker, failures
 
 
@@ -210,7 +211,6 @@ async def kill_and_replace(args, url):
     """Steps 1-4 of the module's docstring; returns the list of failures (empty: passed)."""
     import aiohttp
 
-    loop = asyncio.get_running_loop()
     deadline = time.monotonic() + args.time_limit
     timeout = aiohttp.ClientTimeout(total=30)
     conn = aiohttp.TCPConnector(limit=args.connections + 4)
@@ -225,35 +225,40 @@ async def kill_and_replace(args, url):
         victim, victim_stats = next(iter(stats.items()))
         load.enter("during")
         os.kill(victim_stats["pid"], signal.SIGKILL)
-        killed_at = time.monotonic()
         log(f"killed replica {victim} (SIGKILL to pid {victim_stats['pid']}) after "
             f"{load.right['before']} answers")
-        new = lambda: [r for r in load.first_answer if r not in stats]  # noqa: E731
-
-        while True:  # until a new replica answered and Ray Serve counts them all running
-            running = await loop.run_in_executor(None, running_replicas)
-            if new() and running == args.replicas:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the deployment has {running} replicas running, new "
-                                   f"replicas answering: {new()}")
-            await asyncio.sleep(0.1)  # between status queries
-        replaced_at = time.monotonic()
+        running = await wait_for_replacement(load, stats, args.replicas, deadline)
         load.enter("after")
         await load.until(lambda: load.right["after"] >= args.after, deadline,
                          f"{args.after} answers after the replacement")
         await load.stop()
-        gone = not pid_alive(victim_stats["pid"])
-        running_at_end = await loop.run_in_executor(None, running_replicas)
-        final = await replica_stats(session, url, args.replicas, deadline)
+        end = {"gone": not pid_alive(victim_stats["pid"]),
+               "running": await asyncio.get_running_loop().run_in_executor(None,
+                                                                           running_replicas),
+               "replicas": await replica_stats(session, url, args.replicas, deadline)}
+    newcomers = [r for r in load.first_answer if r not in stats]
+    report(load, victim, newcomers, running, cpu, end["replicas"])
+    return failures + verdict(load, stats, victim, newcomers, end, args.replicas)
 
-    newcomers = new()
-    first_new = min(load.first_answer[r] for r in newcomers)
-    report(load, victim, newcomers, killed_at, first_new, replaced_at, running)
-    seconds = load.phase_start["during"] - load.phase_start["before"]
-    log("CPU before the kill, cores (ms per request): " + ", ".join(
-        f"{role} {cpu[role] / seconds:.2f} ({cpu[role] / load.right['before'] * 1e3:.1f})"
-        for role in ("client", "proxy", "replicas", "ray")))
+
+async def wait_for_replacement(load, before, replicas, deadline):
+    """Until a replica that was not among `before` has answered and Ray Serve counts `replicas`
+    running (polling its status while the load runs); returns that count."""
+    loop = asyncio.get_running_loop()
+    while True:
+        running = await loop.run_in_executor(None, running_replicas)
+        new = [r for r in load.first_answer if r not in before]
+        if new and running == replicas:
+            return running
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the deployment has {running} replicas running, new replicas "
+                               f"answering: {new}")
+        await asyncio.sleep(0.1)  # between status queries
+
+
+def verdict(load, before, victim, newcomers, end, replicas):
+    """What went wrong (the checks of step 4), as a list of sentences."""
+    failures = []
     if load.wrong:
         failures.append(f"{load.wrong} answers were wrong")
     for phase in ("before", "after"):
@@ -262,16 +267,14 @@ async def kill_and_replace(args, url):
                             f"{dict(load.failed[phase])}")
     if victim in load.by_replica["after"]:
         failures.append(f"the killed replica {victim} answered after the replacement")
-    batches, rows = (sum(st[k] for st in final.values()) for k in ("batches", "rows"))
-    log(f"replicas at the end: {', '.join(sorted(final))} ({batches} batches, "
-        f"{rows / max(1, batches):.1f} rows per batch since each started)")
-    if set(final) != set(stats) - {victim} | set(newcomers):
+    final = end["replicas"]
+    if set(final) != set(before) - {victim} | set(newcomers):
         failures.append(f"the replicas at the end are {sorted(final)}: not the survivors of "
-                        f"{sorted(stats)} without {victim} and the new {newcomers}")
-    if running_at_end != args.replicas:
-        failures.append(f"{running_at_end} replicas running at the end, not {args.replicas}")
-    if not gone:
-        failures.append(f"the killed replica's process {victim_stats['pid']} is still there")
+                        f"{sorted(before)} without {victim} and the new {newcomers}")
+    if end["running"] != replicas:
+        failures.append(f"{end['running']} replicas running at the end, not {replicas}")
+    if not end["gone"]:
+        failures.append(f"the killed replica's process ({victim}) is still there")
     if not load.by_replica["after"].keys() & set(newcomers):
         failures.append("the new replica did not answer after the replacement")
     return failures
@@ -286,7 +289,9 @@ def pid_alive(pid):
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def report(load, victim, newcomers, killed_at, first_new, replaced_at, running):
+def report(load, victim, newcomers, running, cpu, final):
+    """Prints each phase's figures, what failed attempts got, the replacement's times, the CPU
+    by role before the kill and the batches of the `final` replicas."""
     for phase, following in (("before", "during"), ("during", "after"), ("after", "end")):
         lat = load.latency[phase]
         log(f"{phase:>6}: {load.right[phase]} requests answered right in "
@@ -297,9 +302,19 @@ def report(load, victim, newcomers, killed_at, first_new, replaced_at, running):
             f"{dict(load.by_replica[phase])}")
     for outcome, body in load.seen.items():
         log(f"a failed attempt ({outcome}) got: {str(body)[:300]!r}")
+    killed_at = load.phase_start["during"]
+    first_new = min((load.first_answer[r] for r in newcomers), default=float("nan"))
     log(f"replica {victim} killed; replaced by {', '.join(newcomers)}: its first answer "
         f"{first_new - killed_at:.2f} s after the kill; {running} replicas running "
-        f"{replaced_at - killed_at:.2f} s after the kill; wrong answers {load.wrong}")
+        f"{load.phase_start['after'] - killed_at:.2f} s after the kill; wrong answers "
+        f"{load.wrong}")
+    seconds = load.phase_start["during"] - load.phase_start["before"]
+    log("CPU before the kill, cores (ms per request): " + ", ".join(
+        f"{role} {cpu[role] / seconds:.2f} ({cpu[role] / load.right['before'] * 1e3:.1f})"
+        for role in ("client", "proxy", "replicas", "ray")))
+    batches, rows = (sum(st[k] for st in final.values()) for k in ("batches", "rows"))
+    log(f"replicas at the end: {', '.join(sorted(final))} ({batches} batches, "
+        f"{rows / max(1, batches):.1f} rows per batch since each started)")
 
 
 def main():
