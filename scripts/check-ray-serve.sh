@@ -6,9 +6,9 @@
 #
 #   1. a fresh venv over Debian's Python (python3 -m venv, no system packages) and, from the
 #      index, ray[serve] in the range below with NumPy and aiohttp;
-#   2. evr into it: the wheel scripts/check-python-package.sh built, when it left one of this
-#      version that fits this Python (in .ci/run it runs just before), else pip install ./python
-#      (a build of the extension, about 1.5 minutes on 2 cores);
+#   2. evr into it: the wheel scripts/check-python-package.sh left (in .ci/run it runs just
+#      before), the repaired manylinux one or else the one it built, when one is of this version
+#      and fits this Python; else pip install ./python (a build of the module, 35 s here);
 #   3. examples/python/ray_serve_model_check.py in that venv: a local Ray, 2 simulated replicas,
 #      32 clients with every answer checked, one replica SIGKILLed under the load and replaced
 #      (see its docstring).
@@ -60,19 +60,26 @@ version="$(sed -n 's/^project(evr VERSION \([0-9][0-9.]*\).*/\1/p' CMakeLists.tx
 unset PYTHONPATH
 
 step "1. a fresh venv ($("$py" --version), $py), $ray_requirement from the package index"
-make_venv() { rm -rf "$venv" && "$py" -m venv "$venv"; }
-timed "a fresh venv" make_venv
+rm -rf "$venv"  # a previous run's (not on a fresh clone)
+timed "a fresh venv" "$py" -m venv "$venv"
 pip_install() { "$venv/bin/pip" install --disable-pip-version-check -q "$@"; }
 timed "pip install $ray_requirement numpy aiohttp" pip_install "$ray_requirement" numpy aiohttp ||
   fail "pip install $ray_requirement (a package index is needed)"
 "$venv/bin/python" -c 'import ray; print("ray", ray.__version__)'
 
 step "2. evr $version into the venv"
-if [[ -d "$pkg_dir" ]] && timed "pip install evr==$version (the wheel)" \
-  pip_install --no-index --find-links "$pkg_dir/dist" "evr==$version" 2>/dev/null; then
-  echo "evr: the wheel of scripts/check-python-package.sh ($pkg_dir/dist)"
+wheel_from=""
+for wheels in "$pkg_dir/repaired" "$pkg_dir/dist"; do  # the manylinux wheel, else the one built
+  if [[ -d "$wheels" ]] && timed "pip install evr==$version (a wheel in $wheels)" \
+    pip_install --no-index --find-links "$wheels" "evr==$version" 2>/dev/null; then
+    wheel_from="$wheels"
+    break
+  fi
+done
+if [[ -n "$wheel_from" ]]; then
+  echo "evr: the wheel of scripts/check-python-package.sh in $wheel_from"
 else
-  echo "evr: no fitting wheel in $pkg_dir/dist; pip install ./python (builds the extension)"
+  echo "evr: no fitting wheel in $pkg_dir/{repaired,dist}; pip install ./python (builds the module)"
   log="$dir/pip-install-evr.log"
   timed "pip install ./python" pip_install ./python > "$log" 2>&1 ||
     { tail -n 40 "$log"; fail "pip install ./python (log: $log)"; }
