@@ -139,9 +139,7 @@ bool reactor_core::take_inputs(clock::time_point now) {
   return any;
 }
 
-bool reactor_core::take_submissions(clock::time_point now) {
-  return !closed_ && intake_.take(now);
-}
+bool reactor_core::take_submissions(clock::time_point now) { return !closed_ && intake_.take(now); }
 
 void reactor_core::take_cancels(wait_op* cancels) {
   control_inbox::cancel_stack::for_each(cancels, [this](wait_op* op) { settle_cancel(op); });

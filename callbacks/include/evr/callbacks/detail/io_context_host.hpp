@@ -343,11 +343,10 @@ class io_context_host final : public poll_host {
     // Look again after the handlers queued meanwhile: through an open window, when the reactor
     // thread held the pass (busy), or, while this thread is awake anyway (this poll waited, or
     // its completions run next), for a window that opens soon.
-    const bool again =
-        !closed_ && pending_ > 0 &&
-        (r.what == poll_result::outcome::busy ||
-         (swept && (r.spin || next - now < min_sleep_ns ||
-                    ((awake || r.delivered > 0) && next - now < awake_horizon_ns))));
+    const bool again = !closed_ && pending_ > 0 &&
+                       (r.what == poll_result::outcome::busy ||
+                        (swept && (r.spin || next - now < min_sleep_ns ||
+                                   ((awake || r.delivered > 0) && next - now < awake_horizon_ns))));
     if (again && post_poll()) return;
     polling_ = false;
     if (swept && next != never && pending_ > 0) {
@@ -414,11 +413,11 @@ class io_context_host final : public poll_host {
   bool waiting_ = false;            // an async_wait on the timerfd is pending
   bool polling_ = false;            // a poll is posted or running
   bool closed_ = false;
-  std::int64_t awake_until_ = 0;  // role woken: a keep-awake runs until then (0: none)
+  std::int64_t awake_until_ = 0;     // role woken: a keep-awake runs until then (0: none)
   std::int64_t poll_posted_ns_ = 0;  // when the poll chain's last poll was posted
-  post_slot poll_slot_;           // the poll chain (or the keep-awake chain: one role per host)
-  post_slot told_slot_;           // what the reactor posts (look_by, wake_until)
-  bool told_posted_ = false;      // (mutex_) a post of told_slot_ is in flight
+  post_slot poll_slot_;              // the poll chain (or the keep-awake chain: one role per host)
+  post_slot told_slot_;              // what the reactor posts (look_by, wake_until)
+  bool told_posted_ = false;         // (mutex_) a post of told_slot_ is in flight
   std::int64_t told_look_ns_ = never;        // (mutex_) the earliest look told since then
   std::int64_t told_until_ns_ = 0;           // (mutex_) the latest keep-awake told since then
   std::uint64_t delivered_ = 0;              // (mutex_) hosted waits finished here
