@@ -636,8 +636,9 @@ class measurer:
                              self.args.cuda_connections)
 
     def skip(self, spec, points, sink, tag, lanes, queues):
-        sink.extend(dict(tag, server=spec["label"], mode=spec["mode"], route=route,
-                         connections=c, lanes=lanes, cuda_connections=queues, skipped="budget")
+        sink.extend(dict(tag, server=spec["label"], mode=spec["mode"], threads=spec["threads"],
+                         busy_signal=spec["busy_signal"], route=route, connections=c,
+                         lanes=lanes, cuda_connections=queues, skipped="budget")
                     for route, conns in points for c in conns)
 
     def measure(self, spec, points, sink, tag, lanes, queues):
@@ -726,9 +727,6 @@ def write_results(doc, out_dir, plots):
         f.write(markdown(doc) + "\n")
     log(f"wrote {path} and server-study.md")
     if not plots:
-        return
-    if doc["meta"].get("rounds"):
-        log("plots: none for an alternating set (its tables are the result)")
         return
     try:
         plot(doc, out_dir)
@@ -1018,6 +1016,9 @@ def plot(doc, out_dir):
     count, a line per mode over N (the cores each needs for a given requests/s);
     server-p99-vs-rps.png: p99 against requests/s, the same panels; server-lanes.png: the lanes
     sweep."""
+    if doc["meta"].get("rounds"):
+        log("plots: none for an alternating set (its tables are the result)")
+        return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

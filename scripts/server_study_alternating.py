@@ -88,7 +88,7 @@ def median_row(points):
     """One (server, route, connections) over its rounds: the medians of its clean points; a group's
     median is taken over the rounds on its own, so the groups need not add up to the total."""
     ok = [p for p in points if usable(p)]
-    first = points[0]
+    first = (ok or points)[0]
     row = {k: first.get(k) for k in ("server", "mode", "threads", "route", "connections", "gpus")}
     row["busy_signal"] = first.get("busy_signal", True)
     row.update({
@@ -192,7 +192,7 @@ def spread(values):
 
 def comparison_table(rows, points):
     lines = ["| route | conns | N | evr: req/s, cores | poll: req/s, cores | per core, evr / poll "
-             "(rounds' range) | p99 evr / poll, ms | evr's reactor, cores | rounds |",
+             "(rounds' range) | p99 evr / poll, ms | evr's reactor, cores | rounds, evr / poll |",
              "|---|---:|---:|---|---|---|---|---:|---|"]
     for e, p in pairs(rows):
         r = ratio(e["per_core"], p and p["per_core"])
@@ -202,15 +202,15 @@ def comparison_table(rows, points):
             f"{fmt(p and p['rps'], 0)}, {fmt(p and p['server_cores'], 2)} | "
             f"**{fmt(r, 2)}** ({spread(round_ratios(points, e))}) | "
             f"{fmt(ms(e['p99_us']), 2)} / {fmt(ms(p and p['p99_us']), 2)} | "
-            f"{fmt(e['cores_by_group']['reactor'], 3)} | {rounds_text(e)}, {rounds_text(p)} |")
+            f"{fmt(e['cores_by_group']['reactor'], 3)} | {rounds_text(e)} / {rounds_text(p)} |")
     return lines
 
 
 def rounds_text(row):
     if not row:
         return "-"
-    extra = "".join(f", {row[k]} {k[7:]}" for k in ("rounds_failed", "rounds_skipped") if row[k])
-    return f"{row['rounds']}{extra}"
+    extra = ", ".join(f"{row[k]} {k[7:]}" for k in ("rounds_failed", "rounds_skipped") if row[k])
+    return f"{row['rounds']}" + (f" ({extra})" if extra else "")
 
 
 def cpu_table(rows):
@@ -239,27 +239,30 @@ def diff(a, b):
     return a - b if a is not None and b is not None else None
 
 
-def thread_table(rows):
-    """Every row's CPU by thread group: cores, and us per request (medians)."""
+def detail_table(rows):
+    """Every server, route and connection count: its medians, the CPU by thread group in cores
+    and us per request."""
     cols = [g for g in GROUPS if any((r["cores_by_group"][g] or 0) >= 0.005 for r in rows)]
-    lines = ["| server | route | conns | all: cores, us/req | " +
-             " | ".join(f"{g}: cores, us/req" for g in cols) + " |",
-             "|---|---|---:|---|" + "---|" * len(cols)]
+    lines = ["| server | route | conns | rounds | req/s | p50 ms | p99 ms | cores | req/s/core | "
+             "us/req | " + " | ".join(f"{g}: cores, us/req" for g in cols) + " |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|" + "---|" * len(cols)]
     for r in rows:
         c, u = r["cores_by_group"], r["us_per_request_by_group"]
-        lines.append(f"| {r['server']} | {r['route']} | {r['connections']} | "
-                     f"{fmt(r['server_cores'], 2)}, {fmt(r['cpu_us_per_request'], 1)} | " +
+        lines.append(f"| {r['server']} | {r['route']} | {r['connections']} | {rounds_text(r)} | "
+                     f"{fmt(r['rps'], 0)} | {fmt(ms(r['p50_us']), 2)} | "
+                     f"{fmt(ms(r['p99_us']), 2)} | {fmt(r['server_cores'], 2)} | "
+                     f"{fmt(r['per_core'], 0)} | {fmt(r['cpu_us_per_request'], 1)} | " +
                      " | ".join(f"{fmt(c[g], 3)}, {fmt(u[g], 1)}" for g in cols) + " |")
     return lines
 
 
 def stream_table(rows, points):
-    lines = ["| route | conns | evr N=1 stream waits: req/s, cores, p99 ms | poll N=1: req/s, "
-             "cores, p99 ms | per core, evr / poll (rounds' range) | evr's reactor, cores |",
-             "|---|---:|---|---|---|---:|"]
+    lines = ["| route | conns | N | evr, stream waits: req/s, cores, p99 ms | poll: req/s, cores, "
+             "p99 ms | per core, evr / poll (rounds' range) | evr's reactor, cores |",
+             "|---|---:|---:|---|---|---|---:|"]
     for e, p in pairs(rows, stream_waits=True):
         lines.append(
-            f"| {e['route']} | {e['connections']} | {fmt(e['rps'], 0)}, "
+            f"| {e['route']} | {e['connections']} | {e['threads']} | {fmt(e['rps'], 0)}, "
             f"{fmt(e['server_cores'], 2)}, {fmt(ms(e['p99_us']), 2)} | {fmt(p and p['rps'], 0)}, "
             f"{fmt(p and p['server_cores'], 2)}, {fmt(ms(p and p['p99_us']), 2)} | "
             f"**{fmt(ratio(e['per_core'], p and p['per_core']), 2)}** "
@@ -281,23 +284,24 @@ def goals_table(goal_rows):
     return lines
 
 
-def markdown(doc, header, by_thread=True):
+def markdown(doc, header, detail=True):
     """Every table of an alternating run, from its raw points (`table DIR` recomputes them);
-    by_thread False leaves out the long table of CPU by thread group."""
+    detail False leaves out the long table of every server's medians."""
     rows, points = medians(doc["points"]), doc["points"]
-    lines = [header, "", f"#### evr and the poll mode, medians of {doc['meta'].get('rounds')} "
-             "alternating rounds (per core: each mode's median; the range: the rounds' own "
-             "ratios)", ""] + comparison_table(rows, points)
-    lines += ["", "#### CPU per request (us, medians) against /healthz, the HTTP path alone",
-              ""] + cpu_table(rows)
+    lines = [header, "", f"#### evr and the poll mode, medians over the rounds measured "
+             f"({doc['meta'].get('rounds')} planned; per core: each mode's median, in brackets "
+             "the range of the rounds' own ratios)", ""] + comparison_table(rows, points)
+    lines += ["", "#### CPU per request (us, medians) against /healthz, the HTTP path alone (at "
+              "its one connection count)", ""] + cpu_table(rows)
     lines += ["", "#### evr with stream waits (--no-busy-signal) and the poll mode", ""] + \
         stream_table(rows, points)
-    if by_thread:
-        lines += ["", "#### Server CPU by thread group (medians)", ""] + thread_table(rows)
+    if detail:
+        lines += ["", "#### Every server's medians, with its CPU by thread group", ""] + \
+            detail_table(rows)
     return "\n".join(lines + ["", "#### Goals (issue 39), from the medians", ""] +
                      goals_table(goals(rows)))
 
 
 def summary(doc, header):
-    """What the run prints last: every table but the one by thread group."""
-    return markdown(doc, header, by_thread=False)
+    """What the run prints last: every table but the long one of every server's medians."""
+    return markdown(doc, header, detail=False)
