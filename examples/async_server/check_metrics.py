@@ -72,12 +72,15 @@ def main():
                 fail(f"{path}: status {status}, want {expect}: {text[:200]}")
             return text
 
-        sent = {"/busy": 0, "/mlp": 0, "/saxpy": 0, "/sum": 0}
+        sent = {"/busy": 0, "/mlp": 0, "/saxpy": 0, "/sum": 0, "/healthz": 0}
         for i in range(5):
             get(f"/busy?us=300&seed={i}"); sent["/busy"] += 1
             get(f"/mlp?seed={i}&rows={1 + i % 3}"); sent["/mlp"] += 1
             get(f"/saxpy?n=4096&seed={i}"); sent["/saxpy"] += 1
             get(f"/sum?n=4096&seed={i}"); sent["/sum"] += 1
+            if get("/healthz") != "ok\n":
+                fail("/healthz does not answer 'ok'")
+            sent["/healthz"] += 1
         get("/mlp", body=("0," * 1023 + "0\n").encode()); sent["/mlp"] += 1
         get("/busy?us=0", expect=400)
         get("/nowhere", expect=404)

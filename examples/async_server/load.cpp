@@ -481,6 +481,8 @@ std::vector<edge_case> edge_cases(const server_limits& lim) {
        {200},
        false,
        {"evr_server_requests_total", "evr_server_info", "evr_server_mlp_batch_rows_sum"}},
+      {"healthz", {get("/healthz")}, {200}, false, {"ok"}},
+      {"POST /healthz", {post("/healthz", "")}, {405}, false, {"takes GET"}},
       // --- /busy ---
       {"busy", {get("/busy?us=100&seed=7")}, {200}, false, {"\"op\":\"busy\"", "\"result\":"}},
       {"busy us=0", {get("/busy?us=0")}, {400}, false, {"us must be"}},

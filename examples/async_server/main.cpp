@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
         });
         std::printf(
             "listening on http://%s:%u/ — try /busy?us=2000, /mlp?seed=1, /saxpy?n=65536, "
-            "/sum?n=65536, /metrics; Ctrl-C stops\n",
+            "/sum?n=65536, /healthz, /metrics; Ctrl-C stops\n",
             cfg.address.c_str(), inst.srv().port());
         std::fflush(stdout);
         good = inst.join();

@@ -51,8 +51,8 @@ class histogram {
 class server_metrics {
  public:
   /// Paths are a closed set so that a scanner requesting random URLs cannot grow the label space.
-  static constexpr std::array<std::string_view, 6> paths = {"/saxpy", "/sum",     "/busy",
-                                                            "/mlp",   "/metrics", "other"};
+  static constexpr std::array<std::string_view, 7> paths = {"/saxpy",   "/sum",     "/busy", "/mlp",
+                                                            "/healthz", "/metrics", "other"};
   static constexpr std::array<int, 11> statuses = {200, 400, 404, 405, 408, 413,
                                                    431, 500, 501, 503, 505};
   /// Upper bounds (seconds) of the latency buckets; +Inf is implied.

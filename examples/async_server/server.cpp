@@ -445,7 +445,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
       } counted(metrics_);
       busy::spec spec;
       if (!busy_request(req, *c, spec, r)) {
-        r = co_await handle(req, *c);
+        if (!healthz_request(req, *c, r)) r = co_await handle(req, *c);
       } else if (r.status == 200) {
         // GET /busy, the GPU-bound route, runs here rather than in handle() and run_busy():
         // GCC's frames for those coroutines are over 1 KiB, more than Asio's recycling allocator
@@ -574,7 +574,7 @@ asio::awaitable<server::response> server::handle(const http::request& req, conne
     co_return error_response(c, 404,
                              "no such path '" + std::string(path.substr(0, 64)) +
                                  "'; try /busy?us=2000, /mlp?seed=1, /saxpy?n=65536, "
-                                 "/sum?n=65536 or /metrics");
+                                 "/sum?n=65536, /healthz or /metrics");
   if (path == "/busy" ? req.method != "GET" : req.method != "GET" && req.method != "POST")
     co_return method_not_allowed(path, path == "/busy" ? "GET" : "GET, POST");
 
@@ -677,6 +677,19 @@ bool server::busy_request(const http::request& req, connection& c, busy::spec& s
   } else {
     r = response{};
   }
+  return true;
+}
+
+bool server::healthz_request(const http::request& req, connection& c, response& r) {
+  if (req.path() != "/healthz") return false;
+  if (req.method != "GET") {
+    r = error_response(c, 405, "/healthz takes GET");
+    r.extra_headers = "Allow: GET\r\n";
+    return true;
+  }
+  r = response{};
+  r.content_type = "text/plain; charset=utf-8";
+  c.body = "ok\n";
   return true;
 }
 

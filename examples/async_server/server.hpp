@@ -7,6 +7,9 @@
 //   GET      /busy?us=D[&seed=S]         a kernel of D us on one block: GPU-bound (busy.hpp)
 //   GET|POST /mlp?seed=S[&rows=R]        an MLP forward pass, dynamically batched in evr mode
 //                                        (mlp.hpp, batcher.hpp)
+//   GET      /healthz                    "ok": no GPU work (a load balancer's probe; the cost of
+//   the
+//                                        HTTP path alone)
 //   GET      /metrics                    Prometheus text format (metrics.hpp)
 //
 // Five ways to wait for the GPU (wait_mode.hpp), everything else identical:
@@ -161,6 +164,9 @@ class server {
   /// GET /busy, served inline by serve(): false when `req` is not one; else true, with `spec`
   /// parsed, or with an error response in `r` (status != 200) when its parameters are bad.
   bool busy_request(const http::request& req, connection& c, busy::spec& spec, response& r);
+  /// GET /healthz, served inline by serve() (no GPU work, no coroutine frame): false when `req`
+  /// is not for /healthz; else true, with its fixed answer (or a 405) in `r`.
+  bool healthz_request(const http::request& req, connection& c, response& r);
   /// Enqueues the busy kernel on the lease's lane; true (and the 500 in `r`) when that failed.
   bool launch_busy(lane_pool::lease& lease, const busy::spec& spec, connection& c, response& r);
   /// The answer once the work is done (or the wait failed: ec).
