@@ -458,18 +458,40 @@ def wait_idle(port, limit=90):
     return time.monotonic() - t
 
 
+def reactor_counters(port):
+    """The evr reactor's counters from the server's /metrics (evr_reactor_*_total, by name
+    without the prefix and suffix); {} for a server without a reactor or when it does not answer."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        page = conn.getresponse().read().decode()
+    except OSError:
+        return {}
+    finally:
+        conn.close()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^evr_reactor_(\w+)_total (\S+)$", page, re.M)}
+
+
 def run_point(srv, route, connections, seconds, wrk, gpu, wrk_threads):
     url = f"http://127.0.0.1:{srv.port}{route}"
     threads = max(1, min(connections, wrk_threads))
     cmd = [wrk[0], f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency",
            "--timeout", "10s", url]
+    counters0 = reactor_counters(srv.port)
     before, t0 = thread_cpu(srv.proc.pid), time.monotonic()
     with gpu_sampler(gpu) as g:
         out = subprocess.run(cmd, env=wrk[1], capture_output=True, text=True,
                              timeout=seconds + 60)
     t1 = time.monotonic()
     groups, cpu = cpu_by_group(before, thread_cpu(srv.proc.pid))
+    counters1 = reactor_counters(srv.port)
     r = parse_wrk(out.stdout)
+    # What the reactor did over the point, per second (the probes' own /metrics requests aside):
+    # wake-ups, naps, sweeps, prediction misses, doorbells, and how much the hosts found.
+    r["reactor_per_s"] = {k: (counters1[k] - counters0.get(k, 0)) / (t1 - t0)
+                          for k in counters1} if counters1 else None
     r["server_cores"] = cpu / (t1 - t0)
     # Server CPU per request: every thread of the server process (io threads, reactor, CUDA's
     # threads, ...) over the point, divided by the requests wrk completed in it.
@@ -693,12 +715,24 @@ def default_out(set_name):
     return os.path.join(ROOT, "docs", "bench", *([] if set_name == "gpu1" else [set_name]))
 
 
+def reactor_text(per_s):
+    """The reactor's counters of a point in a few words, per second (k = thousands)."""
+    if not per_s:
+        return ""
+    names = [("wakeups", "woken"), ("parks", "naps"), ("sweeps", "sweeps"),
+             ("prediction_misses", "misses"), ("doorbells", "doorbells"),
+             ("host_completions", "host-found"), ("completed", "done")]
+    return "  reactor/s: " + " ".join(f"{short} {per_s[k] / 1e3:.1f}k" for k, short in names
+                                      if k in per_s)
+
+
 def log_point(r):
     log(f"{r['server']:26} {r['route']:15} c={r['connections']:<5} {fmt(r['rps'], 0):>8} req/s  "
         f"p99 {fmt(ms(r['p99_us']), 2):>8} ms  cores {fmt(r['server_cores'], 2):>5}"
         f"  cpu {fmt(r.get('cpu_us_per_request'), 1):>6} us/req"
         f"{'  gpu ' + fmt(r['gpu_util'], 0) + ' %' if r['gpu_util'] is not None else ''}"
         f"{'  round ' + str(r['round']) if r.get('round') else ''}"
+        f"{reactor_text(r.get('reactor_per_s'))}"
         f"{'  THRASH' if r['thrash'] else ''}"
         f"{'  ERRORS ' + str(r['errors']) if r['errors'] else ''}")
 

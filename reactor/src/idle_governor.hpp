@@ -168,6 +168,8 @@ class idle_governor {
   nanoseconds host_grace() const noexcept {
     return std::max<nanoseconds>(std::chrono::milliseconds(1), 2 * settings_.poll_period);
   }
+  /// How old an unpredicted wait must be before a doorbell is armed for it.
+  nanoseconds doorbell_age(const service_time_model& model) const noexcept;
   void arm_doorbell(stream_state& st);
   static void doorbell_rang(void* state) noexcept;
 

@@ -86,7 +86,7 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   if (o.unpredicted()) {
     // Nothing learned yet, or the prediction failed: let the driver wake the reactor once the
     // wait is old (adaptive), and then rely on that doorbell and the probe rather than naps.
-    if (traits_.doorbells && !p.doorbell_armed && now - start >= options_.doorbell_after)
+    if (traits_.doorbells && !p.doorbell_armed && now - start >= doorbell_age(p.model))
       arm_doorbell(st);
     if (p.doorbell_armed) {
       p.spin = false;
@@ -210,6 +210,18 @@ idle_governor::clock::time_point idle_governor::covered_until(
   const std::int64_t promised = host.looks_at_ns.load(std::memory_order_relaxed);
   if (promised == poll_host::never) return st.plan.wake;  // told (look_by), not armed yet
   return clock::time_point(nanoseconds(promised) + host_grace());
+}
+
+nanoseconds idle_governor::doorbell_age(const service_time_model& model) const noexcept {
+  // A doorbell is a host function behind the stream's work: every later operation of the stream
+  // waits for it to have run (tens of us after the work). A stream with a model missed its
+  // window by a little, as a rule (a server's lane whose next kernel started late), and a doorbell
+  // then delayed its next work too, which missed again: on the H200, at 5 ms work on 128 lanes, a
+  // server fell into doorbells on most waits and stayed there (the reactor thread at a whole
+  // core, CUDA's host-function thread at 0.4). Such a stream is left to the missed phase's naps
+  // until its wait has taken twice its longest work.
+  if (!model.ready()) return options_.doorbell_after;
+  return std::max<nanoseconds>(options_.doorbell_after, 2 * model.high());
 }
 
 void idle_governor::skip_until(stream_state& st, clock::time_point t) const noexcept {
