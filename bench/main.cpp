@@ -26,6 +26,8 @@ constexpr subcommand subcommands[] = {
      "work of 20 us..20 ms, steady and irregular, 1 and 64 streams: latency vs CPU per strategy"},
     {"sim", evr_bench_sim,
      "the simulated device's own cost: ns per enqueue and per completion; reactor on it"},
+    {"calls", evr_bench_calls,
+     "host ns per device call on a wait's path (query, record, fence write) and per submit"},
     {"timer", evr_bench_timer,
      "how late this machine's timed sleeps end (the host's share of the idle policy's tail)"},
 };

@@ -24,6 +24,9 @@ int evr_bench_idle(int argc, char** argv);
 /// `evr-bench sim`: what the simulated device costs: ns per enqueued and per completed operation,
 /// and end-to-end completions per second of a reactor on it (bench/sim_bench.cpp).
 int evr_bench_sim(int argc, char** argv);
+/// `evr-bench calls`: the host's ns per device call on a wait's path and per submit
+/// (bench/calls_bench.cpp).
+int evr_bench_calls(int argc, char** argv);
 /// `evr-bench timer`: how late this machine's timed sleeps end, single and with a short final
 /// sleep (bench/timer_bench.cpp). No GPU needed.
 int evr_bench_timer(int argc, char** argv);

@@ -4,7 +4,8 @@
 # The file is written at install time (install(CODE)), so that `prefix` is the prefix actually
 # installed to, also with `cmake --install --prefix <dir>`; DESTDIR is honoured. Cflags carry the
 # flavour's macros, EVR_WITH_CUDA and the CUDA runtime's headers when evr was built with CUDA, and
-# the Asio folder when it is not a system one; Libs carry libevr, threads and the CUDA runtime.
+# the Asio folder when it is not a system one; Libs carry libevr, threads and the CUDA runtime (static or shared, as
+# EVR_CUDA_RUNTIME chose).
 # A moved prefix: pkg-config --define-variable=prefix=<new prefix> ...
 
 function(evr_install_pkg_config name flavour flavour_cflags asio_include)
@@ -18,7 +19,12 @@ function(evr_install_pkg_config name flavour flavour_cflags asio_include)
     foreach(dir IN LISTS CUDAToolkit_INCLUDE_DIRS)
       string(APPEND cflags " -I${dir}")
     endforeach()
-    string(APPEND libs " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+    # The runtime as evr links it (EVR_CUDA_RUNTIME): the static one needs libdl and librt.
+    if(EVR_CUDA_RUNTIME STREQUAL "static")
+      string(APPEND libs " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
+    else()
+      string(APPEND libs " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+    endif()
   endif()
 
   # libdir and includedir relative to ${prefix} when the install folders are relative.

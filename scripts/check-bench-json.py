@@ -123,6 +123,15 @@ def main():
     elif sub == "pool":
         if not isinstance(doc, dict) or not doc:
             fail("empty pool document")
+    elif sub == "calls":
+        calls = {r["call"]: r for r in doc.get("rows", [])}
+        for needed in ("query-done", "query-pending", "query-stream", "record", "write-fence",
+                       "submit"):
+            if needed not in calls:
+                fail(f"no row for '{needed}'")
+            number(calls[needed]["p50_ns"], f"{needed}.p50_ns")
+            if not calls[needed]["ns_per_call"]:
+                fail(f"{needed}: no batches")
     else:
         fail(f"unknown subcommand {sub}")
     print(f"{path}: ok ({sub})")

@@ -9,7 +9,9 @@
 #      `pkg-config --cflags --libs evr` (and evr-boost), PKG_CONFIG_PATH=<moved prefix>/.../pkgconfig;
 #   5. add_subdirectory: tests/consumer with evr's source tree as a sub-project (standalone Asio);
 #   6. FetchContent: tests/consumer fetching an archive of evr's tree by URL file:// (no network;
-#      Boost.Asio flavour).
+#      Boost.Asio flavour);
+#   7. with the CUDA toolkit: a CUDA build installed, its find_package and pkg-config consumers
+#      linked with the static CUDA runtime (no libcudart NEEDED) and run with the toolkit hidden.
 # Every consumer links evr::sim (pkg-config: -levr_sim) and runs a wait on evr's simulated device
 # through the Asio front end and one through on_complete, and must print OK.
 # Needs Boost 1.78+ (Debian 12: libboost1.81-dev), installed by scripts/install-deps.sh --boost.
@@ -146,5 +148,41 @@ git ls-files -z --cached --others --exclude-standard |
   tar --null -T - --ignore-failed-read -czf "$tmp/evr-src.tar.gz" --transform 's,^,evr/,'
 consumer fetchcontent -DEVR_CONSUMER_MODE=fetchcontent -DEVR_SOURCE="file://$tmp/evr-src.tar.gz" \
   -DEVR_CONSUMER_FLAVOUR=boost -DFETCHCONTENT_FULLY_DISCONNECTED=OFF "${boost_cmake[@]}"
+
+# The CUDA build as C++ users link it: the installed evr::core carries CUDA::cudart_static and
+# evr.pc -lcudart_static -ldl -lrt (EVR_CUDA_RUNTIME=static, the default), so a consumer needs no
+# libcudart where it runs: its NEEDED entries are checked, and it runs (a wait on the simulated
+# device, the CUDA backend reporting no driver) with the toolkit hidden (scripts/without-cuda.sh).
+cuda_consumer_checks() {  # BINARY HOW
+  local needed
+  needed="$(readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')"
+  echo "check-install: $2: NEEDED $needed"
+  if grep -Eq 'libcuda|libcudart' <<<"$needed"; then fail "$2 NEEDs a CUDA library: $needed"; fi
+  bash scripts/without-cuda.sh "$1" || fail "$2 did not run with the CUDA toolkit hidden"
+}
+if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  step "CUDA build: EVR_WITH_CUDA=ON, EVR_CUDA_RUNTIME=static (the default) in $build_dir-cuda"
+  cmake -S . -B "$build_dir-cuda" -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVR_WITH_CUDA=ON \
+    -DEVR_BUILD_TESTS=OFF -DEVR_BUILD_EXAMPLES=OFF -DEVR_BUILD_BENCH=OFF -DEVR_BUILD_PYTHON=OFF \
+    >"$tmp/cuda.configure.log" || { cat "$tmp/cuda.configure.log"; fail "configuring the CUDA build"; }
+  cmake --build "$build_dir-cuda" -j "$jobs" >"$tmp/cuda.build.log" ||
+    { tail -n 30 "$tmp/cuda.build.log"; fail "building the CUDA build"; }
+  cmake --install "$build_dir-cuda" --prefix "$tmp/cuda-prefix" >/dev/null
+  grep -q 'CUDA::cudart_static' "$(find "$tmp/cuda-prefix" -name 'evrTargets.cmake' -print -quit)" ||
+    fail "the installed evr::core does not link CUDA::cudart_static"
+  consumer cuda_find_package -DCMAKE_PREFIX_PATH="$tmp/cuda-prefix" -DEVR_CONSUMER_FLAVOUR=standalone
+  cuda_consumer_checks "$tmp/cuda_find_package/evr_consumer" "the find_package consumer (CUDA build)"
+  flags="$(PKG_CONFIG_PATH="$(dirname "$(find "$tmp/cuda-prefix" -name evr.pc -print -quit)")" \
+    pkg-config --define-variable=prefix="$tmp/cuda-prefix" --cflags --libs evr)"
+  echo "check-install: pkg-config evr (CUDA build): $flags"
+  [[ "$flags" == *-lcudart_static* ]] || fail "evr.pc of the CUDA build does not link -lcudart_static"
+  # shellcheck disable=SC2086 # the flags are words
+  g++ -std=c++20 -O1 -o "$tmp/pkg-config-cuda" tests/consumer/main.cpp $flags \
+    -DEVR_CONSUMER_FOUND_VERSION="\"$(pkg-config --modversion evr)\"" \
+    -DEVR_CONSUMER_HOW="\"pkg-config evr (CUDA build)\"" || fail "building the pkg-config consumer (CUDA)"
+  cuda_consumer_checks "$tmp/pkg-config-cuda" "the pkg-config consumer (CUDA build)"
+else
+  step "CUDA build: skipped (no CUDA toolkit here)"
+fi
 
 step "passed"

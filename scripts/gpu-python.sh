@@ -16,6 +16,10 @@
 #   bench      bench/python/bench_await.py on torch --json OUTDIR/bench_await.json (more arguments:
 #              EVR_BENCH_PY_ARGS, e.g. "--kernels-us 1000,5000 --loop uvloop")
 #   example    examples/python/aiohttp_server.py --self-test --load 10
+#   wheel      the package as a user with only the driver gets it (scripts/gpu-wheel-as-user.sh;
+#              carry ".whl" from scripts/stage-wheel-tools.sh and ".tools"): the wheel built and
+#              repaired here, installed, the toolkit hidden: import orders, torch and CuPy
+#              streams, the served model under load; files in OUTDIR/wheel
 #   served     examples/python/served_model.py --self-test on torch (answers, bad input, shutdown
 #              with requests in flight; step served-test), then served_model_load.py: wrk at
 #              16/64/256 connections per mode into OUTDIR/served (step served-load; seconds per
@@ -93,6 +97,7 @@ if ((ok)); then
           --json "$outdir/bench_await.json" ${EVR_BENCH_PY_ARGS:-}
         ;;
       example) step example 60 "$python" examples/python/aiohttp_server.py --self-test --load 10 ;;
+      wheel) step wheel 300 bash scripts/gpu-wheel-as-user.sh "$outdir/wheel" ;;
       served)
         step served-test 120 "$python" examples/python/served_model.py --self-test --device cuda
         # The load script stops starting points 20 s before the step's own limit.
@@ -103,7 +108,7 @@ if ((ok)); then
           --server-args="${EVR_SERVED_SERVER_ARGS:-}" ${EVR_SERVED_ARGS:-}
         ;;
       *)
-        echo "gpu-python: unknown step '$s' in EVR_GPU_PY_STEPS (pytest bench example served)"
+        echo "gpu-python: unknown step '$s' in EVR_GPU_PY_STEPS (pytest bench example served wheel)"
         failed=1
         ;;
     esac

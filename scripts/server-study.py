@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The async server study: evr against the best a user writes without it, one matrix per run.
 
-    scripts/server-study.py run [--set gpu1|gpu2|tiny] [--out DIR] [--budget S] [...]
+    scripts/server-study.py run [--set gpu1|gpu2|tiny|alt1|alt-tiny] [--out DIR] [--budget S]
+                            [--rounds R] [--seconds S] [...]
     scripts/server-study.py plot DIR                       JSON -> PNG plots
     scripts/server-study.py table DIR                      JSON -> markdown tables and goals
 
@@ -13,6 +14,7 @@ Servers are named by label (--servers takes any):
   evr N=4 | hostfunc N=4 | poll N=4          the non-blocking modes, N io threads
   pool SYNC N=4 | pool SYNC N=lanes          a blocking pool (N=lanes: a thread per lane)
   thread SYNC                                a thread per connection
+  evr N=1 stream-waits                       evr waiting on /busy's stream (--no-busy-signal)
   ... @0 | @0,1                              on those GPUs only (default: every GPU, or --devices)
 with SYNC one of auto (the driver's default scheduling), spin, blocking-sync.
 A configuration whose spinning threads outnumber the host's cores (pool/thread with spin or auto:
@@ -28,6 +30,13 @@ need first in case the budget runs out):
          goal), evr N=2, the alternatives on both GPUs at N = 2 and 8, a pool of 4 on /mlp.
   tiny   the simulated device with two GPUs, a few servers, 16 and 64 connections: a test of
          this script (a minute or two here).
+  alt1   one GPU, evr against the poll mode in alternation (server_study_alternating.py): in
+         each of --rounds rounds (default 3) evr N=1, poll N=1, evr N=2, poll N=2, evr N=1
+         stream-waits, each started afresh (even rounds backwards); /busy?us=200, 1000, 5000 at
+         256 and 1024 connections, /healthz at 256; tables of the medians over rounds and the
+         goals of issue 39. 3 rounds: 15 server starts, 102 points, ~5 min after the build.
+  alt-tiny  the same on the simulated device at 32 connections, 1 s per point (a couple of
+         minutes here).
 
 Each point records requests/s, latency percentiles (wrk's), errors (non-2xx, socket errors),
 the server's CPU: in cores and in microseconds per request, all threads of the server process
@@ -41,14 +50,17 @@ For every route and connection count (and number of GPUs) the tables compare evr
 alternative: the one with the most requests/s, and the one with the most requests/s per server
 core, each with its p99 and cores; and the cores evr needs (its fewest among N) to serve what
 the best alternative serves. The goals of issue 33 are evaluated from that (met / not met, with
-the numbers). JSON to DIR/server-study.json, tables to DIR/server-study.md, plots to DIR/*.png
-(when matplotlib is there; `plot DIR` elsewhere). The run ends by printing the one-screen
-summary and the goals.
+the numbers). The alternating sets have their own tables and goals (evr beside poll per point,
+medians over rounds; server_study_alternating.py) and no plots. JSON to DIR/server-study.json
+(every point as measured, with its round), tables to DIR/server-study.md, plots to DIR/*.png
+(when matplotlib is there; `plot DIR` elsewhere); `table DIR` recomputes the tables from the
+JSON. The run ends by printing the one-screen summary and the goals.
 
 Budget: --budget seconds from the script's start (build included): a point that would overrun
 it is recorded as skipped and the JSON is still written. Each point runs --seconds (wrk takes
 whole seconds; default 2) plus ~0.5 s; a server start on a GPU takes a few seconds (CUDA, the
-/mlp weights, the lanes warmed up).
+/mlp weights, the lanes warmed up). The plan and its estimate are printed before the build, the
+time measuring should end after it.
 
 wrk: from PATH, or staged by scripts/stage-tools.sh in .tools/ (the GPU machine has no package
 registry: carry ".tools" with ".deps"). Without wrk, --builtin uses the server's own load
@@ -58,8 +70,8 @@ Exit status: 0 when every point ran without errors and every server reported 0 f
 """
 import argparse
 import datetime
+import itertools
 import json
-import math
 import os
 import re
 import resource
@@ -70,17 +82,18 @@ import sys
 import threading
 import time
 
+import server_study_alternating as alternating
+from server_study_points import (BUSY200, BUSY1000, BUSY5000, MLP, ROUTES, SAXPY, STREAM_WAITS,
+                                 fmt, ms, per_core, ratio, usable)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = time.monotonic()
 
-BUSY200, BUSY1000, BUSY5000 = "/busy?us=200", "/busy?us=1000", "/busy?us=5000"
-MLP, SAXPY = "/mlp?seed=1", "/saxpy?n=65536"
-ROUTES = [BUSY200, BUSY1000, BUSY5000, MLP, SAXPY]
 NON_BLOCKING = ("evr", "hostfunc", "poll")
 BLOCKING = ("pool", "thread")
 SYNCS = ("auto", "spin", "blocking-sync")
 
-ALL = ROUTES
+ALL = [BUSY200, BUSY1000, BUSY5000, MLP, SAXPY]
 GPU_ROUTES = [BUSY200, BUSY1000, BUSY5000, MLP]
 # (server label, its routes). One H100, 16 cores.
 GPU1 = [
@@ -110,7 +123,8 @@ TINY = [
 SETS = {
     "gpu1": {"servers": GPU1, "connections": [256, 1024], "wrk_threads": 4},
     "gpu2": {"servers": GPU2, "connections": [256, 1024], "wrk_threads": 8},
-    "tiny": {"servers": TINY, "connections": [16, 64], "wrk_threads": 2},
+    "tiny": {"servers": TINY, "connections": [16, 64], "wrk_threads": 2, "sim": True},
+    **alternating.SETS,
 }
 LANES_SWEEP_ROUTE = BUSY1000
 LANES_SWEEP = [(32, 32), (64, 32), (128, 32), (256, 32), (128, 8)]
@@ -127,26 +141,31 @@ def elapsed():
 # --- server labels --------------------------------------------------------------------------------
 
 def parse_server(label):
-    """A server label (see the module's doc) as {label, mode, sync, threads, devices}: threads
-    None for thread-per-connection, 0 for a pool of a thread per lane; devices None for the
-    default. Raises ValueError for a label that names no server."""
+    """A server label (see the module's doc) as {label, mode, sync, threads, devices,
+    busy_signal}: threads None for thread-per-connection, 0 for a pool of a thread per lane;
+    devices None for the default; busy_signal False for evr's stream waits on /busy. Raises
+    ValueError for a label that names no server."""
     text, _, devices = label.partition(" @")
     if devices and not re.fullmatch(r"\d+(,\d+)*", devices):
         raise ValueError(f"'{label}': @ takes GPU indices like @0 or @0,1")
     words = text.split()
+    stream_waits = words[-1:] == [STREAM_WAITS]
+    if stream_waits:
+        words.pop()
     n = words.pop() if words and words[-1].startswith("N=") else None
     mode = words[0] if words else ""
     sync = words[1] if len(words) > 1 else None
     ok = (mode in NON_BLOCKING and len(words) == 1 and n) or \
          (mode == "pool" and len(words) == 2 and sync in SYNCS and n) or \
          (mode == "thread" and len(words) == 2 and sync in SYNCS and not n)
-    if not ok or (n and not re.fullmatch(r"N=(\d+|lanes)", n)):
+    if not ok or (n and not re.fullmatch(r"N=(\d+|lanes)", n)) or \
+            (stream_waits and mode != "evr"):
         raise ValueError(f"'{label}' names no server: try 'evr N=2', 'hostfunc N=4', 'poll N=1', "
                          "'pool blocking-sync N=lanes', 'pool auto N=4', 'thread blocking-sync', "
-                         "with ' @0' for GPU 0 alone")
+                         f"'evr N=1 {STREAM_WAITS}', with ' @0' for GPU 0 alone")
     threads = None if not n else (0 if n == "N=lanes" else int(n[2:]))
     return {"label": label, "mode": mode, "sync": sync, "threads": threads,
-            "devices": devices or None}
+            "devices": devices or None, "busy_signal": not stream_waits}
 
 
 def spinning_threads(spec, lanes, connections):
@@ -354,6 +373,8 @@ def server_args(spec, device, lanes, cuda_connections, devices):
         cmd += ["--threads", str(spec["threads"])]
     if spec["devices"] or devices:
         cmd += ["--devices", spec["devices"] or devices]
+    if not spec["busy_signal"]:
+        cmd.append("--no-busy-signal")
     return cmd
 
 
@@ -437,18 +458,40 @@ def wait_idle(port, limit=90):
     return time.monotonic() - t
 
 
+def reactor_counters(port):
+    """The evr reactor's counters from the server's /metrics (evr_reactor_*_total, by name
+    without the prefix and suffix); {} for a server without a reactor or when it does not answer."""
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        page = conn.getresponse().read().decode()
+    except OSError:
+        return {}
+    finally:
+        conn.close()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^evr_reactor_(\w+)_total (\S+)$", page, re.M)}
+
+
 def run_point(srv, route, connections, seconds, wrk, gpu, wrk_threads):
     url = f"http://127.0.0.1:{srv.port}{route}"
     threads = max(1, min(connections, wrk_threads))
     cmd = [wrk[0], f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency",
            "--timeout", "10s", url]
+    counters0 = reactor_counters(srv.port)
     before, t0 = thread_cpu(srv.proc.pid), time.monotonic()
     with gpu_sampler(gpu) as g:
         out = subprocess.run(cmd, env=wrk[1], capture_output=True, text=True,
                              timeout=seconds + 60)
     t1 = time.monotonic()
     groups, cpu = cpu_by_group(before, thread_cpu(srv.proc.pid))
+    counters1 = reactor_counters(srv.port)
     r = parse_wrk(out.stdout)
+    # What the reactor did over the point, per second (the probes' own /metrics requests aside):
+    # wake-ups, naps, sweeps, prediction misses, doorbells, and how much the hosts found.
+    r["reactor_per_s"] = {k: (counters1[k] - counters0.get(k, 0)) / (t1 - t0)
+                          for k in counters1} if counters1 else None
     r["server_cores"] = cpu / (t1 - t0)
     # Server CPU per request: every thread of the server process (io threads, reactor, CUDA's
     # threads, ...) over the point, divided by the requests wrk completed in it.
@@ -486,20 +529,42 @@ def run_builtin_point(binary, args, extra, route, connections, seconds):
 # --- the run --------------------------------------------------------------------------------------
 
 def plan(args):
-    """[(spec, routes)], connections, lanes sweep, wrk threads: the set, narrowed by --servers."""
+    """The run's steps [(spec, [(route, [connections])], tag)] (a server started once each, its
+    points tagged with tag), the lanes sweep's steps, and wrk's threads: the set, narrowed by
+    --servers, --routes and --connections."""
     chosen = SETS[args.set]
-    servers = [(parse_server(label), routes) for label, routes in chosen["servers"]]
-    if args.servers:
-        try:
-            servers = [(parse_server(label), list(args.routes or ROUTES)) for label in args.servers]
-        except ValueError as e:
-            raise SystemExit(f"server-study: {e}")
-    elif args.routes:
-        servers = [(spec, [r for r in routes if r in args.routes]) for spec, routes in servers]
-        servers = [(spec, routes) for spec, routes in servers if routes]
     connections = args.connections or chosen["connections"]
-    sweep = (LANES_SWEEP if args.set != "tiny" else [(8, 32), (32, 32)]) if args.lanes_sweep else []
-    return servers, connections, sweep, args.wrk_threads or chosen["wrk_threads"]
+    try:
+        if chosen.get("alternating"):
+            steps = [(parse_server(label), points, {"round": rnd}) for rnd, label, points in
+                     alternating.schedule(args.servers or chosen["servers"], args.rounds,
+                                          connections, args.routes)]
+        elif args.servers:
+            steps = [(parse_server(label), [(r, connections) for r in args.routes or ROUTES], {})
+                     for label in args.servers]
+        else:
+            steps = [(parse_server(label), [(r, connections) for r in routes
+                                            if not args.routes or r in args.routes], {})
+                     for label, routes in chosen["servers"]]
+    except ValueError as e:
+        raise SystemExit(f"server-study: {e}")
+    steps = [step for step in steps if step[1]]
+    sweep = []
+    if args.lanes_sweep:
+        for lanes, queues in (LANES_SWEEP if not chosen.get("sim") else [(8, 32), (32, 32)]):
+            spec = parse_server("evr N=1")
+            spec["label"] = f"evr N=1, {lanes} lanes, {queues} queues"
+            sweep.append((spec, [(LANES_SWEEP_ROUTE, [64 if chosen.get("sim") else 1024])],
+                          {"lanes": lanes, "queues": queues}))
+    return steps, sweep, args.wrk_threads or chosen["wrk_threads"]
+
+
+def estimate_s(steps, seconds, sim):
+    """Seconds of measuring the steps take: each point its wrk seconds and ~0.5 s (CPU samples,
+    draining), each route a warm-up, each server its start (a few seconds on a GPU)."""
+    points = sum(len(conns) for _, pts, _ in steps for _, conns in pts)
+    routes = sum(len(pts) for _, pts, _ in steps)
+    return points * (seconds + 0.5) + routes * 0.3 + len(steps) * (1.5 if sim else 5), points
 
 
 def server_facts(srv, doc):
@@ -519,117 +584,188 @@ def server_facts(srv, doc):
 
 def run(args):
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
-    args.tiny = args.set == "tiny"
-    out_dir = os.path.abspath(args.out or (os.path.join(ROOT, "build", "study-tiny") if args.tiny
-                                           else os.path.join(ROOT, "docs", "bench")))
+    chosen = SETS[args.set]
+    args.tiny = bool(chosen.get("sim"))
+    out_dir = os.path.abspath(args.out or default_out(args.set))
     os.makedirs(out_dir, exist_ok=True)
     device = "sim" if args.tiny else args.device
-    seconds = args.seconds
+    args.seconds = args.seconds or chosen.get("seconds", 2)
+    steps, lanes_sweep, wrk_threads = plan(args)
+    est, points_total = estimate_s(steps + lanes_sweep, args.seconds, device == "sim")
+    rounds = f", {args.rounds} alternating rounds" if chosen.get("alternating") else ""
+    log(f"plan: set {args.set}{rounds}, {len(steps) + len(lanes_sweep)} server starts, "
+        f"{points_total} points of {args.seconds} s; about {est:.0f} s of measuring after the "
+        f"build, budget {args.budget} s from the start")
     binary = build(args)
     wrk = None if args.builtin else find_wrk()
     if wrk is None and not args.builtin:
         log("wrk not found (PATH, .tools/): run scripts/stage-tools.sh here and carry \".tools\", "
             "or pass --builtin")
         return 2
-    servers, connections, lanes_sweep, wrk_threads = plan(args)
-    points_total = sum(len(routes) for _, routes in servers) * len(connections) + len(lanes_sweep)
-    est = points_total * (seconds + 0.5) + (len(servers) + len(lanes_sweep)) * (
-        1.5 if device == "sim" else 5)
-    log(f"plan: set {args.set}, {len(servers)} servers, {points_total} points of {seconds} s at "
-        f"{connections} connections; about {est:.0f} s of measuring from now ({elapsed():.0f} s "
-        f"spent), budget {args.budget} s; load: {wrk[2] if wrk else 'built-in'}, "
-        f"{wrk_threads} wrk threads")
+    log(f"built in {elapsed():.0f} s; measuring should end at about {elapsed() + est:.0f} s"
+        f"{'' if elapsed() + est < args.budget else ' (past the budget: its last points skipped)'}"
+        f"; load: {wrk[2] if wrk else 'built-in'}, {wrk_threads} wrk threads")
     extra = ["--check-every", str(args.check_every)] + (["--sim-devices", "2"] if args.tiny else [])
-    doc = {"meta": {
+    doc = new_doc(args, wrk, wrk_threads, extra)
+    study = measurer(args, binary, wrk, device, extra, doc)
+    study.run_steps(steps)
+    for spec, points, tag in lanes_sweep:
+        study.measure(spec, points, doc["lanes_sweep"], {}, tag["lanes"], tag["queues"])
+    doc["meta"]["elapsed_s"] = elapsed()
+    write_results(doc, out_dir, not args.no_plot)
+    print(short_summary(doc), flush=True)
+    return 1 if study.failed else 0
+
+
+def new_doc(args, wrk, wrk_threads, extra):
+    """The study's document before its first point: what the run was, on what."""
+    return {"meta": {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host_cpus": os.cpu_count(), "seconds_per_point": seconds, "device": None,
+        "host_cpus": os.cpu_count(), "seconds_per_point": args.seconds, "device": None,
         "load": wrk[2] if wrk else "built-in", "wrk_threads": wrk_threads, "server_args": extra,
         "budget_s": args.budget, "set": args.set, "devices": args.devices, "git": git_head(),
-        "default_lanes": None},
+        "default_lanes": None,
+        "rounds": args.rounds if SETS[args.set].get("alternating") else None},
         "points": [], "lanes_sweep": [], "servers": []}
-    failed = False
 
-    def budget_left(need):
-        return elapsed() + need < args.budget
 
-    def skipped(spec, route, c, lanes, queues):
-        return {"server": spec["label"], "mode": spec["mode"], "route": route, "connections": c,
-                "lanes": lanes, "cuda_connections": queues, "skipped": "budget"}
+class measurer:
+    """Starts the servers of a plan and loads them, into the study's document. failed: a point
+    had errors, or a server failed to start or reported failures. Points past --budget are
+    recorded as skipped; so is a whole alternating round (after the first) that would overrun it,
+    so that every round measured has both modes."""
 
-    def measure(spec, lanes, queues, routes, conns, sink):
-        nonlocal failed
-        sargs = server_args(spec, device, lanes, queues, args.devices)
-        if not budget_left(seconds + 10):
-            sink.extend(skipped(spec, r, c, lanes, queues) for r in routes for c in conns)
+    def __init__(self, args, binary, wrk, device, extra, doc):
+        self.args, self.binary, self.wrk, self.device = args, binary, wrk, device
+        self.extra, self.doc, self.failed = extra, doc, False
+        self.seconds = args.seconds
+
+    def budget_left(self, need):
+        return elapsed() + need < self.args.budget
+
+    def run_steps(self, steps):
+        for rnd, group in itertools.groupby(steps, key=lambda step: step[2].get("round")):
+            group = list(group)
+            need, _ = estimate_s(group, self.seconds, self.device == "sim")
+            if rnd and rnd > 1 and not self.budget_left(need):
+                log(f"round {rnd}: skipped whole (about {need:.0f} s to measure, past the budget)")
+                for spec, points, tag in group:
+                    self.skip(spec, points, self.doc["points"], tag, self.args.lanes,
+                              self.args.cuda_connections)
+                continue
+            for spec, points, tag in group:
+                self.measure(spec, points, self.doc["points"], tag, self.args.lanes,
+                             self.args.cuda_connections)
+
+    def skip(self, spec, points, sink, tag, lanes, queues):
+        sink.extend(dict(tag, server=spec["label"], mode=spec["mode"], threads=spec["threads"],
+                         busy_signal=spec["busy_signal"], route=route, connections=c,
+                         lanes=lanes, cuda_connections=queues, skipped="budget")
+                    for route, conns in points for c in conns)
+
+    def measure(self, spec, points, sink, tag, lanes, queues):
+        """One server started, its points [(route, [connections])] measured into sink, each point
+        tagged with tag."""
+        sargs = server_args(spec, self.device, lanes, queues, self.args.devices)
+        if not self.budget_left(self.seconds + 10):
+            self.skip(spec, points, sink, tag, lanes, queues)
             log(f"{spec['label']}: skipped (budget)")
             return
-        if not wrk:
-            for route in routes:
+        if not self.wrk:
+            for route, conns in points:
                 for c in conns:
-                    r = run_builtin_point(binary, sargs, extra, route, c, seconds)
-                    r.update(point_fields(spec, route, c, lanes, queues, None, None))
-                    failed |= r["errors"] != 0
+                    r = run_builtin_point(self.binary, sargs, self.extra, route, c, self.seconds)
+                    r.update(point_fields(spec, route, c, lanes, queues, None, None), **tag)
+                    self.failed |= r["errors"] != 0
                     sink.append(r)
             return
-        srv = server(binary, sargs, extra)
-        facts = server_facts(srv, doc)
+        srv = server(self.binary, sargs, self.extra)
+        facts = server_facts(srv, self.doc)
         if facts["lanes"] and lanes == 0 and not spec["devices"]:
-            doc["meta"]["default_lanes"] = facts["lanes"]
-            doc["meta"]["default_lanes_line"] = facts["lanes_line"]
+            self.doc["meta"]["default_lanes"] = facts["lanes"]
+            self.doc["meta"]["default_lanes_line"] = facts["lanes_line"]
         if srv.port is None:
             log(f"{spec['label']}: the server did not start:\n" + "\n".join(srv.lines[-20:]))
-            failed = True
+            self.failed = True
             srv.stop()
             return
-        for route in routes:
+        for route, conns in points:
             warm_up(srv.port, route)
             wait_idle(srv.port)
             for c in conns:
-                if not budget_left(seconds + 5):
-                    sink.append(skipped(spec, route, c, lanes, queues))
+                if not self.budget_left(self.seconds + 5):
+                    self.skip(spec, [(route, [c])], sink, tag, lanes, queues)
                     continue
-                r = run_point(srv, route, c, seconds, wrk, device != "sim", wrk_threads)
-                r.update(point_fields(spec, route, c, lanes, queues, facts, doc))
+                r = run_point(srv, route, c, self.seconds, self.wrk, self.device != "sim",
+                              self.doc["meta"]["wrk_threads"])
+                r.update(point_fields(spec, route, c, lanes, queues, facts, self.doc), **tag)
                 sink.append(r)
-                failed |= r["errors"] != 0
-                log(f"{spec['label']:26} {route:15} c={c:<5} {fmt(r['rps'], 0):>8} req/s  p99 "
-                    f"{fmt(ms(r['p99_us']), 2):>8} ms  cores {fmt(r['server_cores'], 2):>5}"
-                    f"  cpu {fmt(r.get('cpu_us_per_request'), 1):>6} us/req"
-                    f"{'  gpu ' + fmt(r['gpu_util'], 0) + ' %' if r['gpu_util'] is not None else ''}"
-                    f"{'  THRASH' if r['thrash'] else ''}"
-                    f"{'  ERRORS ' + str(r['errors']) if r['errors'] else ''}")
-        summary, rc = srv.stop()
-        ok = rc == 0 and "(0 failures" in summary
-        failed |= not ok
-        doc["servers"].append({"server": spec["label"], "cmd": srv.cmd[1:],
-                               "startup_s": srv.startup_s, "lanes": facts["lanes_line"],
-                               "gpus": facts["gpus"], "summary": summary, "exit": rc, "ok": ok})
-        if not ok:
-            log(f"{spec['label']}: the server reported failures (exit {rc}): {summary}\n" +
-                "\n".join(srv.lines[-15:]))
+                self.failed |= r["errors"] != 0
+                log_point(r)
+        record = server_record(srv, spec, facts, tag)
+        self.doc["servers"].append(record)
+        self.failed |= not record["ok"]
 
-    for spec, routes in servers:
-        measure(spec, args.lanes, args.cuda_connections, routes, connections, doc["points"])
-    sweep_conns = [64 if args.tiny else 1024]
-    for lanes, queues in lanes_sweep:
-        spec = parse_server("evr N=1")
-        spec["label"] = f"evr N=1, {lanes} lanes, {queues} queues"
-        measure(spec, lanes, queues, [LANES_SWEEP_ROUTE], sweep_conns, doc["lanes_sweep"])
-    doc["meta"]["elapsed_s"] = elapsed()
-    doc["goals"] = goals(doc)
+
+def default_out(set_name):
+    """Where a set writes by default: docs/bench for gpu1, the alternating sets' own folder under
+    it, the simulated device's sets under build/."""
+    if SETS[set_name].get("sim"):
+        return os.path.join(ROOT, "build", f"study-{set_name}")
+    return os.path.join(ROOT, "docs", "bench", *([] if set_name == "gpu1" else [set_name]))
+
+
+def reactor_text(per_s):
+    """The reactor's counters of a point in a few words, per second (k = thousands)."""
+    if not per_s:
+        return ""
+    names = [("wakeups", "woken"), ("parks", "naps"), ("sweeps", "sweeps"),
+             ("prediction_misses", "misses"), ("doorbells", "doorbells"),
+             ("host_completions", "host-found"), ("completed", "done")]
+    return "  reactor/s: " + " ".join(f"{short} {per_s[k] / 1e3:.1f}k" for k, short in names
+                                      if k in per_s)
+
+
+def log_point(r):
+    log(f"{r['server']:26} {r['route']:15} c={r['connections']:<5} {fmt(r['rps'], 0):>8} req/s  "
+        f"p99 {fmt(ms(r['p99_us']), 2):>8} ms  cores {fmt(r['server_cores'], 2):>5}"
+        f"  cpu {fmt(r.get('cpu_us_per_request'), 1):>6} us/req"
+        f"{'  gpu ' + fmt(r['gpu_util'], 0) + ' %' if r['gpu_util'] is not None else ''}"
+        f"{'  round ' + str(r['round']) if r.get('round') else ''}"
+        f"{reactor_text(r.get('reactor_per_s'))}"
+        f"{'  THRASH' if r['thrash'] else ''}"
+        f"{'  ERRORS ' + str(r['errors']) if r['errors'] else ''}")
+
+
+def server_record(srv, spec, facts, tag):
+    """Stops a server and says how it ended: its summary line, exit status, ok (no failures)."""
+    summary, rc = srv.stop()
+    ok = rc == 0 and "(0 failures" in summary
+    if not ok:
+        log(f"{spec['label']}: the server reported failures (exit {rc}): {summary}\n" +
+            "\n".join(srv.lines[-15:]))
+    return dict(tag, server=spec["label"], cmd=srv.cmd[1:], startup_s=srv.startup_s,
+                lanes=facts["lanes_line"], gpus=facts["gpus"], summary=summary, exit=rc, ok=ok)
+
+
+def write_results(doc, out_dir, plots):
+    """server-study.json (every point as measured, each round's for the alternating sets, with the
+    goals), server-study.md (every table) and, unless plots is False, the PNG plots."""
+    doc["goals"] = all_goals(doc)
+    if doc["meta"].get("rounds"):
+        doc["medians"] = alternating.medians(doc["points"])
     path = os.path.join(out_dir, "server-study.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     with open(os.path.join(out_dir, "server-study.md"), "w") as f:
         f.write(markdown(doc) + "\n")
     log(f"wrote {path} and server-study.md")
-    if not args.no_plot:
-        try:
-            plot(doc, out_dir)
-        except ImportError:
-            log("matplotlib not here: run `scripts/server-study.py plot DIR` where it is")
-    print(short_summary(doc), flush=True)
-    return 1 if failed else 0
+    if not plots:
+        return
+    try:
+        plot(doc, out_dir)
+    except ImportError:
+        log("matplotlib not here: run `scripts/server-study.py plot DIR` where it is")
 
 
 def point_fields(spec, route, connections, lanes, queues, facts, doc):
@@ -641,7 +777,7 @@ def point_fields(spec, route, connections, lanes, queues, facts, doc):
             "threads": spec["threads"], "route": route, "connections": connections,
             "lanes": lanes, "server_lanes": server_lanes, "cuda_connections": queues,
             "gpus": (facts or {}).get("gpus"), "spinning_threads": spin,
-            "thrash": spin > cpus}
+            "thrash": spin > cpus, "busy_signal": spec["busy_signal"]}
 
 
 def git_head():
@@ -653,23 +789,6 @@ def git_head():
 
 
 # --- evr against the best alternative -------------------------------------------------------------
-
-def fmt(v, digits):
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
-
-
-def ms(us):
-    return None if us is None else us / 1000.0
-
-
-def usable(p):
-    """A point measured cleanly: no skip, no errors, requests/s and cores known."""
-    return "skipped" not in p and not p.get("errors") and p.get("rps") and p.get("server_cores")
-
-
-def per_core(p):
-    return p["rps"] / p["server_cores"] if p and p.get("rps") and p.get("server_cores") else None
-
 
 def matrix(doc):
     """{(route, connections, gpus): [points]} of the main matrix, in the order measured."""
@@ -700,13 +819,16 @@ def compare(points):
     return c
 
 
-def ratio(a, b):
-    return a / b if a is not None and b else None
-
-
 def find_evr(points, threads):
     return next((p for p in points if p["mode"] == "evr" and p["threads"] == threads
                  and usable(p)), None)
+
+
+def all_goals(doc):
+    """The goals a run is held to: issue 39's for the alternating sets, else issue 33's."""
+    if doc["meta"].get("rounds"):
+        return alternating.goals(alternating.medians(doc["points"]))
+    return goals(doc)
 
 
 def goals(doc):
@@ -898,10 +1020,15 @@ def meta_line(doc):
     meta = doc["meta"]
     return (f"{meta.get('device') or 'device: ?'}; {meta['host_cpus']} CPUs; set "
             f"{meta.get('set')}; load {meta['load']} ({meta.get('wrk_threads')} threads); "
-            f"{meta['seconds_per_point']} s per point; git {meta.get('git')}")
+            f"{meta['seconds_per_point']} s per point"
+            f"{'; ' + str(meta['rounds']) + ' alternating rounds' if meta.get('rounds') else ''}"
+            f"{'; ' + format(meta['elapsed_s'], '.0f') + ' s in all' if meta.get('elapsed_s') else ''}"
+            f"; git {meta.get('git')}")
 
 
 def markdown(doc):
+    if doc["meta"].get("rounds"):
+        return alternating.markdown(doc, meta_line(doc))
     lines = [meta_line(doc), ""] + summary_tables(doc) + route_tables(doc) + thread_table(doc) + \
         sweep_table(doc)
     if doc.get("goals"):
@@ -911,6 +1038,8 @@ def markdown(doc):
 
 def short_summary(doc):
     """What the run prints last: the comparison and the goals."""
+    if doc["meta"].get("rounds"):
+        return alternating.summary(doc, meta_line(doc))
     return "\n".join([meta_line(doc), ""] + summary_tables(doc) + [""] + goals_table(doc))
 
 
@@ -921,6 +1050,9 @@ def plot(doc, out_dir):
     count, a line per mode over N (the cores each needs for a given requests/s);
     server-p99-vs-rps.png: p99 against requests/s, the same panels; server-lanes.png: the lanes
     sweep."""
+    if doc["meta"].get("rounds"):
+        log("plots: none for an alternating set (its tables are the result)")
+        return
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -1025,12 +1157,15 @@ def main():
     r.add_argument("--set", choices=sorted(SETS), default=None,
                    help="the servers and routes to measure (default gpu1; tiny with --tiny)")
     r.add_argument("--tiny", action="store_true", help="the same as --set tiny")
-    r.add_argument("--out", help="folder for the JSON, tables and plots (default docs/bench; "
-                                 "tiny: build/study-tiny)")
+    r.add_argument("--out", help="folder for the JSON, tables and plots (default docs/bench for "
+                                 "gpu1, docs/bench/SET for the others; build/study-SET for the "
+                                 "simulated device's sets)")
+    r.add_argument("--rounds", type=int, default=3,
+                   help="alternating sets: rounds of every server, at least 3 (default 3)")
     r.add_argument("--budget", type=float, default=450,
                    help="seconds from the start (build included) after which no point starts")
-    r.add_argument("--seconds", type=int, default=2,
-                   help="seconds per point (wrk takes whole seconds; default 2)")
+    r.add_argument("--seconds", type=int,
+                   help="seconds per point (wrk takes whole seconds; default 2, alt-tiny 1)")
     r.add_argument("--device", default="auto", choices=["auto", "cuda", "sim"])
     r.add_argument("--devices", help="the servers' --devices (GPU indices like 0,1; default: every "
                                      "GPU; a label's @ wins)")
@@ -1039,8 +1174,10 @@ def main():
     r.add_argument("--builtin", action="store_true",
                    help="use the server's built-in load generator instead of wrk")
     r.add_argument("--connections", type=int, nargs="+", help="instead of the set's")
-    r.add_argument("--servers", nargs="+", help="these server labels instead of the set's, each "
-                                                "on --routes (default: every route)")
+    r.add_argument("--servers", nargs="+",
+                   help="these server labels instead of the set's, each on --routes (default: "
+                        "every route); an alternating set alternates them, in this order, on its "
+                        "points")
     r.add_argument("--routes", nargs="+", choices=ROUTES, help="only these routes")
     r.add_argument("--wrk-threads", type=int, help="instead of the set's")
     r.add_argument("--lanes", type=int, default=0,
@@ -1063,7 +1200,7 @@ def main():
     if args.what == "plot":
         plot(doc, args.dir)
     else:
-        doc["goals"] = goals(doc)
+        doc["goals"] = all_goals(doc)
         print(markdown(doc))
     return 0
 

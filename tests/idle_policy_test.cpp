@@ -4,7 +4,6 @@
 #include <chrono>
 #include <random>
 
-#include <evr/reactor/detail/window_duty.hpp>
 
 #include "idle_policy.hpp"
 
@@ -343,19 +342,4 @@ TEST_CASE("idle ladder: spin, yield, then naps doubling from 10 us to max_sleep"
   l.new_waits();
   REQUIRE(l.next(o, late, nap) == ladder::action::nap);
   CHECK(nap == 10us);
-}
-
-TEST_CASE("window duty: a window now and then is not dense; windows open most of the time are") {
-  evr::detail::window_duty sparse, busy;
-  // 1 ms of looks every 10 us; `sparse` has a window open 100 us in each 1 ms, `busy` 800 us.
-  for (std::int64_t t = 1; t <= 6'000'000; t += 10'000) {
-    const std::int64_t in_ms = t % 1'000'000;
-    sparse.account(in_ms < 100'000, t);
-    busy.account(in_ms < 800'000, t);
-  }
-  CHECK_FALSE(sparse.dense());
-  CHECK(busy.dense());
-  // Looks that stop wanting to spin make it sparse again after a full period.
-  for (std::int64_t t = 6'000'001; t <= 11'000'000; t += 10'000) busy.account(false, t);
-  CHECK_FALSE(busy.dense());
 }

@@ -18,6 +18,7 @@
 // Thread safety: everything may be called from any thread concurrently (the runtime is
 // thread-safe; the driver entry point is fetched once under a function-local static).
 #include <evr/device/backend.hpp>
+#include <evr/device/cuda_status.hpp>
 #include <evr/device/error.hpp>
 
 #include <string>
@@ -151,11 +152,6 @@ void CUDART_CB host_trampoline(void* p) noexcept {
   t_in_host_func = outer;
 }
 
-std::string version_text(int v) {
-  if (v <= 0) return "none";
-  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
-}
-
 class cuda_backend_impl final : public backend {
  public:
   std::string_view name() const noexcept override { return "cuda"; }
@@ -166,7 +162,7 @@ class cuda_backend_impl final : public backend {
     if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) (void)cudaGetLastError();
     if (cudaDriverGetVersion(&driver) != cudaSuccess) (void)cudaGetLastError();
     std::string text =
-        "cuda: runtime " + version_text(runtime) + ", driver " + version_text(driver);
+        "cuda: runtime " + cuda_version_text(runtime) + ", driver " + cuda_version_text(driver);
     int count = 0;
     if (auto ec = check(cudaGetDeviceCount(&count)); ec || count <= 0) {
       text += "; no usable device";

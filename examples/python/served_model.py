@@ -518,16 +518,30 @@ class Checker:
 async def post_row(session, url, checker, k):
     """One /predict of row k: "ok" (a correct answer), "wrong", an HTTP status, or "closed" (the
     connection failed: the server had closed it)."""
+    return (await post_row_answer(session, url, checker, k))[0]
+
+
+async def post_row_answer(session, url, checker, k):
+    """post_row's outcome, and what came back: the answer's JSON document when the status was
+    200, the body's text for another status, None when the connection failed."""
     import aiohttp
 
     try:
         async with session.post(url + "/predict", data=checker.bodies[k],
                                 headers={"Content-Type": "application/json"}) as r:
             if r.status != 200:
-                return r.status
-            return "ok" if answers_match((await r.json()).get("y"), checker.ref[k]) else "wrong"
+                return r.status, await r.text()
+            doc = await r.json()
+            return ("ok" if answers_match(doc.get("y"), checker.ref[k]) else "wrong"), doc
     except (aiohttp.ClientError, asyncio.TimeoutError):
-        return "closed"
+        return "closed", None
+
+
+def malformed_bodies(d_in):
+    """[(body, what is wrong with it)]: /predict bodies a server must refuse with 400."""
+    return [(b"{", "not JSON"), (b'{"x": [1, 2]}', "a short row"),
+            (json.dumps({"x": ["a"] * d_in}).encode(), "strings"),
+            (b'{"x": [NaN' + b", 0" * (d_in - 1) + b"]}", "NaN")]
 
 
 async def _self_test_mode(mode, device, extra, workdir):
@@ -560,9 +574,7 @@ async def _self_test_mode(mode, device, extra, workdir):
             took = time.perf_counter() - t0
             if got != {"ok": checked}:
                 failures.append(f"{checked} requests: {dict(got)} (all 'ok' expected)")
-            for body, what in ((b"{", "not JSON"), (b'{"x": [1, 2]}', "a short row"),
-                               (json.dumps({"x": ["a"] * config["d_in"]}).encode(), "strings"),
-                               (b'{"x": [NaN' + b", 0" * (config["d_in"] - 1) + b"]}", "NaN")):
+            for body, what in malformed_bodies(config["d_in"]):
                 async with session.post(url + "/predict", data=body) as r:
                     if r.status != 400:
                         failures.append(f"{what}: status {r.status}, expected 400")
@@ -657,15 +669,10 @@ def detect_device():
     return "sim"
 
 
-def build_parser():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=MODES, default="evr", help="how a batch is waited for")
+def add_model_arguments(ap):
+    """The model's, the device's and the batching's options (served_model.py and
+    ray_serve_model.py take the same); settle_model_arguments() fills in their defaults."""
     ap.add_argument("--device", choices=("auto", "cuda", "sim"), default="auto")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8080)
-    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default=None,
-                    help="the event loop (default: uvloop when installed)")
     ap.add_argument("--streams", type=int, default=4, help="the pool of CUDA streams")
     ap.add_argument("--max-batch", type=int, default=64, help="rows per batch at most")
     ap.add_argument("--window-ms", type=float, default=1.0,
@@ -679,6 +686,28 @@ def build_parser():
                     help="simulated device: a batch's kernel time")
     ap.add_argument("--sim-row-us", type=float, default=10.0,
                     help="simulated device: kernel time per row")
+
+
+def settle_model_arguments(args):
+    """--device auto becomes cuda or sim (detect_device); the sizes left open get the device's
+    defaults."""
+    if args.device == "auto":
+        args.device = detect_device()
+    if args.hidden is None:
+        args.hidden = 4096 if args.device == "cuda" else 256
+    if args.layers is None:
+        args.layers = 6 if args.device == "cuda" else 3
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=MODES, default="evr", help="how a batch is waited for")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default=None,
+                    help="the event loop (default: uvloop when installed)")
+    add_model_arguments(ap)
     ap.add_argument("--shutdown-timeout", type=float, default=10.0,
                     help="how long a shutdown waits for the requests in flight")
     ap.add_argument("--sigterm-after", type=int, default=0, metavar="N",
@@ -710,12 +739,7 @@ def main(argv=None):
             extra.append(argv[i])
             i += 1
         return self_test(args, extra)
-    if args.device == "auto":
-        args.device = detect_device()
-    if args.hidden is None:
-        args.hidden = 4096 if args.device == "cuda" else 256
-    if args.layers is None:
-        args.layers = 6 if args.device == "cuda" else 3
+    settle_model_arguments(args)
     if args.loop is None or args.loop == "uvloop":
         try:
             import uvloop

@@ -2,7 +2,8 @@
 //
 // Public (stable names, documented contracts), all in namespace evr:
 //   device/    evr::stream, evr::event (RAII handles), the backend interface
-//              (evr::device::backend, evr::device::cuda_backend()), errors: evr::error,
+//              (evr::device::backend, evr::device::cuda_backend()), whether CUDA can run here
+//              and why not (evr::device::probe_cuda(), evr::device::cuda_status), errors: evr::error,
 //              evr::errc, evr::cuda_category(), evr::evr_category(), evr::throw_if
 //   pool/      evr::event_pool, evr::pool_set, evr::event_registry, evr::signal_pool,
 //              evr::signal_slot, evr::signal_ticket (device-signalled waits; the kernel side,
@@ -42,6 +43,7 @@
 #include <evr/callbacks/sender.hpp>
 #include <evr/callbacks/wait_handle.hpp>
 #include <evr/device/backend.hpp>
+#include <evr/device/cuda_status.hpp>
 #include <evr/device/error.hpp>
 #include <evr/device/event.hpp>
 #include <evr/device/stream.hpp>

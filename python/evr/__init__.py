@@ -28,7 +28,7 @@ import concurrent.futures
 import threading
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from . import _evr
 from ._errors import CudaError, EvrError, EvrValueError, ReactorStopped, cuda_error_name
@@ -39,7 +39,7 @@ from . import sim as sim
 
 __all__ = [
     "wait", "wait_future", "release_after", "Reactor", "shutdown", "default_reactor",
-    "set_default_reactor", "event_handle", "cuda_available", "set_loop_spin", "loop_stats",
+    "set_default_reactor", "event_handle", "cuda_available", "cuda_status", "CudaStatus", "set_loop_spin", "loop_stats",
     "CudaError", "EvrError", "EvrValueError", "ReactorStopped", "cuda_error_name", "sim",
 ]
 
@@ -55,8 +55,31 @@ _ACCEPTED = ("a CUDA stream or event (an object with __cuda_stream__, .cuda_stre
 
 
 def cuda_available() -> bool:
-    """True when this build has the CUDA backend and a GPU is usable."""
+    """True when this build has the CUDA backend and a GPU is usable (:func:`cuda_status` says
+    why not)."""
     return _evr.cuda_device_available()
+
+
+class CudaStatus(NamedTuple):
+    """What :func:`cuda_status` found. Versions are CUDA's integers (13000 is CUDA 13.0);
+    ``driver_version`` is 0 when no NVIDIA driver (``libcuda.so.1``) was found."""
+
+    usable: bool
+    reason: str
+    runtime_version: int
+    driver_version: int
+    device_count: int
+    compiled_in: bool
+
+
+def cuda_status() -> CudaStatus:
+    """Whether evr's CUDA backend can run on this machine, and if not, why: ``reason`` names
+    what is missing (no driver, a driver older than the CUDA runtime evr was built with, no
+    device), with the versions. The module needs no CUDA library to import: the simulated device
+    (:mod:`evr.sim`) works either way."""
+    s = _evr.cuda_status()
+    return CudaStatus(s["usable"], s["reason"], s["runtime_version"], s["driver_version"],
+                      s["device_count"], s["compiled_in"])
 
 
 # --- reactors -------------------------------------------------------------------------------------
@@ -156,6 +179,10 @@ def default_reactor() -> Reactor:
                 raise EvrError("evr: this build has no CUDA backend (simulated device only): "
                                "pass reactor=evr.Reactor(device=evr.sim.Device()), wait on an "
                                "evr.sim stream, or call evr.set_default_reactor(...)")
+            status = cuda_status()
+            if not status.usable:
+                raise EvrError(f"evr: the CUDA backend cannot run here: {status.reason}. The "
+                               "simulated device needs no GPU: evr.Reactor(device=evr.sim.Device())")
             _default = Reactor()
         return _default
 

@@ -1,6 +1,6 @@
 import asyncio
 import concurrent.futures
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from . import sim as sim
 from ._errors import CudaError as CudaError
@@ -42,5 +42,15 @@ def default_reactor() -> Reactor: ...
 def set_default_reactor(reactor: Optional[Reactor]) -> None: ...
 def shutdown() -> None: ...
 def cuda_available() -> bool: ...
+
+class CudaStatus(NamedTuple):
+    usable: bool
+    reason: str
+    runtime_version: int
+    driver_version: int
+    device_count: int
+    compiled_in: bool
+
+def cuda_status() -> CudaStatus: ...
 def set_loop_spin(max_seconds: float) -> None: ...
 def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = ...) -> Optional[dict[str, Any]]: ...

@@ -19,6 +19,7 @@
 #include <evr/callbacks/on_complete.hpp>
 #include <evr/callbacks/wait_handle.hpp>
 #include <evr/device/backend.hpp>
+#include <evr/device/cuda_status.hpp>
 #include <evr/device/error.hpp>
 #include <evr/device/event.hpp>
 #include <evr/device/stream.hpp>
@@ -429,6 +430,24 @@ PYBIND11_MODULE(_evr, m) {
   m.def("cuda_device_available", &evr::device::cuda_device_available,
         "True when the CUDA backend is compiled in and a GPU is usable.",
         py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "cuda_status",
+      [] {
+        evr::device::cuda_status s;
+        {
+          py::gil_scoped_release unlocked;  // the first CUDA call loads the driver
+          s = evr::device::probe_cuda();
+        }
+        py::dict d;
+        d["compiled_in"] = s.compiled_in;
+        d["usable"] = s.usable;
+        d["runtime_version"] = s.runtime_version;
+        d["driver_version"] = s.driver_version;
+        d["device_count"] = s.device_count;
+        d["reason"] = s.reason;
+        return d;
+      },
+      "What evr::device::probe_cuda() found: whether the CUDA backend can run here, and why not.");
   m.def("stop_resolver", &stop_resolver,
         "Stops the resolver thread after it has served what is pending (interpreter exit).");
   m.def("resolver_running", &resolver_running);

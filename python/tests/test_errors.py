@@ -147,10 +147,35 @@ def test_reactor_options_checked(dev):
 
 
 def test_no_cuda_backend_is_explained():
-    if evr._evr.cuda_compiled_in():
-        pytest.skip("this build has the CUDA backend")
-    with pytest.raises(evr.EvrError, match="no CUDA backend"):
-        evr.wait_future(1)
+    status = evr.cuda_status()
+    if status.usable:
+        pytest.skip("the CUDA backend runs here")
+    # Built without CUDA, or with it on a machine without a driver or GPU: the default reactor
+    # is refused with the reason, and nothing is left half made.
+    match = "no CUDA backend" if not status.compiled_in else "cannot run here"
+    for _ in range(2):
+        with pytest.raises(evr.EvrError, match=match) as info:
+            evr.wait_future(1)
+        if status.compiled_in:
+            assert status.reason in str(info.value)
+
+
+def test_cuda_status_says_why():
+    status = evr.cuda_status()
+    assert status.compiled_in == evr._evr.cuda_compiled_in()
+    assert status.usable == evr.cuda_available()
+    if status.usable:
+        assert status.reason == "" and status.device_count > 0
+        assert status.driver_version // 1000 >= status.runtime_version // 1000
+        return
+    assert status.reason and status.device_count == 0
+    if not status.compiled_in:
+        assert "without the CUDA backend" in status.reason and status.runtime_version == 0
+        return
+    major, minor = divmod(status.runtime_version, 1000)
+    assert f"CUDA {major}.{minor // 10}" in status.reason, status.reason
+    if status.driver_version == 0:  # a machine without the NVIDIA driver (CI)
+        assert "no NVIDIA driver" in status.reason and "libcuda.so.1" in status.reason
 
 
 def test_shutdown_with_pending_waits(dev):

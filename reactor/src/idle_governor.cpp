@@ -63,6 +63,14 @@ bool idle_governor::wants_look(const stream_state& st, clock::time_point now,
   // Before its window: the stream's work is not expected to be done, and looking would cost a
   // driver query on every sweep that other streams' windows ask for.
   if (now < st.plan.query_after) return false;
+  // A stream its host covers (it keeps its promise to look): the reactor's sweeps leave it to the
+  // host, so that a sweep made for the reactor's own streams does not take the host's completions
+  // (and post them across threads). Not while the reactor spins for streams of its own: the
+  // host's passes find the pass lock taken then.
+  if (!reactor_spins_ && st.plan.host_look != clock::time_point::max()) {
+    const poll_host* h = host_of(st, now);
+    if (h != nullptr && h->host_role() == poll_host::role::polls) return false;
+  }
   if (st.plan.on_poll_tick) {
     // Off the tick, only a due fault probe (strategies that have one) makes this sweep look.
     const bool probe_due =
@@ -199,6 +207,16 @@ rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
     if (st->entries.empty()) continue;
     // A stream's plan holds until it is looked at, gets a new wait, or the plan's time comes.
     if (st->plan.stale || st->plan.wake <= now) plan(*st, now);
+    // Covered by a polling host: the host looks, takes what is submitted on its thread and plans
+    // the stream again as it goes; the reactor naps until the host's promise has passed by the
+    // grace (its safety look), whatever the stream's windows. Under load that is one timed
+    // wake-up per grace, however many streams and waits.
+    const poll_host* h = host_of(*st, now);
+    if (h != nullptr && h->host_role() == poll_host::role::polls &&
+        st->plan.host_look != clock::time_point::max()) {
+      wake = std::min(wake, covered_until(*st, *h));
+      continue;
+    }
     if (st->plan.spin) {
       spin = true;
     } else {
@@ -217,6 +235,7 @@ rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
     }
   }
   if (closing) wake = std::min(wake, now + closing_nap);
+  reactor_spins_ = spin;
   if (spin || wake - now < min_nap) {
     replan_at_ = now + replan_interval;
     return {};

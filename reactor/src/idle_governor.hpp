@@ -95,6 +95,12 @@ class idle_governor {
   std::int64_t earliest_completion_ns(const stream_state* st, std::uint64_t seq) const noexcept;
   /// When `op`'s window opens, for its host to arm a timer (host_window); 0: not known now.
   std::int64_t window_open_ns(const stream_state* st, const wait_op& op) const noexcept;
+  /// The submitter's wake-up rule for a wait whose polling host was told when its window opens
+  /// (`open_ns`): the host takes and finds it; the reactor need only be awake by then plus the
+  /// grace it gives a host (its safety look).
+  std::int64_t hosted_deadline_ns(std::int64_t open_ns) const noexcept {
+    return open_ns + host_grace().count();
+  }
 
   // --- the sweep and the registry ------------------------------------------------------------
   poll_tick begin_sweep(clock::time_point now) const noexcept { return {now >= poll_tick_, 0}; }
@@ -116,11 +122,14 @@ class idle_governor {
   /// After the host's look at `st`: waits remain but the oldest is no longer `host`'s (a wait
   /// of another host, or one the reactor delivers). The reactor planned the stream as the
   /// host's (trusting its looks), so it must plan again now.
-  bool handed_back(const stream_state& st, const poll_host& host) const noexcept {
-    return !st.entries.empty() && host_of(st) != &host;
+  bool handed_back(const stream_state& st, const poll_host& host,
+                   clock::time_point now) const noexcept {
+    return !st.entries.empty() && host_of(st, now) != &host;
   }
-  /// Plans the host's streams and says when it should look next (out.spin, next_look_ns).
-  void plan_for_host(poll_host& host, clock::time_point now, poll_result& out);
+  /// Plans the host's streams and says when it should look next (out.spin, next_look_ns). True
+  /// when a stream the host covered became the reactor's (learning again, a missed prediction):
+  /// the reactor, napping on the host's promise, must plan it now.
+  bool plan_for_host(poll_host& host, clock::time_point now, poll_result& out);
 
   // --- the reactor thread's rest -------------------------------------------------------------
   void start(clock::time_point now) noexcept { ladder_.progress(now); }
@@ -146,7 +155,21 @@ class idle_governor {
                        clock::time_point now, nanoseconds grace);
   void skip_until(stream_state& st, clock::time_point t) const noexcept;
   clock::time_point service_start(const stream_state& st) const noexcept;
-  poll_host* host_of(const stream_state& st) const noexcept;
+  /// The host of `st`'s oldest wait, while it is one: a polling host that broke its promise to
+  /// look (late by more than host_grace(): busy in a long handler, its thread gone) leaves the
+  /// stream to the reactor until it looks again.
+  poll_host* host_of(const stream_state& st, clock::time_point now) const noexcept;
+  /// A polling host covering `st` (its plan is the host's): when the reactor must look in its
+  /// place if the host does not (its promise plus the grace; the stream's own safety look when
+  /// the host promised nothing yet).
+  clock::time_point covered_until(const stream_state& st, const poll_host& host) const noexcept;
+  /// How long past a polling host's promised look (poll_host::looks_at_ns) the reactor waits
+  /// before it looks itself: the bound on a late host (docs/architecture.md, "The last hop").
+  nanoseconds host_grace() const noexcept {
+    return std::max<nanoseconds>(std::chrono::milliseconds(1), 2 * settings_.poll_period);
+  }
+  /// How old an unpredicted wait must be before a doorbell is armed for it.
+  nanoseconds doorbell_age(const service_time_model& model) const noexcept;
   void arm_doorbell(stream_state& st);
   static void doorbell_rang(void* state) noexcept;
 
@@ -163,6 +186,9 @@ class idle_governor {
   clock::time_point poll_tick_{};  // when irregular work in its windows is looked at
   nanoseconds tick_period_{};      // the last spacing of the ticks
   clock::time_point replan_at_{};  // while spinning, plan again no sooner than this
+  /// The reactor spins for streams of its own: its sweeps then look at hosted streams in their
+  /// windows too (a host's passes find the lock taken while it spins).
+  bool reactor_spins_ = false;
 };
 
 }  // namespace evr::detail

@@ -50,7 +50,7 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   // A wait with a host (poll_host.hpp): a host that polls covers the window itself; the reactor
   // wakes one that must be woken, at `wake_host`.
   clock::time_point wake_host = clock::time_point::max();
-  if (poll_host* host = host_of(st)) {
+  if (poll_host* host = host_of(st, now)) {
     if (plan_hosted(st, *host, o, now, wake_host)) {
       p.wake = std::min(wake, p.wake);  // plan_hosted set the look after the window
       return;
@@ -86,7 +86,7 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   if (o.unpredicted()) {
     // Nothing learned yet, or the prediction failed: let the driver wake the reactor once the
     // wait is old (adaptive), and then rely on that doorbell and the probe rather than naps.
-    if (traits_.doorbells && !p.doorbell_armed && now - start >= options_.doorbell_after)
+    if (traits_.doorbells && !p.doorbell_armed && now - start >= doorbell_age(p.model))
       arm_doorbell(st);
     if (p.doorbell_armed) {
       p.spin = false;
@@ -108,8 +108,7 @@ bool idle_governor::plan_hosted(stream_state& st, poll_host& host, const stream_
   // late, busy in a handler, or gone quiet (it then finds the wait and posts it as usual). Not
   // sooner: the reactor wakes for it once per hosted wait (a host finds it long before), and with
   // 200 us work 100 us after the window cost about 3 % of a core in wake-ups (H100).
-  const nanoseconds grace =
-      std::max<nanoseconds>(std::chrono::milliseconds(1), 2 * settings_.poll_period);
+  const nanoseconds grace = host_grace();
   if (host.host_role() == poll_host::role::polls) {
     plan_host_polls(st, host, o, now, grace);
     return true;
@@ -167,34 +166,62 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
   }
 }
 
-void idle_governor::plan_for_host(poll_host& host, clock::time_point now, poll_result& out) {
+bool idle_governor::plan_for_host(poll_host& host, clock::time_point now, poll_result& out) {
+  bool handed = false;
   for (stream_state* st : registry_.active()) {
-    if (host_of(*st) != &host) continue;
+    if (host_of(*st, now) != &host) continue;
     stream_state::plan_state& p = st->plan;
-    if (p.stale || p.wake <= now || p.host_look <= now) plan(*st, now);
+    if (p.stale || p.wake <= now || p.host_look <= now) {
+      const bool was_hosts = p.host_look != clock::time_point::max();
+      plan(*st, now);
+      handed = handed || (was_hosts && p.host_look == clock::time_point::max());
+    }
     if (p.host_look == clock::time_point::max()) continue;
     if (p.host_spin && p.host_look <= now) {
       out.spin = true;
-      ++out.spinning_streams;
     } else {
       out.next_look_ns = std::min(out.next_look_ns, ns_of(std::max(p.host_look, now)));
     }
   }
+  return handed;
 }
 
 bool idle_governor::host_looks(const stream_state& st, const poll_host& host,
                                clock::time_point now) const noexcept {
-  return host_of(st) == &host && now >= st.plan.host_look;
+  return host_of(st, now) == &host && now >= st.plan.host_look;
 }
 
-poll_host* idle_governor::host_of(const stream_state& st) const noexcept {
+poll_host* idle_governor::host_of(const stream_state& st, clock::time_point now) const noexcept {
   if (st.entries.empty()) return nullptr;
   // An event marker (more streams than hardware queues) costs the host a driver query per look
   // where a fence word costs a memory read: hosted unless reactor_options::host_event_waits is
   // off (docs/architecture.md, "The last hop").
   const timeline_entry& e = st.entries.front();
   if (e.op == nullptr || (e.event != nullptr && !options_.host_event_waits)) return nullptr;
-  return e.op->host_;
+  poll_host* h = e.op->host_;
+  if (h == nullptr || h->host_role() != poll_host::role::polls) return h;
+  const std::int64_t promised = h->looks_at_ns.load(std::memory_order_relaxed);
+  const bool late = promised != poll_host::never && ns_of(now) >= promised + host_grace().count();
+  return late ? nullptr : h;
+}
+
+idle_governor::clock::time_point idle_governor::covered_until(
+    const stream_state& st, const poll_host& host) const noexcept {
+  const std::int64_t promised = host.looks_at_ns.load(std::memory_order_relaxed);
+  if (promised == poll_host::never) return st.plan.wake;  // told (look_by), not armed yet
+  return clock::time_point(nanoseconds(promised) + host_grace());
+}
+
+nanoseconds idle_governor::doorbell_age(const service_time_model& model) const noexcept {
+  // A doorbell is a host function behind the stream's work: every later operation of the stream
+  // waits for it to have run (tens of us after the work). A stream with a model missed its
+  // window by a little, as a rule (a server's lane whose next kernel started late), and a doorbell
+  // then delayed its next work too, which missed again: on the H200, at 5 ms work on 128 lanes, a
+  // server fell into doorbells on most waits and stayed there (the reactor thread at a whole
+  // core, CUDA's host-function thread at 0.4). Such a stream is left to the missed phase's naps
+  // until its wait has taken twice its longest work.
+  if (!model.ready()) return options_.doorbell_after;
+  return std::max<nanoseconds>(options_.doorbell_after, 2 * model.high());
 }
 
 void idle_governor::skip_until(stream_state& st, clock::time_point t) const noexcept {

@@ -1,5 +1,6 @@
 // reactor/src/intrusive_stack.hpp — the lock-free multi-producer / single-consumer stack that
-// carries operations from any thread to the reactor thread.
+// carries operations from any thread to the reactor. The consumer is whoever holds the pass lock
+// (the reactor thread, or a host's pass: pass_lock.hpp), one at a time.
 //
 // push is a CAS loop on the head (lock-free; no allocation: the link lives in the element). The
 // consumer takes the whole stack with one exchange and reverses it, which restores push order.
@@ -31,11 +32,13 @@ class intrusive_stack {
     return old == nullptr ? push_result::pushed_to_empty : push_result::pushed;
   }
 
-  /// Consumer only. Returns the elements in push order (oldest first), linked through Next.
+  /// Consumer only. Returns the elements in push order (oldest first), linked through Next. A
+  /// closed stack stays closed (nothing to take).
   T* take_all() noexcept {
     // A plain load first: the reactor polls this every pass, and an empty stack should cost a
     // read of a shared line, not a locked read-modify-write.
-    if (head_.load(std::memory_order_relaxed) == nullptr) return nullptr;
+    T* h = head_.load(std::memory_order_relaxed);
+    if (h == nullptr || h == closed_marker()) return nullptr;
     return reverse(detach(nullptr));
   }
   /// Consumer only. Takes what is there and refuses every later push.

@@ -114,7 +114,7 @@ bool reactor_core::one_pass() {
 
 void reactor_core::close_submissions(clock::time_point now) {
   // Refuse further submissions (the sentinel makes a racing push fail) and keep what came.
-  submitter::stack::for_each(submitter_.close(), [&](wait_op* op) { accept(op, now); });
+  intake_.close(now);
   closed_ = true;
   drain_deadline_ = now + options_.shutdown_drain;
 }
@@ -139,19 +139,10 @@ bool reactor_core::take_inputs(clock::time_point now) {
   return any;
 }
 
-bool reactor_core::take_submissions(clock::time_point now) {
-  wait_op* subs = closed_ ? nullptr : submitter_.take_all();
-  submitter::stack::for_each(subs, [&](wait_op* op) { accept(op, now); });
-  return subs != nullptr;
-}
+bool reactor_core::take_submissions(clock::time_point now) { return !closed_ && intake_.take(now); }
 
 void reactor_core::take_cancels(wait_op* cancels) {
   control_inbox::cancel_stack::for_each(cancels, [this](wait_op* op) { settle_cancel(op); });
-}
-
-void reactor_core::accept(wait_op* op, clock::time_point now) {
-  const wait_registry::accepted a = registry_.accept(op, now);
-  if (a.stream != nullptr) idle_.new_wait(*a.stream, *op, now, a.activated);
 }
 
 void reactor_core::settle_cancel(wait_op* op) {

@@ -2,6 +2,7 @@
 // parts, each owning its state behind a narrow interface, and the thread's loop that composes
 // them (docs/architecture.md, "reactor/", has who owns what and who calls whom):
 //   submitter           streams, markers, the submission stack (any thread)
+//   intake              submitted waits into the registry (the loop, a host's pass)
 //   control_inbox       cancels, owner cancels, reported faults, stop (any thread -> reactor)
 //   detach_coordinator  execution contexts taking their waits back (any thread -> reactor)
 //   wait_registry       the waits accepted and not yet delivered, and how they leave
@@ -40,6 +41,7 @@
 #include "device_scope.hpp"
 #include "host_pass.hpp"
 #include "idle_governor.hpp"
+#include "intake.hpp"
 #include "marker_budget.hpp"
 #include "pass_lock.hpp"
 #include "strategy_traits.hpp"
@@ -90,7 +92,6 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   bool take_inputs(clock::time_point now);
   bool take_submissions(clock::time_point now);
   void take_cancels(wait_op* cancels);
-  void accept(wait_op* op, clock::time_point now);
   void settle_cancel(wait_op* op);
   bool take_reported_faults();
   void deliver(clock::time_point detected);
@@ -116,9 +117,11 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   idle_governor idle_{options_, traits_, backend_, registry_, counters_};
   submitter submitter_{
       {backend_, options_, traits_, pools_, wake_, counters_, markers_, inbox_, idle_}};
+  intake intake_{submitter_, registry_, idle_};
   stream_sweep sweep_{backend_, options_, traits_, registry_, idle_, devices_, counters_};
   detach_coordinator detach_{wake_, registry_, batch_, counters_};
-  host_pass hosts_{{pass_, inbox_, registry_, sweep_, idle_, batch_, devices_, counters_, wake_}};
+  host_pass hosts_{
+      {pass_, inbox_, intake_, registry_, sweep_, idle_, batch_, devices_, counters_, wake_}};
 
   // The thread.
   std::mutex stop_mutex_;  // serializes stop() callers (join once)

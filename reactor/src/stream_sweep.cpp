@@ -49,7 +49,15 @@ bool stream_sweep::look_at(stream_state& st, clock::time_point now, bool may_pro
   } else {  // host_func markers
     moved = retire_covered(st, st.host_done.load(std::memory_order_acquire));
   }
-  if (may_probe && traits_.fault_probes && !moved) moved = probe(st, now);
+  if (may_probe && traits_.fault_probes && !moved) {
+    moved = probe(st, now);
+  } else if (moved) {
+    // The stream moved: it was not faulted when its marker or signal landed, which is what a
+    // probe would have told. The next probe is due fault_probe_interval after its last progress,
+    // so a stream that keeps moving (under load, its host finding every wait) costs no probes and
+    // no reactor wake-ups for them; one that stops is probed as before.
+    st.last_probe = now;
+  }
   idle_.looked_at(st, now, moved);
   return moved;
 }

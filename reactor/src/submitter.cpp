@@ -125,16 +125,24 @@ std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
   // Read before the push: from then on the reactor may complete and free `op` at any moment.
   stream_state* const st = op.stream_;
   const std::uint64_t seq = op.seq_;
+  std::int64_t open = 0;
   if (window != nullptr) {
     // A host arms its timer from this (poll_host.hpp).
-    if (const std::int64_t open = p_.idle.window_open_ns(st, op)) window->open_ns = open;
+    open = p_.idle.window_open_ns(st, op);
+    if (open != 0) window->open_ns = open;
   }
+  // Covered: a polling host knows when the wait's window opens; its look then takes the wait and
+  // finds it done, and the reactor is only its safety net.
+  const bool covered =
+      open != 0 && op.host_ != nullptr && op.host_->host_role() == poll_host::role::polls;
   const stack::push_result pushed = submissions_.push(&op);
   if (pushed != stack::push_result::closed) {
     // A parked reactor is woken by the push that makes the stack non-empty; a napping one only
-    // when this wait could be done before it looks again (the idle governor's rule).
-    p_.wake->wake_for_submission(pushed == stack::push_result::pushed_to_empty,
-                                 [&] { return p_.idle.earliest_completion_ns(st, seq); });
+    // when this wait could be done before it looks again (the idle governor's rule), or, for a
+    // covered wait, when the reactor would look later than its host's safety net allows.
+    p_.wake->wake_for_submission(pushed == stack::push_result::pushed_to_empty, [&] {
+      return covered ? p_.idle.hosted_deadline_ns(open) : p_.idle.earliest_completion_ns(st, seq);
+    });
     return {};
   }
   // The reactor closed between our check and the push. The marker is on the stream: its event

@@ -2,8 +2,9 @@
 //
 // Everything above this header (pool/, reactor/, callbacks/) talks to a device only through
 // `evr::device::backend`. Two implementations exist:
-//   * cuda_backend()  — the CUDA runtime (device/src/cuda_backend.cpp); driver entry points are
-//                       fetched at run time, libcuda is never linked.
+//   * cuda_backend()  — the CUDA runtime (device/src/cuda_backend.cpp), linked statically by
+//                       default; driver entry points are fetched at run time, libcuda is never
+//                       linked (<evr/device/cuda_status.hpp>: can it run here, and why not).
 //   * evr::sim::device — a simulated device (<evr/sim/device.hpp>, target evr::sim, in
 //                       device/sim/) that models the CUDA semantics evr relies on, so every
 //                       reactor property can be tested without a GPU.

@@ -50,6 +50,9 @@ struct reactor_metrics {
   std::uint64_t host_passes = 0;
   /// The completions those passes found.
   std::uint64_t host_completions = 0;
+  /// Those passes that took submitted waits into the reactor's timelines (waits submitted on a
+  /// host's thread are taken by its next look, without waking the reactor thread).
+  std::uint64_t host_intakes = 0;
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;
   /// Time from submission to the handler being posted / run inline (includes GPU time).

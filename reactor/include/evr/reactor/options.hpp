@@ -121,11 +121,15 @@ struct reactor_options {
   /// pipelines), not for latency-bound ones.
   std::chrono::nanoseconds coalesce{0};
   /// adaptive: age of a wait that the prediction does not cover after which one host-function
-  /// doorbell is armed on its stream (ladder: age of the stream's oldest wait).
+  /// doorbell is armed on its stream (ladder: age of the stream's oldest wait). For a stream
+  /// whose work was learned (a missed prediction), at least twice its longest work: a doorbell
+  /// delays the stream's next work until it has run.
   std::chrono::nanoseconds doorbell_after = std::chrono::milliseconds(5);
   /// fence / host_func / adaptive: how often each stream with pending waits is probed for faults
-  /// (one stream query); the reactor never sleeps past a probe that is due.
+  /// (one stream query) when it makes no progress; the reactor never sleeps past a probe that is
+  /// due.
   std::chrono::nanoseconds fault_probe_interval = std::chrono::milliseconds(10);
+
   /// stop(): how long pending waits may still complete normally before they are aborted.
   std::chrono::nanoseconds shutdown_drain = std::chrono::seconds(2);
   /// Waits on user events (stream unknown) queried per sweep at most, round robin.

@@ -11,11 +11,16 @@
 //     late its timer has fired lately), from one of the context's threads (a timer armed on
 //     another core wakes this one as slowly as a post would: that case posts the arming);
 //   * when the timer fires (an Asio wait on the timerfd), the host polls: each poll is a pass of
-//     the reactor on this thread (detail::poll_here), which retires the host's waits that are done
-//     and posts their completions to this thread's private queue (run right after the poll); the
-//     poll re-posts itself (a continuation: no lock, no wake-up) while a window of its waits is
-//     open, so the context's other handlers run between polls; when the next window is far, it
-//     arms the timer again and stops;
+//     the reactor on this thread (detail::poll_here), which takes the waits submitted since the
+//     last one (those of this thread: the reactor thread is not woken for them), retires the
+//     host's waits that are done and posts their completions to this thread's private queue (run
+//     right after the poll); the poll re-posts itself (a continuation: no lock, no wake-up, run
+//     after the handlers queued meanwhile) while a window of its waits is open, and, while the
+//     thread is awake anyway (the poll waited behind other handlers, or delivered completions
+//     whose handlers run next) and a window opens soon, after each batch of handlers: a look
+//     then costs a few memory reads. When the thread would otherwise sleep and the next window is
+//     not open yet, it arms the timer for that window and stops (no tick: overlapping windows of
+//     many streams are polled through, as one stream's are);
 //   * the reactor thread sleeps through such windows and looks only after a window closed (a
 //     safety net); when it learns of a window this host does not know of (a wait submitted from
 //     another thread, queued behind others), it calls look_by, which posts the arming here.
@@ -46,7 +51,6 @@
 #include <evr/callbacks/detail/asio_forward.hpp>
 #include <evr/callbacks/detail/slot_allocator.hpp>
 #include <evr/reactor/detail/ring.hpp>
-#include <evr/reactor/detail/window_duty.hpp>
 #include <evr/reactor/reactor.hpp>
 
 #if defined(__linux__)
@@ -196,6 +200,13 @@ class io_context_host final : public poll_host {
   static std::int64_t now_ns() noexcept { return clock::now().time_since_epoch().count(); }
   /// Below this far ahead a timer costs more than spinning to the look (a wake-up, its margin).
   static constexpr std::int64_t min_sleep_ns = 5'000;
+  /// A poll that ran this long after it was posted waited behind other handlers: the thread is
+  /// awake anyway (an idle thread runs it within a microsecond or two, an epoll look included).
+  static constexpr std::int64_t busy_after_ns = 5'000;
+  /// While the thread is awake anyway, a look after each batch of handlers for windows opening
+  /// within this: cheaper than a timer (a syscall to arm it, an epoll wake-up and a read), and on
+  /// time. Farther windows get the timer.
+  static constexpr std::int64_t awake_horizon_ns = 200'000;
 
   /// An executor's execute: a member from Asio 1.29, the execution::execute customisation point
   /// before (the member is private there).
@@ -308,36 +319,37 @@ class io_context_host final : public poll_host {
   /// (mutex_) Posts a poll; false when posting failed (out of memory: the reactor's look after
   /// the window finds the waits instead).
   bool post_poll() noexcept {
+    const std::int64_t now = now_ns();
     if (!post(poll_slot_, /*continuation=*/true, [this] { poll(); })) {
       looks_at_ns.store(never, std::memory_order_relaxed);
       return false;
     }
-    looks_at_ns.store(now_ns(), std::memory_order_relaxed);
+    poll_posted_ns_ = now;
+    looks_at_ns.store(now, std::memory_order_relaxed);
     return true;
   }
 
   void poll() {
+    // Read before the pass: whether this poll waited behind other handlers (the thread is awake
+    // anyway). Written only under mutex_ by post_poll, which cannot run before this poll ends.
+    const bool awake = now_ns() - poll_posted_ns_ > busy_after_ns;
     poll_result r;
     r.what = poll_result::outcome::stopped;
     if (std::shared_ptr<reactor_core> core = core_.lock()) r = poll_here(*core, *this);
     const std::int64_t now = now_ns();
     std::lock_guard<std::mutex> lock(mutex_);
-    if (r.what == poll_result::outcome::swept) duty_.account(r.spin, now);
-    std::int64_t next = r.next_look_ns;
-    bool spin = r.spin;
-    if (spin && r.spinning_streams > 1 && duty_.dense()) {
-      // Overlapping windows that spinning would take much of this thread for
-      // (window_duty.hpp): look on a tick instead.
-      spin = false;
-      next = now + window_duty::tick_ns;
-    }
-    const bool again =
-        !closed_ && pending_ > 0 &&
-        (r.what == poll_result::outcome::busy ||
-         (r.what == poll_result::outcome::swept && (spin || next - now < min_sleep_ns)));
+    const std::int64_t next = r.next_look_ns;
+    const bool swept = r.what == poll_result::outcome::swept;
+    // Look again after the handlers queued meanwhile: through an open window, when the reactor
+    // thread held the pass (busy), or, while this thread is awake anyway (this poll waited, or
+    // its completions run next), for a window that opens soon.
+    const bool again = !closed_ && pending_ > 0 &&
+                       (r.what == poll_result::outcome::busy ||
+                        (swept && (r.spin || next - now < min_sleep_ns ||
+                                   ((awake || r.delivered > 0) && next - now < awake_horizon_ns))));
     if (again && post_poll()) return;
     polling_ = false;
-    if (r.what == poll_result::outcome::swept && next != never && pending_ > 0) {
+    if (swept && next != never && pending_ > 0) {
       arm(next, now);
     } else {
       looks_at_ns.store(never, std::memory_order_relaxed);
@@ -401,11 +413,11 @@ class io_context_host final : public poll_host {
   bool waiting_ = false;            // an async_wait on the timerfd is pending
   bool polling_ = false;            // a poll is posted or running
   bool closed_ = false;
-  std::int64_t awake_until_ = 0;  // role woken: a keep-awake runs until then (0: none)
-  window_duty duty_;              // how much of the time its windows are open
-  post_slot poll_slot_;           // the poll chain (or the keep-awake chain: one role per host)
-  post_slot told_slot_;           // what the reactor posts (look_by, wake_until)
-  bool told_posted_ = false;      // (mutex_) a post of told_slot_ is in flight
+  std::int64_t awake_until_ = 0;     // role woken: a keep-awake runs until then (0: none)
+  std::int64_t poll_posted_ns_ = 0;  // when the poll chain's last poll was posted
+  post_slot poll_slot_;              // the poll chain (or the keep-awake chain: one role per host)
+  post_slot told_slot_;              // what the reactor posts (look_by, wake_until)
+  bool told_posted_ = false;         // (mutex_) a post of told_slot_ is in flight
   std::int64_t told_look_ns_ = never;        // (mutex_) the earliest look told since then
   std::int64_t told_until_ns_ = 0;           // (mutex_) the latest keep-awake told since then
   std::uint64_t delivered_ = 0;              // (mutex_) hosted waits finished here

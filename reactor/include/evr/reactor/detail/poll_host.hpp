@@ -87,9 +87,8 @@ struct poll_result {
   outcome what = outcome::busy;
   /// A window of this host's waits is open now and its work is steady: poll again at once.
   bool spin = false;
-  /// How many of the host's streams are in such a window now (their windows overlap when more
-  /// than one: the host may then poll on a tick instead of spinning through their union).
-  std::uint32_t spinning_streams = 0;
+  /// Completions the pass found and posted to the host's thread (they run right after it).
+  std::uint32_t delivered = 0;
   /// When the host should look next (steady clock ns): the earliest window of its waits, or the
   /// next poll tick of irregular work in its window; poll_host::never when it has none pending.
   std::int64_t next_look_ns = poll_host::never;
