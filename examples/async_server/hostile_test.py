@@ -124,7 +124,7 @@ class Server:
         if not re.search(r"afterwards 0 requests, 0 of \d+ lanes, 0 reactor waits left", left):
             failures.append("after SIGTERM: " + (left.strip() or "no 'shutdown: afterwards' line"))
         bad = [l for l in self.stderr if re.search(
-            r"internal error|exception|AddressSanitizer|LeakSanitizer|runtime error", l)]
+            r"internal error|exception|Sanitizer|runtime error", l)]
         if bad:
             failures.append("stderr: " + bad[0].strip())
         return took
