@@ -26,7 +26,8 @@ The bounds. A normal request is GET /healthz (no GPU work) and GET /busy?us=100 
 100 us kernel), each on a fresh connection from 127.0.0.1. /healthz must be answered within
 100 ms during every attack: an io thread never runs one step longer than about a millisecond
 (fills and checks above --large-n run on threads of their own; a scan of 20 000 connections takes
-about one), so a request waits for a few queued steps, and a woken thread gets a core within the
+about one), so a request waits for the steps queued ahead of it (3 000 abandoned requests dropped
+at once: about 10 ms of them, 30 ms under ASan), and a woken thread gets a core within the
 scheduler's latency (a few ms, 24 ms at most on a loaded 2-core machine; under ASan each step is
 about 3x slower): 100 ms holds with a margin of four. GET /busy?us=100 has the same bound, except
 during `abandon`, where the lanes are held by 100 ms kernels that started before their clients
