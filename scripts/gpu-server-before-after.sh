@@ -12,9 +12,9 @@
 # by ';', default "evr N=1;evr N=4;pool auto N=4"), the routes EVR_SBA_ROUTES (default
 # "/busy?us=1000 /mlp?seed=1"), EVR_SBA_CONNECTIONS (default "256 1024"), EVR_SBA_SECONDS per
 # point (default 2). Prints one row per point: requests/s, p99 and server CPU per request of each
-# round, and after/before (the rounds' means), also into compare.txt. All goes into OUT/server-before-after.tgz
-# (one file: the device tool returns at most 8). EVR_SBA_DEVICE=sim runs it on the simulated
-# device (a test of this script, without CUDA).
+# round, and after/before (the rounds' means), also into compare.txt. All of it goes into
+# OUT/server-before-after.tgz (one file: the device tool returns at most 8). EVR_SBA_DEVICE=sim
+# runs it on the simulated device (a test of this script, without CUDA).
 set -uo pipefail
 if [[ $# -ne 1 || ! -f .prev/before.tgz ]]; then
   echo "usage: $0 OUTDIR   (with .prev/before.tgz made by git archive)" >&2
