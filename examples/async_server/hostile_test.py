@@ -2,6 +2,7 @@
 """Attacks evr-async-server as a hostile or careless client would, on the simulated device.
 
     /usr/bin/python3 hostile_test.py BUILD/examples/evr-async-server [--attacks a,b,...]
+                                     [--device sim|cuda] [--probes PATHS] [--sanitized]
 
 Each attack starts a server of its own (serve mode, --device sim), runs while a prober in another
 process sends a normal request on a fresh connection every 20 ms, and checks what the server must
@@ -54,6 +55,7 @@ import sys
 import threading
 import time
 
+DEVICE = ["--device", "sim"]  # --device: which device the servers run on
 HEALTHZ_BOUND_MS = 100
 ABANDON_BUSY_BOUND_MS = 300
 IDLE_TARGET = 20000
@@ -69,7 +71,7 @@ class Server:
         def limit():
             if nofile:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-        cmd = [binary, "--device", "sim", "--port", "0", *args]
+        cmd = [binary, *DEVICE, "--port", "0", *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, preexec_fn=limit)
         self.stdout, self.stderr = [], []
@@ -690,10 +692,14 @@ def main():
                     help=f"comma-separated, of {','.join(ATTACKS)}")
     ap.add_argument("--sanitized", action="store_true",
                     help="the server is built with a sanitizer (its allocator keeps freed memory)")
+    ap.add_argument("--device", default="sim", choices=["sim", "cuda"],
+                    help="the servers' device (default: the simulated one, which the bounds are "
+                         "stated for)")
     ap.add_argument("--probes", default=",".join(NORMAL),
                     help="the normal requests, comma-separated (a server without /healthz: "
                          "/busy?us=100 alone)")
     args = ap.parse_args()
+    DEVICE[1] = args.device
     for p in list(NORMAL):
         if p not in args.probes.split(","):
             del NORMAL[p]
