@@ -318,8 +318,7 @@ class io_context_host final : public poll_host {
 
   /// (mutex_) Posts a poll; false when posting failed (out of memory: the reactor's look after
   /// the window finds the waits instead).
-  bool post_poll() noexcept {
-    const std::int64_t now = now_ns();
+  bool post_poll(std::int64_t now = now_ns()) noexcept {
     if (!post(poll_slot_, /*continuation=*/true, [this] { poll(); })) {
       looks_at_ns.store(never, std::memory_order_relaxed);
       return false;
@@ -330,14 +329,14 @@ class io_context_host final : public poll_host {
   }
 
   void poll() {
-    // Read before the pass: whether this poll waited behind other handlers (the thread is awake
-    // anyway). Written only under mutex_ by post_poll, which cannot run before this poll ends.
-    const bool awake = now_ns() - poll_posted_ns_ > busy_after_ns;
     poll_result r;
     r.what = poll_result::outcome::stopped;
     if (std::shared_ptr<reactor_core> core = core_.lock()) r = poll_here(*core, *this);
-    const std::int64_t now = now_ns();
+    const std::int64_t now = r.at_ns != 0 ? r.at_ns : now_ns();  // one clock read per poll
     std::lock_guard<std::mutex> lock(mutex_);
+    // Whether this poll waited behind other handlers (the thread is awake anyway).
+    // poll_posted_ns_ is written only by post_poll, which cannot run before this poll ends.
+    const bool awake = now - poll_posted_ns_ > busy_after_ns;
     const std::int64_t next = r.next_look_ns;
     const bool swept = r.what == poll_result::outcome::swept;
     // Look again after the handlers queued meanwhile: through an open window, when the reactor
@@ -347,7 +346,7 @@ class io_context_host final : public poll_host {
                        (r.what == poll_result::outcome::busy ||
                         (swept && (r.spin || next - now < min_sleep_ns ||
                                    ((awake || r.delivered > 0) && next - now < awake_horizon_ns))));
-    if (again && post_poll()) return;
+    if (again && post_poll(now)) return;
     polling_ = false;
     if (swept && next != never && pending_ > 0) {
       arm(next, now);
