@@ -13,22 +13,30 @@ poll_result host_pass::run(poll_host& host) noexcept {
   }
   if (!p_.lock.try_begin()) return out;  // busy: the reactor thread or another host is in a pass
   const std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
-  // Looking now: the host covers its waits from this pass on (idle_governor::host_of), also when
-  // it was late before.
+  // Looking now: the reactor's safety look at the host's streams moves on from this
+  // (idle_governor::covered_until), also when the host was late before.
   host.looks_at_ns.store(now.time_since_epoch().count(), std::memory_order_relaxed);
   p_.devices.begin_borrowed();
   bump(p_.counters.host_passes);
   // Not once stopping: the reactor thread closes the stack (checked inside the lock, which the
   // reactor holds when it closes).
   if (!p_.inbox.stop_requested() && p_.submissions.take(now)) bump(p_.counters.host_intakes);
+  // The streams whose look is due (the host's schedule: not every active stream), looked at and
+  // planned again; each is scheduled anew on the host as it is planned.
+  const auto current = [&](const host_schedule::entry& e) { return p_.idle.scheduled(e, host); };
+  host.due.clear();
+  host.schedule.take_due(now.time_since_epoch().count(), current, host.due);
   bool replan = false;
-  for (stream_state* st : p_.registry.active()) {
-    if (!p_.idle.host_looks(*st, host, now) || p_.registry.device_fault(st->device)) continue;
-    p_.sweep.look_at(*st, now, /*may_probe=*/false);  // probes and faults stay the reactor's
-    replan = replan || p_.idle.handed_back(*st, host, now);
+  for (stream_state* st : host.due) {
+    if (p_.registry.device_fault(st->device)) continue;  // the reactor fails its waits
+    if (now >= st->plan.host_look) {
+      p_.sweep.look_at(*st, now, /*may_probe=*/false);  // probes and faults stay the reactor's
+      replan = replan || p_.idle.handed_back(*st, host);
+    }
+    replan = p_.idle.plan_for_host(*st, host, now, out) || replan;
   }
   p_.sweep.drop_idle_streams();
-  replan = p_.idle.plan_for_host(host, now, out) || replan;
+  if (!out.spin) out.next_look_ns = host.schedule.next_ns(current);
   if (!p_.batch.empty()) deliver(now, out);
   // A stream whose next wait is no longer this host's, or that this pass planned as the
   // reactor's (learning, a missed prediction), would otherwise wait for the reactor's own look
@@ -44,6 +52,7 @@ poll_result host_pass::run(poll_host& host) noexcept {
                                                                 : out.next_look_ns - margin,
                          std::memory_order_relaxed);
   out.what = poll_result::outcome::swept;
+  out.at_ns = now.time_since_epoch().count();
   p_.lock.end();
   return out;
 }

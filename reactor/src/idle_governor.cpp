@@ -31,7 +31,10 @@ idle_governor::idle_governor(const reactor_options& options, const strategy_trai
       backend_(backend),
       registry_(registry),
       counters_(counters),
-      settings_(idle_settings::from(options)) {}
+      settings_(idle_settings::from(options)),
+      // Not sooner: a host's busy io thread may run its handlers for a millisecond before it
+      // looks again, and the reactor's own look adds cross-thread posts to that thread.
+      host_grace_(std::max<nanoseconds>(std::chrono::milliseconds(1), 2 * options.poll_period)) {}
 
 std::int64_t idle_governor::earliest_completion_ns(const stream_state* st,
                                                    std::uint64_t seq) const noexcept {
@@ -63,13 +66,14 @@ bool idle_governor::wants_look(const stream_state& st, clock::time_point now,
   // Before its window: the stream's work is not expected to be done, and looking would cost a
   // driver query on every sweep that other streams' windows ask for.
   if (now < st.plan.query_after) return false;
-  // A stream its host covers (it keeps its promise to look): the reactor's sweeps leave it to the
-  // host, so that a sweep made for the reactor's own streams does not take the host's completions
-  // (and post them across threads). Not while the reactor spins for streams of its own: the
-  // host's passes find the pass lock taken then.
-  if (!reactor_spins_ && st.plan.host_look != clock::time_point::max()) {
-    const poll_host* h = host_of(st, now);
-    if (h != nullptr && h->host_role() == poll_host::role::polls) return false;
+  // A stream its host covers (the host keeps its promise to look): the reactor's sweeps leave it
+  // to the host, so that a sweep made for other reasons does not take the host's completions (and
+  // post them across threads). Not while the reactor spins for streams of its own (the host's
+  // passes find the pass lock taken then); and a late host's streams are looked at by the
+  // reactor, once per grace (covered_until moves with each look).
+  if (!reactor_spins_) {
+    if (const poll_host* h = covering_host(st); h != nullptr && now < covered_until(st, *h))
+      return false;
   }
   if (st.plan.on_poll_tick) {
     // Off the tick, only a due fault probe (strategies that have one) makes this sweep look.
@@ -209,12 +213,11 @@ rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
     if (st->plan.stale || st->plan.wake <= now) plan(*st, now);
     // Covered by a polling host: the host looks, takes what is submitted on its thread and plans
     // the stream again as it goes; the reactor naps until the host's promise has passed by the
-    // grace (its safety look), whatever the stream's windows. Under load that is one timed
-    // wake-up per grace, however many streams and waits.
-    const poll_host* h = host_of(*st, now);
-    if (h != nullptr && h->host_role() == poll_host::role::polls &&
-        st->plan.host_look != clock::time_point::max()) {
-      wake = std::min(wake, covered_until(*st, *h));
+    // grace (then it looks itself, not before the stream's window), whatever the stream's
+    // windows. Under load that is one timed wake-up per grace, however many streams and waits.
+    if (const poll_host* h = covering_host(*st)) {
+      wake =
+          std::min(wake, std::max({covered_until(*st, *h), st->plan.query_after, now + min_nap}));
       continue;
     }
     if (st->plan.spin) {

@@ -116,20 +116,26 @@ class idle_governor {
   void went_idle(stream_state& st) noexcept;
 
   // --- hosts (host_pass.hpp) -----------------------------------------------------------------
-  /// `st`'s oldest wait is `host`'s, and the host's look at it is due.
-  bool host_looks(const stream_state& st, const poll_host& host,
-                  clock::time_point now) const noexcept;
+  /// The host of `st`'s oldest wait (nullptr: none, or a marker its host does not look at).
+  poll_host* host_of(const stream_state& st) const noexcept;
   /// After the host's look at `st`: waits remain but the oldest is no longer `host`'s (a wait
   /// of another host, or one the reactor delivers). The reactor planned the stream as the
   /// host's (trusting its looks), so it must plan again now.
-  bool handed_back(const stream_state& st, const poll_host& host,
-                   clock::time_point now) const noexcept {
-    return !st.entries.empty() && host_of(st, now) != &host;
+  bool handed_back(const stream_state& st, const poll_host& host) const noexcept {
+    return !st.entries.empty() && host_of(st) != &host;
   }
-  /// Plans the host's streams and says when it should look next (out.spin, next_look_ns). True
-  /// when a stream the host covered became the reactor's (learning again, a missed prediction):
-  /// the reactor, napping on the host's promise, must plan it now.
-  bool plan_for_host(poll_host& host, clock::time_point now, poll_result& out);
+  /// A host's schedule entry (host_schedule.hpp) still stands: the stream was not planned again
+  /// since, and its oldest wait is still the host's.
+  bool scheduled(const host_schedule::entry& e, const poll_host& host) const noexcept;
+  /// After a host's pass looked at `st` (or found its look not due): plans it when its plan is
+  /// stale or due, schedules its next look on the host and says whether it spins now
+  /// (out.spin). True when a stream the host covered became the reactor's (learning again, a
+  /// missed prediction): the reactor, napping on the host's promise, must plan it now.
+  bool plan_for_host(stream_state& st, poll_host& host, clock::time_point now, poll_result& out);
+  /// How long past a polling host's promised look (poll_host::looks_at_ns) the reactor waits
+  /// before it looks at the host's streams itself: the bound on a late host (docs/architecture.md,
+  /// "The last hop", "Under load").
+  nanoseconds host_grace() const noexcept { return host_grace_; }
 
   // --- the reactor thread's rest -------------------------------------------------------------
   void start(clock::time_point now) noexcept { ladder_.progress(now); }
@@ -155,19 +161,15 @@ class idle_governor {
                        clock::time_point now, nanoseconds grace);
   void skip_until(stream_state& st, clock::time_point t) const noexcept;
   clock::time_point service_start(const stream_state& st) const noexcept;
-  /// The host of `st`'s oldest wait, while it is one: a polling host that broke its promise to
-  /// look (late by more than host_grace(): busy in a long handler, its thread gone) leaves the
-  /// stream to the reactor until it looks again.
-  poll_host* host_of(const stream_state& st, clock::time_point now) const noexcept;
-  /// A polling host covering `st` (its plan is the host's): when the reactor must look in its
-  /// place if the host does not (its promise plus the grace; the stream's own safety look when
-  /// the host promised nothing yet).
+  /// A stream planned for a polling host (its look is the host's): until when the host covers
+  /// it. The host's promise to look (or the stream's last look, whoever made it, when later) plus
+  /// the grace; the stream's own safety look when the host promised nothing yet (told by look_by,
+  /// not armed). Past it, the reactor looks at the stream itself, once per grace.
   clock::time_point covered_until(const stream_state& st, const poll_host& host) const noexcept;
-  /// How long past a polling host's promised look (poll_host::looks_at_ns) the reactor waits
-  /// before it looks itself: the bound on a late host (docs/architecture.md, "The last hop").
-  nanoseconds host_grace() const noexcept {
-    return std::max<nanoseconds>(std::chrono::milliseconds(1), 2 * settings_.poll_period);
-  }
+  /// Schedules `st`'s next look (plan.host_look) on `host`.
+  void schedule(poll_host& host, stream_state& st);
+  /// `st` is planned for a polling host (nullptr: not).
+  const poll_host* covering_host(const stream_state& st) const noexcept;
   /// How old an unpredicted wait must be before a doorbell is armed for it.
   nanoseconds doorbell_age(const service_time_model& model) const noexcept;
   void arm_doorbell(stream_state& st);
@@ -186,6 +188,7 @@ class idle_governor {
   clock::time_point poll_tick_{};  // when irregular work in its windows is looked at
   nanoseconds tick_period_{};      // the last spacing of the ticks
   clock::time_point replan_at_{};  // while spinning, plan again no sooner than this
+  const nanoseconds host_grace_;   // host_grace()
   /// The reactor spins for streams of its own: its sweeps then look at hosted streams in their
   /// windows too (a host's passes find the lock taken while it spins).
   bool reactor_spins_ = false;

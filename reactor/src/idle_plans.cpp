@@ -20,6 +20,9 @@ void idle_governor::new_wait(stream_state& st, const wait_op& op, clock::time_po
   stream_state::plan_state& p = st.plan;
   p.stale = true;
   if (!activated) return;
+  // The stream's first wait is its host's: the host's next pass plans it (host_schedule.hpp).
+  if (op.host_ != nullptr && op.host_->host_role() == poll_host::role::polls)
+    op.host_->schedule.add(ns_of(now), &st, p.epoch);
   p.waiting_since = now;
   p.doorbell_armed = false;
   p.missed = false;
@@ -29,6 +32,7 @@ void idle_governor::new_wait(stream_state& st, const wait_op& op, clock::time_po
 
 void idle_governor::went_idle(stream_state& st) noexcept {
   stream_state::plan_state& p = st.plan;
+  ++p.epoch;  // the hosts' entries for it are stale
   p.query_after = {};
   p.on_poll_tick = false;
   p.host_look = clock::time_point::max();
@@ -39,6 +43,7 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   using phase = stream_outlook::phase;
   stream_state::plan_state& p = st.plan;
   p.stale = false;
+  ++p.epoch;  // a new plan: a host schedules it anew (plan_host_polls)
   const clock::time_point start = service_start(st);
   const stream_outlook o = predict(settings_, p.model, start, now, overshoot_);
   if (o.where == phase::missed && !p.missed) {
@@ -50,7 +55,7 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   // A wait with a host (poll_host.hpp): a host that polls covers the window itself; the reactor
   // wakes one that must be woken, at `wake_host`.
   clock::time_point wake_host = clock::time_point::max();
-  if (poll_host* host = host_of(st, now)) {
+  if (poll_host* host = host_of(st)) {
     if (plan_hosted(st, *host, o, now, wake_host)) {
       p.wake = std::min(wake, p.wake);  // plan_hosted set the look after the window
       return;
@@ -103,7 +108,13 @@ bool idle_governor::plan_hosted(stream_state& st, poll_host& host, const stream_
   stream_state::plan_state& p = st.plan;
   p.host_look = clock::time_point::max();
   p.host_spin = false;
-  if (o.unpredicted()) return false;  // learning or missed: the reactor's own policy (doorbells)
+  // Learning: the reactor's own policy (its doorbells) until the stream's model is ready. A missed
+  // prediction stays with a polling host, which looks on the missed phase's growing naps: handed
+  // to the reactor, a busy server's misses (a few thousand a second at 200 us work, on the H200)
+  // made the reactor find a quarter of the completions and post them across threads.
+  if (o.where == stream_outlook::phase::learning) return false;
+  if (o.where == stream_outlook::phase::missed && host.host_role() != poll_host::role::polls)
+    return false;
   // The reactor looks itself this long after the window closed: a safety net for a host that is
   // late, busy in a handler, or gone quiet (it then finds the wait and posts it as usual). Not
   // sooner: the reactor wakes for it once per hosted wait (a host finds it long before), and with
@@ -147,12 +158,13 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
       p.host_look = now;
       p.host_spin = true;
       break;
-    default:  // window_poll: irregular work, looked at on the host's own tick
+    default:  // window_poll (irregular work, on the host's own tick), missed (growing naps)
       p.host_look = o.next_look;
       break;
   }
   const clock::time_point safety = o.window_close + grace;
   skip_until(st, std::min(p.host_look, safety));
+  schedule(host, st);
   p.on_poll_tick = false;
   p.spin = false;
   p.wake = safety;
@@ -166,60 +178,65 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
   }
 }
 
-bool idle_governor::plan_for_host(poll_host& host, clock::time_point now, poll_result& out) {
+bool idle_governor::plan_for_host(stream_state& st, poll_host& host, clock::time_point now,
+                                  poll_result& out) {
+  if (host_of(st) != &host) return false;  // idle now, or another's wait is the oldest
+  stream_state::plan_state& p = st.plan;
   bool handed = false;
-  for (stream_state* st : registry_.active()) {
-    if (host_of(*st, now) != &host) continue;
-    stream_state::plan_state& p = st->plan;
-    if (p.stale || p.wake <= now || p.host_look <= now) {
-      const bool was_hosts = p.host_look != clock::time_point::max();
-      plan(*st, now);
-      handed = handed || (was_hosts && p.host_look == clock::time_point::max());
-    }
-    if (p.host_look == clock::time_point::max()) continue;
-    if (p.host_spin && p.host_look <= now) {
-      out.spin = true;
-    } else {
-      out.next_look_ns = std::min(out.next_look_ns, ns_of(std::max(p.host_look, now)));
-    }
+  if (p.stale || p.wake <= now || p.host_look <= now) {
+    const bool was_hosts = p.host_look != clock::time_point::max();
+    plan(st, now);  // schedules the next look on the host (plan_host_polls)
+    handed = was_hosts && p.host_look == clock::time_point::max();
+  } else if (p.host_look != clock::time_point::max()) {
+    schedule(host, st);  // not due yet: keep it scheduled
   }
+  if (p.host_look != clock::time_point::max() && p.host_spin && p.host_look <= now) out.spin = true;
   return handed;
 }
 
-bool idle_governor::host_looks(const stream_state& st, const poll_host& host,
-                               clock::time_point now) const noexcept {
-  return host_of(st, now) == &host && now >= st.plan.host_look;
+void idle_governor::schedule(poll_host& host, stream_state& st) {
+  host.schedule.add(ns_of(st.plan.host_look), &st, st.plan.epoch);
+  // A host that does not pass (busy, its thread gone) while the reactor plans its streams again
+  // collects entries: bounded by dropping the stale ones now and then.
+  if (host.schedule.size() > 4 * registry_.active().size() + 64)
+    host.schedule.compact([&](const host_schedule::entry& e) { return scheduled(e, host); });
 }
 
-poll_host* idle_governor::host_of(const stream_state& st, clock::time_point now) const noexcept {
+bool idle_governor::scheduled(const host_schedule::entry& e, const poll_host& host) const noexcept {
+  return e.epoch == e.stream->plan.epoch && host_of(*e.stream) == &host;
+}
+
+poll_host* idle_governor::host_of(const stream_state& st) const noexcept {
   if (st.entries.empty()) return nullptr;
   // An event marker (more streams than hardware queues) costs the host a driver query per look
   // where a fence word costs a memory read: hosted unless reactor_options::host_event_waits is
   // off (docs/architecture.md, "The last hop").
   const timeline_entry& e = st.entries.front();
   if (e.op == nullptr || (e.event != nullptr && !options_.host_event_waits)) return nullptr;
-  poll_host* h = e.op->host_;
-  if (h == nullptr || h->host_role() != poll_host::role::polls) return h;
-  const std::int64_t promised = h->looks_at_ns.load(std::memory_order_relaxed);
-  const bool late = promised != poll_host::never && ns_of(now) >= promised + host_grace().count();
-  return late ? nullptr : h;
+  return e.op->host_;
+}
+
+const poll_host* idle_governor::covering_host(const stream_state& st) const noexcept {
+  if (st.plan.host_look == clock::time_point::max()) return nullptr;
+  const poll_host* h = host_of(st);
+  return h != nullptr && h->host_role() == poll_host::role::polls ? h : nullptr;
 }
 
 idle_governor::clock::time_point idle_governor::covered_until(
     const stream_state& st, const poll_host& host) const noexcept {
   const std::int64_t promised = host.looks_at_ns.load(std::memory_order_relaxed);
   if (promised == poll_host::never) return st.plan.wake;  // told (look_by), not armed yet
-  return clock::time_point(nanoseconds(promised) + host_grace());
+  return std::max(clock::time_point(nanoseconds(promised)), st.plan.last_look) + host_grace_;
 }
 
 nanoseconds idle_governor::doorbell_age(const service_time_model& model) const noexcept {
   // A doorbell is a host function behind the stream's work: every later operation of the stream
   // waits for it to have run (tens of us after the work). A stream with a model missed its
   // window by a little, as a rule (a server's lane whose next kernel started late), and a doorbell
-  // then delayed its next work too, which missed again: on the H200, at 5 ms work on 128 lanes, a
-  // server fell into doorbells on most waits and stayed there (the reactor thread at a whole
-  // core, CUDA's host-function thread at 0.4). Such a stream is left to the missed phase's naps
-  // until its wait has taken twice its longest work.
+  // then delayed its next work too, which could miss again: on the H200, at 5 ms work on 128
+  // lanes, a server fell into doorbells on most waits (the reactor thread at a whole core,
+  // CUDA's host-function thread at 0.4). Such a stream is left to the missed phase's naps until
+  // its wait has taken twice its longest work.
   if (!model.ready()) return options_.doorbell_after;
   return std::max<nanoseconds>(options_.doorbell_after, 2 * model.high());
 }

@@ -108,6 +108,9 @@ struct stream_state {
     idle_time host_look = idle_time::max();
     bool host_spin = false;
     std::uint64_t host_told_seq = 0;
+    /// Bumped by every new plan (and when the stream goes idle): a host's schedule entry of an
+    /// older epoch is stale (host_schedule.hpp).
+    std::uint32_t epoch = 0;
   } plan;
 
   // --- published for submitters (idle_governor::earliest_completion_ns, window_open_ns) ------

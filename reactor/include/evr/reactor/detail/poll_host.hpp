@@ -28,6 +28,9 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <vector>
+
+#include <evr/reactor/detail/host_schedule.hpp>
 
 namespace evr::detail {
 
@@ -62,6 +65,11 @@ class poll_host {
 
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
 
+  /// (the reactor's, under its pass lock) When this host should look at each of its streams;
+  /// `due` is a pass's scratch list. A front end never touches either.
+  host_schedule schedule;
+  std::vector<stream_state*> due;
+
  protected:
   ~poll_host() = default;
 
@@ -89,6 +97,8 @@ struct poll_result {
   bool spin = false;
   /// Completions the pass found and posted to the host's thread (they run right after it).
   std::uint32_t delivered = 0;
+  /// When the pass ran (steady clock ns), for the host's own timing; 0 when it did not run.
+  std::int64_t at_ns = 0;
   /// When the host should look next (steady clock ns): the earliest window of its waits, or the
   /// next poll tick of irregular work in its window; poll_host::never when it has none pending.
   std::int64_t next_look_ns = poll_host::never;

@@ -1,0 +1,73 @@
+// evr/reactor/detail/host_schedule.hpp — when a host (poll_host.hpp) should look at each of its
+// streams: a min-heap of (look time, stream), so that a host's pass visits only the streams whose
+// look is due instead of every active stream (a server's io thread with 128 lanes spent 8 us per
+// request scanning them all while it polled through their windows, on the H200). Not public.
+//
+// Entries are never removed in place: a stream's plan carries an epoch that every new plan bumps,
+// and an entry whose epoch is no longer the stream's is dropped when it comes to the top. So the
+// schedule holds no reference a stream must undo, and a stream never refers to a host's schedule
+// (hosts come and go with their execution contexts; stream states live as long as the reactor).
+//
+// Threads: under the reactor's pass lock only (the host's own passes, and the reactor's planning).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <vector>
+
+namespace evr::detail {
+
+struct stream_state;
+
+class host_schedule {
+ public:
+  struct entry {
+    std::int64_t look_ns;  ///< steady clock ns; the stream is due from then on
+    stream_state* stream;
+    std::uint32_t epoch;  ///< the stream's plan epoch when scheduled
+  };
+  static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
+
+  void add(std::int64_t look_ns, stream_state* st, std::uint32_t epoch) {
+    heap_.push_back({look_ns, st, epoch});
+    std::push_heap(heap_.begin(), heap_.end(), later);
+  }
+  /// The earliest entry's look (possibly a stale one: `current` drops those first).
+  template <typename Current>
+  std::int64_t next_ns(Current&& current) {
+    while (!heap_.empty() && !current(heap_.front())) pop();
+    return heap_.empty() ? never : heap_.front().look_ns;
+  }
+  /// Moves the current entries due at `now_ns` into `out` (in look order; a stream once).
+  template <typename Current>
+  void take_due(std::int64_t now_ns, Current&& current, std::vector<stream_state*>& out) {
+    while (!heap_.empty() && heap_.front().look_ns <= now_ns) {
+      const entry e = heap_.front();
+      pop();
+      if (current(e) && std::find(out.begin(), out.end(), e.stream) == out.end())
+        out.push_back(e.stream);
+    }
+  }
+  std::size_t size() const noexcept { return heap_.size(); }
+  /// Drops the stale entries (a host that does not pass while the reactor plans its streams
+  /// again would otherwise collect one entry per plan).
+  template <typename Current>
+  void compact(Current&& current) {
+    heap_.erase(
+        std::remove_if(heap_.begin(), heap_.end(), [&](const entry& e) { return !current(e); }),
+        heap_.end());
+    std::make_heap(heap_.begin(), heap_.end(), later);
+  }
+
+ private:
+  static bool later(const entry& a, const entry& b) noexcept { return a.look_ns > b.look_ns; }
+  void pop() {
+    std::pop_heap(heap_.begin(), heap_.end(), later);
+    heap_.pop_back();
+  }
+  std::vector<entry> heap_;
+};
+
+}  // namespace evr::detail
