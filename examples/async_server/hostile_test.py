@@ -228,9 +228,10 @@ def leaks(port, failures, reactor=True):
 
 # --- the prober -------------------------------------------------------------------------------
 
-def probe_loop(port, path, stop, out):
-    """Another process: a fresh connection and `path` every PROBE_PERIOD_S until `stop`; then puts
-    the list of (sent at, milliseconds, status) on `out` at once."""
+def probe_loop(port, path, stop, ready, out):
+    """Another process: a fresh connection and `path` every PROBE_PERIOD_S until `stop` (`ready`
+    once the first has been answered or failed); then puts the list of (sent at, milliseconds,
+    status) on `out` at once."""
     got = []
     while not stop.is_set():
         t0 = time.monotonic()
@@ -239,6 +240,7 @@ def probe_loop(port, path, stop, out):
         except (OSError, ValueError, IndexError) as e:
             status = f"error: {e}"
         got.append((t0, (time.monotonic() - t0) * 1000, status))
+        ready.set()
         time.sleep(PROBE_PERIOD_S)
     out.put(got)
 
@@ -253,10 +255,13 @@ class Prober:
         ctx = multiprocessing.get_context("spawn")
         self.stop_event = ctx.Event()
         self.queues = {p: ctx.Queue() for p in paths}
-        self.procs = [ctx.Process(target=probe_loop, args=(port, p, self.stop_event, q),
-                                  daemon=True) for p, q in self.queues.items()]
+        ready = [ctx.Event() for _ in paths]
+        self.procs = [ctx.Process(target=probe_loop, args=(port, p, self.stop_event, r, q),
+                                  daemon=True) for (p, q), r in zip(self.queues.items(), ready)]
         for p in self.procs:
             p.start()
+        for r in ready:  # probing before the attack starts
+            r.wait(timeout=60)
 
     def stop(self):
         Prober.live.remove(self)
