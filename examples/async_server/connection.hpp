@@ -21,16 +21,14 @@
 #include "params.hpp"
 
 struct connection {
-  /// `wait`: what its GPU waits use (null in the blocking modes); `device`: the device it prefers.
-  connection(asio::ip::tcp::socket s, const asio::ip::address& peer, const gpu_wait::source* wait,
+  /// `gpu`: what its GPU waits use, its io_context's (null in the blocking modes); `device`: the
+  /// device it prefers.
+  connection(asio::ip::tcp::socket s, const asio::ip::address& peer, gpu_wait* gpu,
              std::size_t device)
-      : socket(std::move(s)), peer(peer), device(device) {
+      : socket(std::move(s)), peer(peer), device(device), gpu(gpu) {
     body.reserve(256);  // a /busy answer is ~110 bytes, its response ~200: no growing later
     wire.reserve(512);
-    if (wait != nullptr) {
-      gpu.emplace(socket.get_executor(), *wait);
-      mailbox.emplace(socket.get_executor(), 1);
-    }
+    if (gpu != nullptr) mailbox.emplace(socket.get_executor(), 1);
   }
 
   asio::ip::tcp::socket socket;
@@ -55,7 +53,9 @@ struct connection {
   /// Emitted when the client is gone: cancels what the request waits for (a lane, an admission
   /// slot, its /mlp batch, the evr wait of its GPU work while watched). Bound to those waits.
   asio::cancellation_signal abandon;
-  std::optional<gpu_wait> gpu;                  // the non-blocking modes
+  /// The non-blocking modes: the waits of its io_context, shared by its connections (one waiter
+  /// a connection would cost every connection made and closed a reactor call).
+  gpu_wait* const gpu;
   std::optional<mlp_batcher::mailbox> mailbox;  // the non-blocking modes: /mlp batches answer here
   // Reused from request to request (cleared, their capacity kept): no allocation per request once
   // they have grown to what this connection's requests need.

@@ -1,6 +1,7 @@
 // How a coroutine that must not block its thread waits for the work queued so far on a lane, in
 // each non-blocking mode (wait_mode): evr's gpu_waiter, a host function (host_func_wait.hpp), or
-// its io thread's event poller (event_poller.hpp). One object per connection and per /mlp
+// its io thread's event poller (event_poller.hpp). One object per io_context, shared by its
+// connections (each wait is cancelled on its own, through its handler's slot), and one per /mlp
 // batcher, bound to the io_context it lives on; the blocking modes wait with
 // lane::wait_blocking instead.
 //

@@ -264,8 +264,8 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
             "Passes run by the io threads themselves (the last hop).", m.host_passes);
     counter(out, "evr_reactor_host_completions_total",
             "Completions the io threads' own passes found.", m.host_completions);
-    counter(out, "evr_reactor_host_intakes_total",
-            "io threads' passes that took submitted waits.", m.host_intakes);
+    counter(out, "evr_reactor_host_intakes_total", "io threads' passes that took submitted waits.",
+            m.host_intakes);
     counter(out, "evr_reactor_wakeups_total", "Times a submission or host function woke it.",
             m.wakeups);
     header(out, "evr_reactor_streams", "gauge", "Distinct streams the reactor knows.");

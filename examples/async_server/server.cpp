@@ -104,6 +104,10 @@ server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_
   if (cfg_.mode == wait_mode::poll)
     for (asio::io_context* io : contexts_)
       pollers_.push_back(std::make_unique<event_poller>(*io, lanes.size()));
+  if (!blocks_a_thread(cfg_.mode))
+    for (std::size_t i = 0; i < contexts_.size(); ++i)
+      gpu_waits_.push_back(
+          std::make_unique<gpu_wait>(contexts_[i]->get_executor(), wait_source(i)));
   if (!blocks_a_thread(cfg_.mode)) {
     // A batcher per device, spread over the io_contexts (its batches run on its context).
     for (std::size_t d = 0; d < lanes.devices(); ++d) {
@@ -319,9 +323,8 @@ server::admission server::admit(asio::ip::tcp::socket socket, placement where) {
   if (ec) return admission::next;  // already reset by the client: nothing to serve
   socket.set_option(asio::ip::tcp::no_delay(true), ec);  // small responses, sent at once
   socket.non_blocking(true, ec);  // responses are written at once when the socket takes them
-  std::optional<gpu_wait::source> wait;
-  if (!blocks_a_thread(cfg_.mode)) wait = wait_source(where.context);
-  auto c = std::make_shared<connection>(std::move(socket), peer.address(), wait ? &*wait : nullptr,
+  gpu_wait* gpu = gpu_waits_.empty() ? nullptr : gpu_waits_[where.context].get();
+  auto c = std::make_shared<connection>(std::move(socket), peer.address(), gpu,
                                         next_device_ % lanes_.devices());
   std::vector<std::shared_ptr<connection>> evicted;
   connection_table::verdict verdict;

@@ -278,6 +278,7 @@ class server {
   const mlp::model& model_;
   server_metrics& metrics_;
   std::vector<std::unique_ptr<event_poller>> pollers_;  // poll mode: one per context
+  std::vector<std::unique_ptr<gpu_wait>> gpu_waits_;    // non-blocking modes: one per context
   std::vector<std::unique_ptr<mlp_batcher>> batchers_;  // non-blocking modes: one per device
   std::atomic<std::uint64_t> answers_{0};               // for sample_check
   /// Where the accept loop and the deadline sweep run: the first context's plain executor, which
