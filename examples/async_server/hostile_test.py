@@ -59,6 +59,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 DEVICE = ["--device", "sim"]  # --device: which device the servers run on
 HEALTHZ_BOUND_MS = 100
@@ -369,7 +370,9 @@ def attack_fd(binary, failures, notes):
         # EMFILE: the limit lowered below what the server holds, and more sockets.
         idle = still_open(idle)  # room in this process for the next 2000
         fds = len(os.listdir(f"/proc/{srv.proc.pid}/fd"))
-        resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, (fds - 64, fds - 64))
+        _, hard = resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE)
+        lower = min(fds, hard) - 64  # never above its hard limit: raising one needs a privilege
+        resource.prlimit(srv.proc.pid, resource.RLIMIT_NOFILE, (lower, lower))
         t_emfile = time.monotonic()
         more = open_idle(srv.port, 2000, ["127.0.0.1"])
         wait_for("the server took the 2000 more", taken(n + 2000), 60, failures)
@@ -741,7 +744,9 @@ def main():
             else:
                 ATTACKS[name](args.server, failures, notes)
         except Exception as e:  # the attack itself broke (the server died early, say)
-            failures.append(f"{type(e).__name__}: {e}")
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            failures.append(f"{type(e).__name__}: {e} (hostile_test.py:{where.lineno}: "
+                            f"{where.line})")
         for p in list(Prober.live):
             p.stop()
         took = time.monotonic() - t0
