@@ -82,9 +82,12 @@ import sys
 import threading
 import time
 
-import server_study_alternating as alternating
-from server_study_points import (BUSY200, BUSY1000, BUSY5000, MLP, ROUTES, SAXPY, STREAM_WAITS,
-                                 fmt, ms, per_core, ratio, usable)
+# Its sibling modules, also when it is loaded by path from elsewhere (served_model_load.py,
+# server-profile.py import it so), where this folder is not on sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_study_alternating as alternating  # noqa: E402
+from server_study_points import (BUSY200, BUSY1000, BUSY5000, MLP, ROUTES, SAXPY,  # noqa: E402
+                                 STREAM_WAITS, fmt, ms, per_core, ratio, usable)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = time.monotonic()

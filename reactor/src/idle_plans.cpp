@@ -108,13 +108,7 @@ bool idle_governor::plan_hosted(stream_state& st, poll_host& host, const stream_
   stream_state::plan_state& p = st.plan;
   p.host_look = clock::time_point::max();
   p.host_spin = false;
-  // Learning: the reactor's own policy (its doorbells) until the stream's model is ready. A missed
-  // prediction stays with a polling host, which looks on the missed phase's growing naps: handed
-  // to the reactor, a busy server's misses (a few thousand a second at 200 us work, on the H200)
-  // made the reactor find a quarter of the completions and post them across threads.
-  if (o.where == stream_outlook::phase::learning) return false;
-  if (o.where == stream_outlook::phase::missed && host.host_role() != poll_host::role::polls)
-    return false;
+  if (o.unpredicted()) return false;  // learning or missed: the reactor's own policy (doorbells)
   // The reactor looks itself this long after the window closed: a safety net for a host that is
   // late, busy in a handler, or gone quiet (it then finds the wait and posts it as usual). Not
   // sooner: the reactor wakes for it once per hosted wait (a host finds it long before), and with
@@ -158,7 +152,7 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
       p.host_look = now;
       p.host_spin = true;
       break;
-    default:  // window_poll (irregular work, on the host's own tick), missed (growing naps)
+    default:  // window_poll: irregular work, looked at on the host's own tick
       p.host_look = o.next_look;
       break;
   }

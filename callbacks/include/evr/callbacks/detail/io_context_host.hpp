@@ -16,16 +16,14 @@
 //     host's waits that are done and posts their completions to this thread's private queue (run
 //     right after the poll); the poll re-posts itself (a continuation: no lock, no wake-up, run
 //     after the handlers queued meanwhile) while a window of its waits is open, and, while the
-//     thread is awake anyway (the poll waited behind other handlers than its own completions')
-//     and a window opens soon, after each batch of handlers: a look then costs a few memory
-//     reads. When the thread would otherwise sleep and the next window is
+//     thread is awake anyway (the poll waited behind other handlers, or delivered completions
+//     whose handlers run next) and a window opens soon, after each batch of handlers: a look
+//     then costs a few memory reads. When the thread would otherwise sleep and the next window is
 //     not open yet, it arms the timer for that window and stops (no tick: overlapping windows of
 //     many streams are polled through, as one stream's are);
-//   * the reactor thread naps on this host's promise to look (looks_at_ns) and looks at the
-//     host's streams itself only once the promise is a grace past (a safety net: docs/
-//     architecture.md, "Under load"); when it learns of a window this host does not know of (a
-//     wait submitted from another thread, queued behind others), it calls look_by, which posts
-//     the arming here.
+//   * the reactor thread sleeps through such windows and looks only after a window closed (a
+//     safety net); when it learns of a window this host does not know of (a wait submitted from
+//     another thread, queued behind others), it calls look_by, which posts the arming here.
 // Role woken (delivery::post_woken): the reactor calls wake_until shortly before a window (lead_ns,
 // learned from how late its wake-ups ran here); the posted keep-awake re-posts itself until a
 // completion of a hosted wait ran on this context or the window closed. The reactor finds the
@@ -206,9 +204,9 @@ class io_context_host final : public poll_host {
   /// awake anyway (an idle thread runs it within a microsecond or two, an epoll look included).
   static constexpr std::int64_t busy_after_ns = 5'000;
   /// While the thread is awake anyway, a look after each batch of handlers for windows opening
-  /// within this: about what a timer costs instead (a syscall to arm it, an epoll wake-up and a
-  /// read) in looks between batches. Farther windows get the timer.
-  static constexpr std::int64_t awake_horizon_ns = 50'000;
+  /// within this: cheaper than a timer (a syscall to arm it, an epoll wake-up and a read), and on
+  /// time. Farther windows get the timer.
+  static constexpr std::int64_t awake_horizon_ns = 200'000;
 
   /// An executor's execute: a member from Asio 1.29, the execution::execute customisation point
   /// before (the member is private there).
@@ -336,21 +334,18 @@ class io_context_host final : public poll_host {
     if (std::shared_ptr<reactor_core> core = core_.lock()) r = poll_here(*core, *this);
     const std::int64_t now = r.at_ns != 0 ? r.at_ns : now_ns();  // one clock read per poll
     std::lock_guard<std::mutex> lock(mutex_);
-    // Whether this poll waited behind other handlers (the thread is awake anyway): not behind the
-    // completions the last poll delivered (a burst of completions would keep the thread polling
-    // between windows). poll_posted_ns_ and delivered_last_ are written only here and by
-    // post_poll, which cannot run before this poll ends.
-    const bool awake =
-        !std::exchange(delivered_last_, r.delivered > 0) && now - poll_posted_ns_ > busy_after_ns;
+    // Whether this poll waited behind other handlers (the thread is awake anyway).
+    // poll_posted_ns_ is written only by post_poll, which cannot run before this poll ends.
+    const bool awake = now - poll_posted_ns_ > busy_after_ns;
     const std::int64_t next = r.next_look_ns;
     const bool swept = r.what == poll_result::outcome::swept;
     // Look again after the handlers queued meanwhile: through an open window, when the reactor
-    // thread held the pass (busy), or, while this thread is awake anyway (this poll waited behind
-    // other handlers), for a window that opens soon.
+    // thread held the pass (busy), or, while this thread is awake anyway (this poll waited, or
+    // its completions run next), for a window that opens soon.
     const bool again = !closed_ && pending_ > 0 &&
                        (r.what == poll_result::outcome::busy ||
                         (swept && (r.spin || next - now < min_sleep_ns ||
-                                   (awake && next - now < awake_horizon_ns))));
+                                   ((awake || r.delivered > 0) && next - now < awake_horizon_ns))));
     if (again && post_poll(now)) return;
     polling_ = false;
     if (swept && next != never && pending_ > 0) {
@@ -419,7 +414,6 @@ class io_context_host final : public poll_host {
   bool closed_ = false;
   std::int64_t awake_until_ = 0;     // role woken: a keep-awake runs until then (0: none)
   std::int64_t poll_posted_ns_ = 0;  // when the poll chain's last poll was posted
-  bool delivered_last_ = false;      // the last poll delivered completions
   post_slot poll_slot_;              // the poll chain (or the keep-awake chain: one role per host)
   post_slot told_slot_;              // what the reactor posts (look_by, wake_until)
   bool told_posted_ = false;         // (mutex_) a post of told_slot_ is in flight
