@@ -37,7 +37,8 @@ about 3x slower): 100 ms holds with a margin of four. Two exceptions, each deriv
     Release, 20 us under ASan (40-60 ms in all, several times that on a machine whose cores are
     busy with other work), and a request sent meanwhile may wait for them: its bound is the
     burst's length as the server's counters show it (from the resets until every request is
-    accounted for) plus the above.
+    accounted for) plus the above. The burst itself is bounded by 1 s: the kernels on the GPU
+    when the clients left and one more round (200 ms), 3 000 drops at a tenth of a core (600 ms).
 The bounds are asserted once an attack's sockets are open (`fd`: while thousands connect at once,
 a connection whose SYN finds the kernel's backlog full waits for TCP's retransmission, 1 s,
 whatever the server does, and one behind 2 000 waiting connections waits for them); those bursts
