@@ -22,7 +22,8 @@ void idle_governor::new_wait(stream_state& st, const wait_op& op, clock::time_po
   if (!activated) return;
   // The stream's first wait is its host's: the host's next pass plans it (host_schedule.hpp).
   if (op.host_ != nullptr && op.host_->host_role() == poll_host::role::polls)
-    op.host_->schedule.add(ns_of(now), &st, p.epoch);
+    op.host_->schedule.add(ns_of(now), &st, p.epoch,
+                           [&](const host_schedule::entry& e) { return scheduled(e, *op.host_); });
   p.waiting_since = now;
   p.doorbell_armed = false;
   p.missed = false;
@@ -189,11 +190,8 @@ bool idle_governor::plan_for_host(stream_state& st, poll_host& host, clock::time
 }
 
 void idle_governor::schedule(poll_host& host, stream_state& st) {
-  host.schedule.add(ns_of(st.plan.host_look), &st, st.plan.epoch);
-  // A host that does not pass (busy, its thread gone) while the reactor plans its streams again
-  // collects entries: bounded by dropping the stale ones now and then.
-  if (host.schedule.size() > 4 * registry_.active().size() + 64)
-    host.schedule.compact([&](const host_schedule::entry& e) { return scheduled(e, host); });
+  host.schedule.add(ns_of(st.plan.host_look), &st, st.plan.epoch,
+                    [&](const host_schedule::entry& e) { return scheduled(e, host); });
 }
 
 bool idle_governor::scheduled(const host_schedule::entry& e, const poll_host& host) const noexcept {

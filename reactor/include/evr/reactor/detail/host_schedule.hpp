@@ -21,16 +21,28 @@ namespace evr::detail {
 
 struct stream_state;
 
-class host_schedule {
+/// `Stream` is stream_state (a parameter only so that the tests can use stand-ins).
+template <typename Stream>
+class basic_host_schedule {
  public:
   struct entry {
     std::int64_t look_ns;  ///< steady clock ns; the stream is due from then on
-    stream_state* stream;
+    Stream* stream;
     std::uint32_t epoch;  ///< the stream's plan epoch when scheduled
   };
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
 
-  void add(std::int64_t look_ns, stream_state* st, std::uint32_t epoch) {
+  /// Schedules a look. A full heap first drops its stale entries, and grows only if the current
+  /// ones fill half of it: so a host's steady traffic allocates nothing (a host that does not
+  /// pass while the reactor plans its streams again would otherwise collect one entry per plan,
+  /// and a loaded host's vector would grow now and then, mid-traffic).
+  template <typename Current>
+  void add(std::int64_t look_ns, Stream* st, std::uint32_t epoch, Current&& current) {
+    if (heap_.capacity() == 0) heap_.reserve(initial_capacity);
+    if (heap_.size() == heap_.capacity()) {
+      compact(current);
+      if (2 * heap_.size() >= heap_.capacity()) heap_.reserve(2 * heap_.capacity());
+    }
     heap_.push_back({look_ns, st, epoch});
     std::push_heap(heap_.begin(), heap_.end(), later);
   }
@@ -42,7 +54,7 @@ class host_schedule {
   }
   /// Moves the current entries due at `now_ns` into `out` (in look order; a stream once).
   template <typename Current>
-  void take_due(std::int64_t now_ns, Current&& current, std::vector<stream_state*>& out) {
+  void take_due(std::int64_t now_ns, Current&& current, std::vector<Stream*>& out) {
     while (!heap_.empty() && heap_.front().look_ns <= now_ns) {
       const entry e = heap_.front();
       pop();
@@ -51,8 +63,8 @@ class host_schedule {
     }
   }
   std::size_t size() const noexcept { return heap_.size(); }
-  /// Drops the stale entries (a host that does not pass while the reactor plans its streams
-  /// again would otherwise collect one entry per plan).
+  std::size_t capacity() const noexcept { return heap_.capacity(); }
+  /// Drops the stale entries.
   template <typename Current>
   void compact(Current&& current) {
     heap_.erase(
@@ -62,6 +74,7 @@ class host_schedule {
   }
 
  private:
+  static constexpr std::size_t initial_capacity = 64;
   static bool later(const entry& a, const entry& b) noexcept { return a.look_ns > b.look_ns; }
   void pop() {
     std::pop_heap(heap_.begin(), heap_.end(), later);
@@ -69,5 +82,7 @@ class host_schedule {
   }
   std::vector<entry> heap_;
 };
+
+using host_schedule = basic_host_schedule<stream_state>;
 
 }  // namespace evr::detail

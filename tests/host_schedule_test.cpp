@@ -1,0 +1,64 @@
+// A host's schedule of looks (reactor/include/evr/reactor/detail/host_schedule.hpp) on synthetic
+// streams: no reactor, no device.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include <evr/reactor/detail/host_schedule.hpp>
+
+namespace {
+struct stream_state {
+  std::uint32_t epoch = 0;  // a stand-in: the stream's current plan epoch
+};
+using host_schedule = evr::detail::basic_host_schedule<stream_state>;
+
+bool current(const host_schedule::entry& e) { return e.epoch == e.stream->epoch; }
+}  // namespace
+
+TEST_CASE("host schedule: due streams come out in look order, each once, stale plans dropped") {
+  std::vector<stream_state> streams(3);
+  host_schedule s;
+  s.add(30, &streams[0], 0, current);
+  s.add(10, &streams[1], 0, current);
+  s.add(20, &streams[2], 0, current);
+  s.add(15, &streams[1], 0, current);  // the same plan scheduled twice: one look
+  streams[2].epoch = 1;                // planned again: its entry is stale
+  std::vector<stream_state*> due;
+  s.take_due(25, current, due);
+  CHECK(due == std::vector<stream_state*>{&streams[1]});
+  CHECK(s.next_ns(current) == 30);
+  due.clear();
+  s.take_due(30, current, due);
+  CHECK(due == std::vector<stream_state*>{&streams[0]});
+  CHECK(s.next_ns(current) == host_schedule::never);
+}
+
+TEST_CASE("host schedule: plans that go stale without a pass never grow it past its start") {
+  // A host that does not pass (busy in a handler) while the reactor plans its stream again and
+  // again: each plan leaves a stale entry. The heap drops them when full instead of growing, so
+  // a host's steady traffic allocates nothing once the schedule has its first capacity.
+  stream_state st;
+  host_schedule s;
+  s.add(0, &st, st.epoch, current);
+  const std::size_t start = s.capacity();
+  for (std::int64_t t = 1; t < 100000; ++t) {
+    ++st.epoch;
+    s.add(t, &st, st.epoch, current);
+  }
+  CHECK(s.capacity() == start);
+  CHECK(s.size() <= start);
+  CHECK(s.next_ns(current) == 99999);
+}
+
+TEST_CASE("host schedule: grows when its current entries fill it") {
+  std::vector<stream_state> streams(1000);
+  host_schedule s;
+  for (std::size_t i = 0; i < streams.size(); ++i)
+    s.add(static_cast<std::int64_t>(i), &streams[i], 0, current);
+  CHECK(s.size() == streams.size());
+  std::vector<stream_state*> due;
+  s.take_due(host_schedule::never - 1, current, due);
+  REQUIRE(due.size() == streams.size());
+  for (std::size_t i = 0; i < streams.size(); ++i) CHECK(due[i] == &streams[i]);
+}
