@@ -89,8 +89,20 @@ settings parse_command_line(int argc, char** argv) {
   auto* load_p = app.add_option("--load-path", s.load_path, "...on this path; prints requests/s")
                      ->check(request_path)
                      ->group("What to do");
-  app.add_option("--port", s.port, "serve on this port (0: any free one) until SIGINT/SIGTERM")
+  app.add_option("--port", s.port,
+                 "serve on this port (0: any free one) until SIGINT/SIGTERM: the first signal "
+                 "drains (stops accepting, /readyz 503, answers what it accepted, then exits), a "
+                 "second stops at once")
       ->check(CLI::Range(0, 65535))
+      ->group("What to do");
+  app.add_option("--drain-seconds", s.drain_seconds,
+                 "serve mode: how long the requests accepted before SIGTERM may take to finish; "
+                 "what is left then is cut off")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->group("What to do");
+  app.add_flag("--reuse-port", s.reuse_port,
+               "SO_REUSEPORT: several server processes may listen on one --port (the kernel "
+               "spreads new connections over them)")
       ->group("What to do");
   app.add_flag("--compare", s.compare,
                "after the self-test: evr and the blocking pool (spin), same --threads, under the "

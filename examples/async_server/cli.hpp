@@ -64,6 +64,8 @@ struct settings {
   std::size_t request_memory_mib = 512;  ///< server_config::request_memory, in MiB
   std::size_t large_n = std::size_t{1} << 18;
   std::size_t large_concurrency = 2;
+  double drain_seconds = 30;  ///< serve mode, SIGTERM: server_config::drain_timeout
+  bool reuse_port = false;    ///< server_config::reuse_port
 };
 
 /// Parses argv; prints a message and exits with status 2 on bad input (0 after --help).

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <functional>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -98,6 +99,9 @@ struct process {
     sc.request_memory = std::uint64_t{cfg.request_memory_mib} << 20;
     sc.large_n = cfg.large_n;
     sc.large_concurrency = cfg.large_concurrency;
+    sc.drain_timeout =
+        std::chrono::milliseconds(static_cast<std::int64_t>(cfg.drain_seconds * 1000.0));
+    sc.reuse_port = cfg.reuse_port;
     sc.info = {to_string(m),
                blocks_a_thread(m) ? to_string(s) : "none",
                dev.label,
@@ -299,13 +303,28 @@ int main(int argc, char** argv) {
 
       const server_limits limits = p.limits(cfg.mode);
       if (cfg.what == action::serve) {
+        // The first SIGINT/SIGTERM drains (a fleet member being restarted: docs/deploy.md), a
+        // second one stops at once.
         asio::signal_set signals(inst.io(), SIGINT, SIGTERM);
-        signals.async_wait([&](std::error_code ec, int sig) {
+        std::function<void(std::error_code, int)> on_signal = [&](std::error_code ec, int sig) {
           if (ec) return;
+          if (!inst.srv().draining()) {
+            std::printf(
+                "draining (signal %d): no new connections, /readyz 503, up to %.1f s for the "
+                "requests accepted; a second signal stops at once\n",
+                sig, cfg.drain_seconds);
+            std::fflush(stdout);
+            // A second signal while draining stops at once; once drained, the wait for it is
+            // cancelled (it would keep this context's run() going).
+            inst.srv().drain([&signals] { signals.cancel(); });
+            signals.async_wait(on_signal);
+            return;
+          }
           std::printf("stopping (signal %d)\n", sig);
           std::fflush(stdout);
           inst.stop();
-        });
+        };
+        signals.async_wait(on_signal);
         std::printf(
             "listening on http://%s:%u/ — try /busy?us=2000, /mlp?seed=1, /saxpy?n=65536, "
             "/sum?n=65536, /healthz, /metrics; Ctrl-C stops\n",

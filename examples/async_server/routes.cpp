@@ -113,7 +113,7 @@ asio::awaitable<server::response> server::handle(const http::request& req, conne
     co_return error_response(c, 404,
                              "no such path '" + std::string(path.substr(0, 64)) +
                                  "'; try /busy?us=2000, /mlp?seed=1, /saxpy?n=65536, "
-                                 "/sum?n=65536, /healthz or /metrics");
+                                 "/sum?n=65536, /healthz, /readyz or /metrics");
   if (path == "/busy" ? req.method != "GET" : req.method != "GET" && req.method != "POST")
     co_return method_not_allowed(path, path == "/busy" ? "GET" : "GET, POST");
 
@@ -312,6 +312,28 @@ bool server::busy_request(const http::request& req, connection& c, busy::spec& s
   } else {
     r = response{};
   }
+  return true;
+}
+
+bool server::readyz_request(const http::request& req, connection& c, response& r) {
+  if (req.path() != "/readyz") return false;
+  if (req.method != "GET") {
+    r = error_response(c, 405, "/readyz takes GET");
+    r.extra_headers = "Allow: GET\r\n";
+    return true;
+  }
+  // Ready: not draining, lanes set up, and in evr mode its reactor (which lives as long as the
+  // server) taking waits.
+  const bool reactor_ok = cfg_.mode != wait_mode::evr || reactor_ != nullptr;
+  if (draining() || lanes_.size() == 0 || !reactor_ok) {
+    r = error_response(c, 503, draining() ? "draining: not taking new work"
+                                          : "not ready: no lanes or no reactor");
+    r.extra_headers = "Retry-After: 1\r\n";
+    return true;
+  }
+  r = response{};
+  r.content_type = "text/plain; charset=utf-8";
+  c.body = "ready\n";
   return true;
 }
 

@@ -85,6 +85,7 @@ server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_
                    : asio::any_io_executor(contexts_.at(0)->get_executor())),
       acceptor_(control_),
       sweep_timer_(control_),
+      drain_timer_(control_),
       budget_(cfg_.request_memory),
       large_turns_(cfg_.large_concurrency),
       large_threads_(cfg_.large_concurrency, "evr-large"),
@@ -143,6 +144,11 @@ void server::start() {
   const std::string where = cfg_.address + ":" + std::to_string(cfg_.port);
   acceptor_.open(endpoint.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec && cfg_.reuse_port) {
+    const int on = 1;
+    if (::setsockopt(acceptor_.native_handle(), SOL_SOCKET, SO_REUSEPORT, &on, sizeof on) != 0)
+      ec = std::error_code(errno, std::generic_category());
+  }
   if (!ec) acceptor_.bind(endpoint, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) throw std::runtime_error("cannot listen on " + where + ": " + ec.message());
@@ -182,6 +188,50 @@ void server::stop() {
     });
   }
   // `running` goes now: each context's run() returns once its connections are done.
+}
+
+void server::drain(std::function<void()> done) {
+  std::unordered_set<std::shared_ptr<connection>> open;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> running;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_.load(std::memory_order_relaxed) || draining_.load(std::memory_order_relaxed))
+      return;
+    draining_.store(true, std::memory_order_relaxed);
+    drained_ = std::move(done);
+    open = table_.all();
+    running.swap(keep_running_);
+  }
+  asio::post(control_, [this] {
+    std::error_code ignored;
+    acceptor_.close(ignored);
+    drain_timer_.expires_after(cfg_.drain_timeout);
+    drain_timer_.async_wait([this](std::error_code ec) {
+      if (!ec) stop();  // the deadline: what is still being served is cut off
+    });
+    std::lock_guard lock(mutex_);
+    end_drain_if_done();
+  });
+  // An idle keep-alive connection (waiting for its next request, nothing of one read) closes
+  // now; the others close after the answer they are working on (keep-alive is off from now on).
+  for (const auto& c : open) {
+    asio::post(c->socket.get_executor(), [c] {
+      if (c->reading_head.load(std::memory_order_relaxed) && c->in.empty()) {
+        std::error_code ignored;
+        c->socket.close(ignored);
+      }
+    });
+  }
+}
+
+void server::end_drain_if_done() {
+  if (!draining_.load(std::memory_order_relaxed) || table_.size() != 0 || drain_done_) return;
+  drain_done_ = true;
+  asio::post(control_, [this, done = std::move(drained_)] {
+    drain_timer_.cancel();
+    sweep_timer_.cancel();
+    if (done) done();
+  });
 }
 
 void server::join_connection_threads() {
@@ -330,7 +380,7 @@ server::admission server::admit(asio::ip::tcp::socket socket, placement where) {
   connection_table::verdict verdict;
   {
     std::lock_guard lock(mutex_);
-    if (stopping_.load(std::memory_order_relaxed)) return admission::stopping;  // c closes
+    if (draining()) return admission::stopping;  // c closes
     verdict = table_.admit(c, evicted);
     if (verdict == connection_table::verdict::admitted && where.own)
       conn_threads_.push_back(where.own);
@@ -412,6 +462,10 @@ asio::awaitable<void> server::sweep_deadlines() {
     sweep_timer_.expires_after(period);
     auto [ec] = co_await sweep_timer_.async_wait(use_tuple);
     if (ec || stopping_.load(std::memory_order_relaxed)) co_return;
+    {
+      std::lock_guard lock(mutex_);
+      if (draining_.load(std::memory_order_relaxed) && table_.size() == 0) co_return;
+    }
     const std::int64_t now = to_ns(clock_type::now());
     {
       std::lock_guard lock(mutex_);
@@ -441,6 +495,7 @@ asio::awaitable<void> server::sweep_deadlines() {
 void server::forget(const std::shared_ptr<connection>& c) {
   std::lock_guard lock(mutex_);
   table_.erase(c);
+  end_drain_if_done();
 }
 
 asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
@@ -454,6 +509,9 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
   http::request& req = c->req;
   bool lingering_close = false;
   for (;;) {
+    // Draining: no next request on a kept-alive connection (drain() closes those already waiting
+    // for one; this one answered a request meanwhile). A pipelined request already read is served.
+    if (draining() && buffer.empty()) break;
     arm_deadline(*c, cfg_.io_timeout);
     c->reading_head.store(true, std::memory_order_relaxed);
     std::error_code ec;
@@ -513,7 +571,8 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
       } counted(metrics_);
       busy::spec spec;
       if (!busy_request(req, *c, spec, r)) {
-        if (!healthz_request(req, *c, r)) r = co_await handle(req, *c);
+        if (!healthz_request(req, *c, r) && !readyz_request(req, *c, r))
+          r = co_await handle(req, *c);
       } else if (r.status == 200) {
         // GET /busy, the GPU-bound route, runs here rather than in handle() and run_busy():
         // GCC's frames for those coroutines are over 1 KiB, more than Asio's recycling allocator
@@ -559,8 +618,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
       break;
     }
 
-    const bool keep_alive =
-        req.keep_alive && !r.close && !stopping_.load(std::memory_order_relaxed);
+    const bool keep_alive = req.keep_alive && !r.close && !draining();
     c->wire.clear();
     http::append_response(c->wire, r.status, r.content_type, c->body, keep_alive, r.extra_headers);
     // At once when the socket takes it all, the usual case for a response this small (no Asio

@@ -7,9 +7,8 @@
 //   GET      /busy?us=D[&seed=S]         a kernel of D us on one block: GPU-bound (busy.hpp)
 //   GET|POST /mlp?seed=S[&rows=R]        an MLP forward pass, dynamically batched in evr mode
 //                                        (mlp.hpp, batcher.hpp)
-//   GET      /healthz                    "ok": no GPU work (a load balancer's probe; the cost of
-//   the
-//                                        HTTP path alone)
+//   GET      /healthz                    "ok": no GPU work (alive; the cost of the HTTP path alone)
+//   GET      /readyz                     "ready" (200) while it takes work, 503 once draining
 //   GET      /metrics                    Prometheus text format (metrics.hpp)
 //
 // Five ways to wait for the GPU (wait_mode.hpp), everything else identical:
@@ -53,6 +52,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -118,6 +118,11 @@ struct server_config {
   /// checked on large-request threads rather than an io thread.
   std::size_t large_n = std::size_t{1} << 18;
   std::size_t large_concurrency = 2;
+  /// drain(): how long the requests accepted before it may take before stop() ends the rest.
+  std::chrono::milliseconds drain_timeout{30000};
+  /// SO_REUSEPORT on the listening socket: several server processes may listen on one port (the
+  /// kernel spreads new connections over them).
+  bool reuse_port = false;
   server_metrics::info info;  ///< for evr_server_info
 };
 
@@ -145,6 +150,20 @@ class server {
   /// first (its response then fails to send). When all are gone, io_context::run() returns.
   /// Thread-safe, idempotent.
   void stop();
+
+  /// Stops taking new work and lets the work accepted finish (SIGTERM in serve mode; a fleet
+  /// member being restarted): the listening socket closes (new connections are refused, a load
+  /// balancer sends them elsewhere), /readyz answers 503, idle keep-alive connections are closed,
+  /// and each request being served gets its answer with `Connection: close`. When the last
+  /// connection is gone, run() returns; what is left after config().drain_timeout is stopped as
+  /// stop() does. `done` (optional) runs on the accept loop's context once no connection is
+  /// left (e.g. to cancel a signal wait that would keep that context's run() going). Thread-safe,
+  /// idempotent; stop() after it ends the drain at once.
+  void drain(std::function<void()> done = {});
+  /// drain() or stop() was called: /readyz answers 503.
+  bool draining() const noexcept {
+    return draining_.load(std::memory_order_relaxed) || stopping_.load(std::memory_order_relaxed);
+  }
 
   /// wait_mode::thread: joins every connection thread (call after stop(), once the io threads
   /// have returned). Other modes: nothing to do.
@@ -234,6 +253,12 @@ class server {
   /// GET /healthz, served inline by serve() (no GPU work, no coroutine frame): false when `req`
   /// is not for /healthz; else true, with its fixed answer (or a 405) in `r`.
   bool healthz_request(const http::request& req, connection& c, response& r);
+  /// GET /readyz: 200 while the server takes work (listening, lanes set up, the reactor running
+  /// in evr mode); 503 once it drains or stops. A load balancer's health check.
+  bool readyz_request(const http::request& req, connection& c, response& r);
+  /// (mutex_ held) Draining and no connection left: the timers that keep the control context's
+  /// run() going are cancelled.
+  void end_drain_if_done();
   /// Enqueues the busy kernel on the lease's lane; true (and the 500 in `r`) when that failed.
   bool launch_busy(lane_pool::lease& lease, const busy::spec& spec, connection& c, response& r);
   /// The answer once the work is done (or the wait failed: ec).
@@ -287,6 +312,7 @@ class server {
   asio::any_io_executor control_;
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer sweep_timer_;  // on control_
+  asio::steady_timer drain_timer_;  // on control_: drain()'s deadline
   std::uint16_t port_ = 0;
 
   // The accept loop's: a descriptor kept open to be closed when the process runs out of them
@@ -303,4 +329,7 @@ class server {
   connection_table table_;
   std::list<std::shared_ptr<conn_thread>> conn_threads_;
   std::atomic<bool> stopping_{false};  // read on every response without the lock
+  std::atomic<bool> draining_{false};  // likewise; changed under mutex_
+  bool drain_done_ = false;             // (mutex_) the drain's end was posted
+  std::function<void()> drained_;       // (mutex_) drain()'s `done`
 };
