@@ -24,11 +24,12 @@ set -euo pipefail
 # Python binding (python/); pytest, pytest-asyncio, aiohttp, uvloop: its tests, example and bench;
 # numpy and wrk: the served-model example (its model, and the load on it).
 # doxygen: the API reference (scripts/docs.sh). clang-14, libclang-rt-14-dev: libFuzzer for the
-# example server's HTTP parsing (scripts/fuzz-http.sh).
+# example server's HTTP parsing (scripts/fuzz-http.sh). haproxy: the balancer of the rolling-restart
+# test (examples/deploy/).
 readonly base_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev doctest-dev libcli11-dev
   libhttp-parser-dev python3-prometheus-client python3-dev pybind11-dev python3-pytest
   python3-pytest-asyncio python3-aiohttp python3-uvloop python3-numpy wrk doxygen clang-14
-  libclang-rt-14-dev)
+  libclang-rt-14-dev haproxy)
 readonly extra_packages=(python3-matplotlib)
 # Debian 12 has Boost 1.74 (libboost-dev) and 1.81; 1.74's Asio (1.18) is older than evr needs.
 # One libboost*-dev at a time (see --no-remove below).

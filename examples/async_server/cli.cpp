@@ -20,6 +20,18 @@ const CLI::Validator request_path(
     },
     "PATH", "request path");
 
+/// --drain-seconds: a number of seconds in [0, 3600] (CLI::Range alone lets "nan" through).
+const CLI::Validator drain_seconds(
+    [](std::string& v) -> std::string {
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(d >= 0.0 && d <= 3600.0))
+        return "takes seconds from 0 to 3600 (how long accepted requests may take to finish "
+               "after SIGTERM), not '" + v + "'";
+      return {};
+    },
+    "SECONDS", "drain seconds");
+
 /// --devices: "all", or device indices separated by commas, each at most once ("0,1").
 std::string parse_devices(const std::string& v, std::vector<int>& out) {
   out.clear();
@@ -98,7 +110,7 @@ settings parse_command_line(int argc, char** argv) {
   app.add_option("--drain-seconds", s.drain_seconds,
                  "serve mode: how long the requests accepted before SIGTERM may take to finish; "
                  "what is left then is cut off")
-      ->check(CLI::Range(0.0, 3600.0))
+      ->check(drain_seconds)
       ->group("What to do");
   app.add_flag("--reuse-port", s.reuse_port,
                "SO_REUSEPORT: several server processes may listen on one --port (the kernel "

@@ -207,7 +207,19 @@ void server::drain(std::function<void()> done) {
     acceptor_.close(ignored);
     drain_timer_.expires_after(cfg_.drain_timeout);
     drain_timer_.async_wait([this](std::error_code ec) {
-      if (!ec) stop();  // the deadline: what is still being served is cut off
+      if (ec) return;
+      // The deadline: what is still being served is cut off (its clients get no answer).
+      std::size_t open = 0;
+      {
+        std::lock_guard lock(mutex_);
+        open = table_.size();
+      }
+      std::printf("drain: the deadline (%.1f s) passed with %lld requests in flight on %zu "
+                  "connections: they are cut off\n",
+                  std::chrono::duration<double>(cfg_.drain_timeout).count(),
+                  static_cast<long long>(metrics_.in_flight()), open);
+      std::fflush(stdout);
+      stop();
     });
     std::lock_guard lock(mutex_);
     end_drain_if_done();

@@ -1,0 +1,423 @@
+#!/usr/bin/env python3
+"""Servers restarted under load behind HAProxy lose nothing (SIGTERM), and what SIGKILL costs.
+
+    python3 examples/deploy/rolling_restart_test.py --bin build/release/examples/evr-async-server
+        [--device sim|cuda] [--seconds 20] [--connections 64] [--route "/busy?us=2000"]
+        [--skip-kill] [--skip-reuse-port] [--out DIR]
+
+0. Drain, no balancer: one server, a /busy request of 400 ms in flight and an idle keep-alive
+   connection when it gets SIGTERM: the idle connection is closed, a new connection is refused,
+   the request in flight gets its right answer with `Connection: close`, exit 0, nothing left.
+1. Rolling restart: two servers behind HAProxy (fleet.py), --connections clients in closed loops
+   through it for --seconds, every answer checked (a /busy answer is an integer hash of its seed,
+   computed here too). A quarter of the way in, s0 is SIGTERMed: it must stop accepting, answer
+   /readyz with 503, finish what it accepted and exit 0 with nothing left (its summary: 0 requests,
+   0 lanes, 0 reactor waits left; 0 failures), within its --drain-seconds; it is started again on
+   its port and must be back in HAProxy's rotation; then the same for s1. Asserted: 0 non-2xx
+   answers, 0 socket errors, 0 wrong answers at the clients, both servers answered after their
+   restart.
+2. SIGKILL (unless --skip-kill): the same load for a few seconds, s1 killed with SIGKILL in the
+   middle, started again once HAProxy has taken it out. Reported: what the clients lost (requests
+   in flight on s1 that HAProxy could not send again: it retries a request whose server closed
+   the connection without an answer, on another server). Asserted: no wrong answer, nothing lost
+   once HAProxy had s1 out, at most one loss per client connection, and s1 serves again.
+3. --reuse-port (unless --skip-reuse-port): two servers on one port (SO_REUSEPORT); 200 one-request
+   connections; both must have answered some, and together all.
+
+Exit status 0 when every assertion held; the figures go to stdout (and --out DIR/deploy.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fleet import DEFAULT_BIN, Fleet, ServerProcess, free_port, http_status  # noqa: E402
+
+M32 = 0xFFFFFFFF
+
+
+def busy_reference(seed: int) -> int:
+    """What /busy answers for `seed` (examples/async_server/busy_math.hpp, bit for bit)."""
+    def mix(h):
+        h ^= h >> 16
+        h = (h * 0x7FEB352D) & M32
+        h ^= h >> 15
+        h = (h * 0x846CA68B) & M32
+        h ^= h >> 16
+        return h
+
+    total = 0
+    for t in range(32):
+        h = (seed ^ ((t * 0x9E3779B9) & M32)) & M32
+        for r in range(64):
+            h = mix((h + r) & M32)
+        total = (total + h) & M32
+    return total
+
+
+class Tally:
+    """What the clients saw, in total and per second of the run."""
+
+    def __init__(self):
+        self.ok = self.non2xx = self.socket_errors = self.wrong = 0
+        self.by_backend: dict[str, int] = {}
+        self.errors_at: list[float] = []  # monotonic time of each non-2xx / socket error
+        self.first_problem = ""
+
+    def problem(self, what: str) -> None:
+        self.errors_at.append(time.monotonic())
+        if not self.first_problem:
+            self.first_problem = what
+
+
+async def read_response(reader) -> tuple[int, dict, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+async def client(port: int, route: str, seeds: dict, stop: asyncio.Event, tally: Tally, idx: int):
+    """One keep-alive connection in a closed loop; a fresh one after an error or a close."""
+    keys = list(seeds)
+    n = idx
+    writer = None
+    while not stop.is_set():
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            seed = keys[n % len(keys)]
+            n += 7
+            sep = "&" if "?" in route else "?"
+            writer.write(f"GET {route}{sep}seed={seed} HTTP/1.1\r\nHost: fleet\r\n\r\n".encode())
+            status, headers, body = await read_response(reader)
+            if status != 200:
+                tally.non2xx += 1
+                tally.problem(f"{status} {body[:200]!r}")
+            else:
+                answer = json.loads(body)
+                if answer.get("result") != seeds[seed]:
+                    tally.wrong += 1
+                    tally.problem(f"wrong answer for seed {seed}: {answer}")
+                else:
+                    tally.ok += 1
+                b = headers.get("x-evr-backend", "?")
+                tally.by_backend[b] = tally.by_backend.get(b, 0) + 1
+            if headers.get("connection", "").lower() == "close":
+                writer.close()
+                writer = None
+        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+            tally.socket_errors += 1
+            tally.problem(f"{type(e).__name__}: {e}")
+            if writer is not None:
+                writer.close()
+            writer = None
+            await asyncio.sleep(0.01)
+    if writer is not None:
+        writer.close()
+
+
+async def load_while(port, route, connections, seeds, scenario):
+    """Runs the clients until `scenario` (a coroutine function taking the tally) returns."""
+    tally = Tally()
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(client(port, route, seeds, stop, tally, i))
+             for i in range(connections)]
+    try:
+        await scenario(tally)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    return tally
+
+
+def drained_cleanly(server: ServerProcess, rc: int) -> list[str]:
+    """What is wrong with a server's SIGTERM exit (nothing: [])."""
+    out = server.last_run_output()
+    problems = []
+    if rc != 0:
+        problems.append(f"{server.name} exited with {rc}")
+    m = re.search(r"afterwards (\d+) requests, (\d+) of \d+ lanes, (\d+) reactor waits left", out)
+    if not m or m.groups() != ("0", "0", "0"):
+        problems.append(f"{server.name}: left something behind: {m.group(0) if m else 'no summary'}")
+    if "draining" not in out:
+        problems.append(f"{server.name}: did not say it was draining")
+    return problems
+
+
+def request_on(sock, path: str) -> tuple[int, dict, bytes]:
+    """GET path on an open socket (keep-alive); the status, headers and body of the answer."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: drain\r\n\r\n".encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError(f"closed before the answer to {path}")
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in
+               (line.split(":", 1) for line in lines[1:] if ":" in line)}
+    while len(body) < int(headers.get("content-length", "0")):
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError(f"closed in the body of the answer to {path}")
+        body += chunk
+    return int(lines[0].split(" ", 2)[1]), headers, body
+
+
+def gauge(port: int, name: str) -> float:
+    """A gauge's value from the server's /metrics."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        _, _, body = request_on(s, "/metrics")
+    m = re.search(rf"^{name} (\S+)$", body.decode(), re.M)
+    if not m:
+        raise RuntimeError(f"/metrics has no {name}")
+    return float(m.group(1))
+
+
+def drain_direct(args, binary, workdir, report) -> list[str]:
+    """SIGTERM with a request in flight and an idle keep-alive connection, no balancer: the idle
+    connection is closed, new connections are refused, the request in flight is answered (right,
+    with Connection: close), the server exits 0 with nothing left."""
+    server = ServerProcess("d0", binary, free_port(),
+                           server_args(args) + ["--max-busy-us", "400000"], workdir)
+    server.start()
+    server.wait_listening()
+    problems = []
+    seed = 77
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as busy, \
+            socket.create_connection(("127.0.0.1", server.port), timeout=30) as idle:
+        request_on(idle, "/healthz")  # accepted, now waiting for its next request
+        # 400 ms of GPU work in flight when the signal comes (seen in the server's gauge, whose
+        # own /metrics request counts one).
+        busy.sendall(f"GET /busy?us=400000&seed={seed} HTTP/1.1\r\nHost: d\r\n\r\n".encode())
+        deadline = time.monotonic() + 30
+        while gauge(server.port, "evr_server_requests_in_flight") < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the long request never showed in flight")
+        server.signal(signal.SIGTERM)
+        # The idle connection: closed by the server (EOF), without an answer.
+        idle.settimeout(10)
+        idle_closed = idle.recv(1) == b""
+        # A new connection: refused once the listening socket is closed.
+        refused = False
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not refused:
+            try:
+                socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+            except ConnectionRefusedError:
+                refused = True
+        # The request in flight: answered in full, with Connection: close.
+        data = b""
+        while chunk := busy.recv(4096):
+            data += chunk
+    rc = server.wait_exit(timeout=args.drain_seconds + 30)
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    answer_ok = status_line.endswith(" 200 OK") and b"connection: close" in head.lower() and \
+        body and json.loads(body).get("result") == busy_reference(seed)
+    report["drain_direct"] = {"idle_closed": idle_closed, "refused": refused,
+                              "in_flight_answer": status_line, "exit": rc}
+    print(f"drain (no balancer): idle keep-alive connection closed: {idle_closed}; a new "
+          f"connection refused: {refused}; the request in flight answered: {status_line!r}"
+          f"{', right, Connection: close' if answer_ok else ' (NOT right or kept alive)'}; "
+          f"exit {rc}")
+    if not idle_closed:
+        problems.append("drain: the idle keep-alive connection was not closed")
+    if not refused:
+        problems.append("drain: new connections were still accepted")
+    if not answer_ok:
+        problems.append(f"drain: the request in flight got {data[:300]!r}")
+    problems.extend(drained_cleanly(server, rc))
+    return problems
+
+
+async def rolling_restart(args, binary, seeds, workdir, report) -> list[str]:
+    fleet = Fleet(binary, 2, server_args(args), workdir)
+    fleet.start()
+    problems: list[str] = []
+    restarts = {}
+
+    async def scenario(tally):
+        loop = asyncio.get_running_loop()
+        for i, server in enumerate(fleet.servers):
+            await asyncio.sleep(args.seconds * (0.25 if i == 0 else 0.35))
+            before = dict(tally.by_backend)
+            t0 = time.monotonic()
+            server.signal(signal.SIGTERM)
+            rc = await loop.run_in_executor(None, server.wait_exit, args.drain_seconds + 30)
+            drained_s = time.monotonic() - t0
+            problems.extend(drained_cleanly(server, rc))
+            server.start()
+            await loop.run_in_executor(None, server.wait_listening)
+            back_s = await loop.run_in_executor(None, fleet.haproxy.wait_state, server.name, True)
+            restarts[server.name] = {"drain_s": drained_s, "back_in_rotation_s": back_s,
+                                     "answered_before": before.get(server.name, 0)}
+        await asyncio.sleep(args.seconds * 0.25)
+        restarts["after"] = dict(tally.by_backend)
+
+    t0 = time.monotonic()
+    tally = await load_while(fleet.haproxy.port, args.route, args.connections, seeds, scenario)
+    elapsed = time.monotonic() - t0
+    codes = fleet.stop()
+    for s, rc in zip(fleet.servers, codes):
+        problems.extend(drained_cleanly(s, rc))
+    answered_after = {s.name: tally.by_backend.get(s.name, 0) - restarts[s.name]["answered_before"]
+                      for s in fleet.servers}
+    report["rolling_restart"] = {
+        "seconds": elapsed, "ok": tally.ok, "non2xx": tally.non2xx,
+        "socket_errors": tally.socket_errors, "wrong": tally.wrong,
+        "by_backend": tally.by_backend, "restarts": restarts, "first_problem": tally.first_problem}
+    print(f"rolling restart: {tally.ok} answers right in {elapsed:.1f} s ({tally.ok / elapsed:.0f}/s)"
+          f" over {args.connections} connections; {tally.non2xx} non-2xx, {tally.socket_errors} "
+          f"socket errors, {tally.wrong} wrong; per server {tally.by_backend}")
+    for name in ("s0", "s1"):
+        r = restarts[name]
+        print(f"  {name}: SIGTERM -> exited 0 after {r['drain_s']:.2f} s (drained), started again, "
+              f"back in HAProxy's rotation {r['back_in_rotation_s']:.2f} s later")
+    if tally.non2xx or tally.socket_errors or tally.wrong:
+        problems.append(f"rolling restart: the clients saw {tally.non2xx} non-2xx, "
+                        f"{tally.socket_errors} socket errors, {tally.wrong} wrong answers "
+                        f"(first: {tally.first_problem})")
+    for name, n in answered_after.items():
+        if n <= 0:
+            problems.append(f"rolling restart: {name} answered nothing after its restart")
+    return problems
+
+
+async def sigkill(args, binary, seeds, workdir, report) -> list[str]:
+    fleet = Fleet(binary, 2, server_args(args), workdir)
+    fleet.start()
+    problems: list[str] = []
+    marks = {}
+
+    async def scenario(tally):
+        loop = asyncio.get_running_loop()
+        victim = fleet.servers[1]
+        await asyncio.sleep(2)
+        marks["killed"] = time.monotonic()
+        victim.signal(signal.SIGKILL)
+        await loop.run_in_executor(None, victim.wait_exit, 10)
+        marks["out_after_s"] = await loop.run_in_executor(
+            None, fleet.haproxy.wait_state, victim.name, False)
+        marks["out"] = time.monotonic()
+        victim.start()
+        await loop.run_in_executor(None, victim.wait_listening)
+        await loop.run_in_executor(None, fleet.haproxy.wait_state, victim.name, True)
+        marks["before_back"] = tally.by_backend.get(victim.name, 0)
+        await asyncio.sleep(2)
+
+    tally = await load_while(fleet.haproxy.port, args.route, args.connections, seeds, scenario)
+    fleet.stop()
+    lost = tally.non2xx + tally.socket_errors
+    late = [t for t in tally.errors_at if t > marks["out"]]
+    served_again = tally.by_backend.get("s1", 0) - marks["before_back"]
+    report["sigkill"] = {"ok": tally.ok, "lost": lost, "non2xx": tally.non2xx,
+                         "socket_errors": tally.socket_errors, "wrong": tally.wrong,
+                         "out_of_rotation_s": marks["out_after_s"], "errors_after_out": len(late),
+                         "served_after_restart": served_again, "first_problem": tally.first_problem}
+    print(f"SIGKILL: s1 killed under load; HAProxy took it out {marks['out_after_s']:.2f} s later; "
+          f"the clients lost {lost} requests ({tally.non2xx} non-2xx, {tally.socket_errors} socket "
+          f"errors{': ' + tally.first_problem if tally.first_problem else ''}) of {tally.ok + lost}; "
+          f"{len(late)} after it was out; s1 answered {served_again} after its restart")
+    if tally.wrong:
+        problems.append(f"SIGKILL: {tally.wrong} wrong answers")
+    if late:
+        problems.append(f"SIGKILL: {len(late)} requests lost after HAProxy took s1 out")
+    if lost > args.connections:
+        problems.append(f"SIGKILL: {lost} lost, more than the {args.connections} in flight")
+    if served_again <= 0:
+        problems.append("SIGKILL: s1 served nothing after its restart")
+    return problems
+
+
+async def reuse_port(args, binary, workdir, report) -> list[str]:
+    port = free_port()
+    servers = [ServerProcess(f"r{i}", binary, port, server_args(args) + ["--reuse-port"], workdir)
+               for i in range(2)]
+    for s in servers:
+        s.start()
+    for s in servers:
+        s.wait_listening()
+    statuses = [http_status("127.0.0.1", port, "/healthz") for _ in range(200)]
+    for s in servers:
+        s.signal(signal.SIGTERM)
+    codes = [s.wait_exit(timeout=args.drain_seconds + 30) for s in servers]
+    counts = []
+    for s in servers:
+        m = re.search(r"server: (\d+) responses", s.last_run_output())
+        counts.append(int(m.group(1)) if m else 0)
+    report["reuse_port"] = {"statuses_200": statuses.count(200), "per_server": counts,
+                            "exit": codes}
+    print(f"--reuse-port: two servers on port {port}: {statuses.count(200)} of 200 connections "
+          f"answered, per server {counts} (each also answered its own /readyz probes), exit "
+          f"{codes}")
+    problems = []
+    if statuses.count(200) != 200:
+        problems.append(f"--reuse-port: {200 - statuses.count(200)} of 200 requests not answered")
+    if min(counts) == 0:
+        problems.append(f"--reuse-port: one server got no connection ({counts})")
+    if any(codes):
+        problems.append(f"--reuse-port: exit statuses {codes}")
+    return problems
+
+
+def server_args(args) -> list[str]:
+    return ["--device", args.device, "--drain-seconds", str(args.drain_seconds)] + \
+        args.server_args.split()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bin", default=DEFAULT_BIN)
+    p.add_argument("--device", default="sim", choices=["auto", "cuda", "sim"])
+    p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--route", default="/busy?us=2000")
+    p.add_argument("--drain-seconds", type=float, default=10)
+    p.add_argument("--server-args", default="")
+    p.add_argument("--skip-kill", action="store_true")
+    p.add_argument("--skip-reuse-port", action="store_true")
+    p.add_argument("--out")
+    a = p.parse_args()
+    if not os.access(a.bin, os.X_OK):
+        p.error(f"--bin {a.bin}: not an executable")
+    if not a.route.startswith("/busy"):
+        p.error(f"--route must be a /busy route (its answers are checked here), not {a.route}")
+    seeds = {s: busy_reference(s) for s in range(1, 257)}
+    workdir = a.out or tempfile.mkdtemp(prefix="evr-deploy.")
+    os.makedirs(workdir, exist_ok=True)
+    report: dict = {"args": vars(a)}
+    problems = drain_direct(a, a.bin, workdir, report)
+    problems += asyncio.run(rolling_restart(a, a.bin, seeds, workdir, report))
+    if not a.skip_kill:
+        problems += asyncio.run(sigkill(a, a.bin, seeds, workdir, report))
+    if not a.skip_reuse_port:
+        problems += asyncio.run(reuse_port(a, a.bin, workdir, report))
+    with open(os.path.join(workdir, "deploy.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    for problem in problems:
+        print(f"FAILED: {problem}")
+    print(f"rolling-restart-test: {'FAILED' if problems else 'passed'} (logs in {workdir})")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
