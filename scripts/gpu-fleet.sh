@@ -9,7 +9,9 @@
 # EVR_FLEET_BIN: a built evr-async-server (e.g. the one scripts/gpu-server-before-after.sh built
 # in the same call, build/sba-after/...); otherwise it is built here (Release, CUDA, sm_90).
 # EVR_FLEET_DEVICE (default cuda; sim: a test of this script without a GPU), EVR_FLEET_SECONDS
-# per fleet-bench point (default 6), EVR_FLEET_ROUNDS (default 2). Logs and JSON under OUTDIR.
+# per fleet-bench point (default 6), EVR_FLEET_ROUNDS (default 2), EVR_FLEET_HAPROXY_THREADS
+# (HAProxy's nbthread per fleet row, default "0,4"; 0: its default), EVR_FLEET_SKIP_ROLLING=1 (the
+# bench only). Logs and JSON under OUTDIR.
 set -uo pipefail
 if [[ $# -ne 1 ]]; then
   echo "usage: $0 OUTDIR" >&2
@@ -41,12 +43,13 @@ if [[ -z "$bin" ]]; then
   bin=build/fleet/examples/evr-async-server
 fi
 rc=0
-echo "==> fleet-bench: 2 processes x 1 io thread behind HAProxy vs 1 process x 2 io threads"
+echo "==> fleet-bench: 2 processes x 1 io thread behind HAProxy (and on one port) vs 1 process x 2 io threads"
 python3 scripts/fleet-bench.py --bin "$bin" --device "$device" --processes 2 --threads 2 \
   --route "/busy?us=1000" --connections 256 --seconds "${EVR_FLEET_SECONDS:-6}" \
-  --rounds "${EVR_FLEET_ROUNDS:-2}" --out "$out/fleet-bench" 2>&1 | tee "$out/fleet-bench.log" ||
-  rc=1
+  --rounds "${EVR_FLEET_ROUNDS:-2}" --haproxy-threads "${EVR_FLEET_HAPROXY_THREADS:-0,4}" \
+  --out "$out/fleet-bench" 2>&1 | tee "$out/fleet-bench.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+[[ "${EVR_FLEET_SKIP_ROLLING:-0}" == 1 ]] && exit $rc
 echo "==> rolling restart under /busy?us=1000 at 256 connections"
 python3 examples/deploy/rolling_restart_test.py --bin "$bin" --device "$device" \
   --route "/busy?us=1000" --connections 256 --seconds 20 --skip-reuse-port \

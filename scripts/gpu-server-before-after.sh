@@ -11,7 +11,7 @@
 # before, after so that drift between rounds shows: the servers EVR_SBA_SERVERS (labels separated
 # by ';', default "evr N=1;evr N=4;pool auto N=4"), the routes EVR_SBA_ROUTES (default
 # "/busy?us=1000 /mlp?seed=1"), EVR_SBA_CONNECTIONS (default "256 1024"), EVR_SBA_SECONDS per
-# point (default 2). Prints one row per point: requests/s, p99 and server CPU per request of each
+# point (default 2), EVR_SBA_ROUNDS (default 2). Prints one row per point: requests/s, p99 and server CPU per request of each
 # round, and after/before (the rounds' means), also into compare.txt. All of it goes into
 # OUT/server-before-after.tgz (one file: the device tool returns at most 8). EVR_SBA_DEVICE=sim
 # runs it on the simulated device (a test of this script, without CUDA).
@@ -53,7 +53,8 @@ rm -rf build/sba-before-tree && mkdir -p build/sba-before-tree &&
 build before build/sba-before-tree
 build after "$root"
 
-for round in 1 2; do
+rounds="${EVR_SBA_ROUNDS:-2}"
+for round in $(seq 1 "$rounds"); do
   for side in before after; do
     echo "==> round $round, $side"
     python3 scripts/server-study.py run --bin "build/sba-$side/examples/evr-async-server" \
@@ -64,11 +65,12 @@ for round in 1 2; do
   done
 done
 
-python3 - "$work" <<'EOF' | tee "$work/compare.txt"
+python3 - "$work" "$rounds" <<'EOF' | tee "$work/compare.txt"
 import json, os, sys
-work = sys.argv[1]
+work, rounds = sys.argv[1], int(sys.argv[2])
+names = [f"{side}-{r}" for r in range(1, rounds + 1) for side in ("before", "after")]
 runs = {}
-for name in ("before-1", "after-1", "before-2", "after-2"):
+for name in names:
     path = os.path.join(work, name, "server-study.json")
     if os.path.exists(path):
         with open(path) as f:
@@ -83,14 +85,17 @@ def mean(vals):
     vals = [v for v in vals if v is not None]
     return sum(vals) / len(vals) if vals else None
 fmt = lambda v, d=0: "-" if v is None else f"{v:.{d}f}"
-print(f"{'server':16} {'route':14} {'conns':>5} | req/s: before-1 after-1 before-2 after-2 "
-      f"after/before | p99 ms: b1 a1 b2 a2 | cpu us/req: b1 a1 b2 a2")
+short = " ".join(n[0] + n.split("-")[1] for n in names)
+print(f"{'server':16} {'route':14} {'conns':>5} | req/s: {' '.join(names)} "
+      f"after/before | p99 ms: {short} | cpu us/req: {short} after/before")
 for k in keys:
-    rps = [cell(r, k, "rps") for r in ("before-1", "after-1", "before-2", "after-2")]
-    p99 = [cell(r, k, "p99_us", 1e-3) for r in ("before-1", "after-1", "before-2", "after-2")]
-    cpu = [cell(r, k, "cpu_us_per_request") for r in ("before-1", "after-1", "before-2", "after-2")]
+    rps = [cell(r, k, "rps") for r in names]
+    p99 = [cell(r, k, "p99_us", 1e-3) for r in names]
+    cpu = [cell(r, k, "cpu_us_per_request") for r in names]
     b, a = mean(rps[0::2]), mean(rps[1::2])
     ratio = fmt(a / b, 3) if a and b else "-"
+    cb, ca = mean(cpu[0::2]), mean(cpu[1::2])
+    cpu_ratio = fmt(ca / cb, 3) if ca and cb else "-"
     print(f"{k[0]:16} {k[1]:14} {k[2]:>5} | {' '.join(fmt(v) for v in rps)} {ratio} | "
-          f"{' '.join(fmt(v, 2) for v in p99)} | {' '.join(fmt(v, 1) for v in cpu)}")
+          f"{' '.join(fmt(v, 2) for v in p99)} | {' '.join(fmt(v, 1) for v in cpu)} {cpu_ratio}")
 EOF

@@ -110,8 +110,10 @@ def http_status(host: str, port: int, path: str, timeout: float = 2.0) -> int | 
 class HAProxy:
     """HAProxy in front of the servers, in the foreground (-db), with an admin stats socket."""
 
-    def __init__(self, port: int, servers: list[ServerProcess], workdir: str):
+    def __init__(self, port: int, servers: list[ServerProcess], workdir: str,
+                 threads: int | None = None):
         self.port, self.servers, self.workdir = port, servers, workdir
+        self.threads = threads  # nbthread (None: HAProxy's default, a thread per CPU)
         self.socket_path = os.path.join(workdir, "haproxy.sock")
         self.cfg_path = os.path.join(workdir, "haproxy.cfg")
         self.log_path = os.path.join(workdir, "haproxy.log")
@@ -123,6 +125,8 @@ class HAProxy:
         lines = "\n".join(f"    server {s.name} 127.0.0.1:{s.port}" for s in self.servers)
         text = (text.replace("@PORT@", str(self.port)).replace("@STATS_SOCKET@", self.socket_path)
                 .replace("@SERVERS@", lines))
+        if self.threads:
+            text = text.replace("global\n", f"global\n    nbthread {self.threads}\n", 1)
         with open(self.cfg_path, "w", encoding="utf-8") as f:
             f.write(text)
 
@@ -188,12 +192,12 @@ class Fleet:
     """N servers, each on a port of its own, and HAProxy in front of them."""
 
     def __init__(self, binary: str, count: int, server_args: list[str], workdir: str,
-                 port: int = 0, per_server_args=None):
+                 port: int = 0, per_server_args=None, haproxy_threads: int | None = None):
         self.workdir = workdir
         self.servers = [ServerProcess(f"s{i}", binary, free_port(),
                                       server_args + (per_server_args(i) if per_server_args else []),
                                       workdir) for i in range(count)]
-        self.haproxy = HAProxy(port or free_port(), self.servers, workdir)
+        self.haproxy = HAProxy(port or free_port(), self.servers, workdir, haproxy_threads)
 
     def start(self) -> None:
         for s in self.servers:
