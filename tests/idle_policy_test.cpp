@@ -4,7 +4,6 @@
 #include <chrono>
 #include <random>
 
-
 #include "idle_policy.hpp"
 
 using namespace std::chrono_literals;

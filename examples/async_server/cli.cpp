@@ -27,7 +27,8 @@ const CLI::Validator drain_seconds(
       const double d = std::strtod(v.c_str(), &end);
       if (v.empty() || *end != '\0' || !(d >= 0.0 && d <= 3600.0))
         return "takes seconds from 0 to 3600 (how long accepted requests may take to finish "
-               "after SIGTERM), not '" + v + "'";
+               "after SIGTERM), not '" +
+               v + "'";
       return {};
     },
     "SECONDS", "drain seconds");

@@ -17,8 +17,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <functional>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>

@@ -317,37 +317,36 @@ bool server::busy_request(const http::request& req, connection& c, busy::spec& s
 
 bool server::readyz_request(const http::request& req, connection& c, response& r) {
   if (req.path() != "/readyz") return false;
-  if (req.method != "GET") {
-    r = error_response(c, 405, "/readyz takes GET");
-    r.extra_headers = "Allow: GET\r\n";
-    return true;
-  }
   // Ready: not draining, lanes set up, and in evr mode its reactor (which lives as long as the
   // server) taking waits.
   const bool reactor_ok = cfg_.mode != wait_mode::evr || reactor_ != nullptr;
-  if (draining() || lanes_.size() == 0 || !reactor_ok) {
-    r = error_response(c, 503, draining() ? "draining: not taking new work"
-                                          : "not ready: no lanes or no reactor");
-    r.extra_headers = "Retry-After: 1\r\n";
-    return true;
-  }
-  r = response{};
-  r.content_type = "text/plain; charset=utf-8";
-  c.body = "ready\n";
+  const char* not_ready = draining() ? "draining: not taking new work"
+                          : (lanes_.size() == 0 || !reactor_ok)
+                              ? "not ready: no lanes or no reactor"
+                              : nullptr;
+  probe_answer(req, c, r, "ready\n", not_ready);
   return true;
 }
 
 bool server::healthz_request(const http::request& req, connection& c, response& r) {
   if (req.path() != "/healthz") return false;
-  if (req.method != "GET") {
-    r = error_response(c, 405, "/healthz takes GET");
-    r.extra_headers = "Allow: GET\r\n";
-    return true;
-  }
-  r = response{};
-  r.content_type = "text/plain; charset=utf-8";
-  c.body = "ok\n";
+  probe_answer(req, c, r, "ok\n", nullptr);
   return true;
+}
+
+void server::probe_answer(const http::request& req, connection& c, response& r, const char* text,
+                          const char* not_ready) {
+  if (req.method != "GET") {
+    r = error_response(c, 405, std::string(req.path()) + " takes GET");
+    r.extra_headers = "Allow: GET\r\n";
+  } else if (not_ready != nullptr) {
+    r = error_response(c, 503, not_ready);
+    r.extra_headers = "Retry-After: 1\r\n";
+  } else {
+    r = response{};
+    r.content_type = "text/plain; charset=utf-8";
+    c.body = text;
+  }
 }
 
 bool server::launch_busy(lane_pool::lease& lease, const busy::spec& spec, connection& c,

@@ -214,10 +214,11 @@ void server::drain(std::function<void()> done) {
         std::lock_guard lock(mutex_);
         open = table_.size();
       }
-      std::printf("drain: the deadline (%.1f s) passed with %lld requests in flight on %zu "
-                  "connections: they are cut off\n",
-                  std::chrono::duration<double>(cfg_.drain_timeout).count(),
-                  static_cast<long long>(metrics_.in_flight()), open);
+      std::printf(
+          "drain: the deadline (%.1f s) passed with %lld requests in flight on %zu "
+          "connections: they are cut off\n",
+          std::chrono::duration<double>(cfg_.drain_timeout).count(),
+          static_cast<long long>(metrics_.in_flight()), open);
       std::fflush(stdout);
       stop();
     });

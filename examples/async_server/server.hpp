@@ -52,8 +52,8 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -256,6 +256,10 @@ class server {
   /// GET /readyz: 200 while the server takes work (listening, lanes set up, the reactor running
   /// in evr mode); 503 once it drains or stops. A load balancer's health check.
   bool readyz_request(const http::request& req, connection& c, response& r);
+  /// A probe's answer in `r`: `text` (200), or 405 for a method other than GET, or 503 with
+  /// Retry-After naming `not_ready` when that is not null.
+  void probe_answer(const http::request& req, connection& c, response& r, const char* text,
+                    const char* not_ready);
   /// (mutex_ held) Draining and no connection left: the timers that keep the control context's
   /// run() going are cancelled.
   void end_drain_if_done();
@@ -330,6 +334,6 @@ class server {
   std::list<std::shared_ptr<conn_thread>> conn_threads_;
   std::atomic<bool> stopping_{false};  // read on every response without the lock
   std::atomic<bool> draining_{false};  // likewise; changed under mutex_
-  bool drain_done_ = false;             // (mutex_) the drain's end was posted
-  std::function<void()> drained_;       // (mutex_) drain()'s `done`
+  bool drain_done_ = false;            // (mutex_) the drain's end was posted
+  std::function<void()> drained_;      // (mutex_) drain()'s `done`
 };

@@ -3,8 +3,8 @@
 // Public (stable names, documented contracts), all in namespace evr:
 //   device/    evr::stream, evr::event (RAII handles), the backend interface
 //              (evr::device::backend, evr::device::cuda_backend()), whether CUDA can run here
-//              and why not (evr::device::probe_cuda(), evr::device::cuda_status), errors: evr::error,
-//              evr::errc, evr::cuda_category(), evr::evr_category(), evr::throw_if
+//              and why not (evr::device::probe_cuda(), evr::device::cuda_status), errors:
+//              evr::error, evr::errc, evr::cuda_category(), evr::evr_category(), evr::throw_if
 //   pool/      evr::event_pool, evr::pool_set, evr::event_registry, evr::signal_pool,
 //              evr::signal_slot, evr::signal_ticket (device-signalled waits; the kernel side,
 //              evr::signal_ref, is <evr/device/signal_ref.h>, its functions
