@@ -8,6 +8,8 @@
 0. Drain, no balancer: one server, a /busy request of 400 ms in flight and an idle keep-alive
    connection when it gets SIGTERM: the idle connection is closed, a new connection is refused,
    the request in flight gets its right answer with `Connection: close`, exit 0, nothing left.
+   Then --drain-seconds 0.3 with a 1.5 s request in flight: it is cut off (no answer), the server
+   says so, and it exits 0 with nothing left once the GPU work is done.
 1. Rolling restart: two servers behind HAProxy (fleet.py), --connections clients in closed loops
    through it for --seconds, every answer checked (a /busy answer is an integer hash of its seed,
    computed here too). A quarter of the way in, s0 is SIGTERMed: it must stop accepting, answer
@@ -245,6 +247,38 @@ def drain_direct(args, binary, workdir, report) -> list[str]:
         problems.append("drain: new connections were still accepted")
     if not answer_ok:
         problems.append(f"drain: the request in flight got {data[:300]!r}")
+    problems.extend(drained_cleanly(server, rc))
+    problems.extend(drain_deadline(args, binary, workdir, report))
+    return problems
+
+
+def drain_deadline(args, binary, workdir, report) -> list[str]:
+    """--drain-seconds 0.3 with a 1.5 s request in flight: the deadline cuts it off (no answer; the
+    server says so), its GPU work still finishes, and the server exits 0 with nothing left."""
+    server = ServerProcess("d1", binary, free_port(), server_args(args)[:2] +
+                           ["--drain-seconds", "0.3", "--max-busy-us", "1500000"], workdir)
+    server.start()
+    server.wait_listening()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as busy:
+        busy.sendall(b"GET /busy?us=1500000&seed=5 HTTP/1.1\r\nHost: d\r\n\r\n")
+        deadline = time.monotonic() + 30
+        while gauge(server.port, "evr_server_requests_in_flight") < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the long request never showed in flight")
+        server.signal(signal.SIGTERM)
+        unanswered = busy.recv(4096) == b""
+    rc = server.wait_exit(timeout=60)
+    out = server.last_run_output()
+    said = re.search(r"drain: the deadline \(0\.3 s\) passed with (\d+) requests in flight", out)
+    report["drain_deadline"] = {"unanswered": unanswered, "said": said.group(0) if said else None,
+                                "exit": rc}
+    print(f"drain deadline: the 1.5 s request cut off at 0.3 s: {unanswered}; the server said "
+          f"{said.group(0) if said else 'nothing'!r}; exit {rc}")
+    problems = []
+    if not unanswered:
+        problems.append("drain deadline: the request past the deadline was answered")
+    if not said or said.group(1) != "1":
+        problems.append("drain deadline: the server did not say it cut off 1 request")
     problems.extend(drained_cleanly(server, rc))
     return problems
 
