@@ -94,11 +94,7 @@ def reuse_port_pair(binary, args, wrk, workdir, _haproxy_threads=None):
                              workdir) for i in range(args.processes)]
     for s in servers:
         s.start()
-        deadline = time.monotonic() + 60
-        while "listening on" not in s.last_run_output():
-            if s.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{s.name} did not start listening: see {s.log_path}")
-            time.sleep(0.05)
+        s.wait_output("listening on")
     study.warm_up(port, args.route)
     r = wrk_point(wrk, port, args.route, args.connections, args.seconds,
                   [s.proc.pid for s in servers])

@@ -23,7 +23,9 @@
 #include <optional>
 #include <vector>
 
+#include <asio/post.hpp>
 #include <asio/signal_set.hpp>
+#include <asio/strand.hpp>
 
 #include <evr/evr.hpp>
 #include <evr/sim/device.hpp>
@@ -305,7 +307,9 @@ int main(int argc, char** argv) {
       if (cfg.what == action::serve) {
         // The first SIGINT/SIGTERM drains (a fleet member being restarted: docs/deploy.md), a
         // second one stops at once.
-        asio::signal_set signals(inst.io(), SIGINT, SIGTERM);
+        // On a strand: in pool mode several threads run inst.io(), and the drain's end cancels
+        // the wait from the server's control executor.
+        asio::signal_set signals(asio::make_strand(inst.io()), SIGINT, SIGTERM);
         std::function<void(std::error_code, int)> on_signal = [&](std::error_code ec, int sig) {
           if (ec) return;
           if (!inst.srv().draining()) {
@@ -316,7 +320,9 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
             // A second signal while draining stops at once; once drained, the wait for it is
             // cancelled (it would keep this context's run() going).
-            inst.srv().drain([&signals] { signals.cancel(); });
+            inst.srv().drain([&signals] {
+              asio::post(signals.get_executor(), [&signals] { signals.cancel(); });
+            });
             signals.async_wait(on_signal);
             return;
           }

@@ -24,6 +24,14 @@
 
 namespace {
 
+/// Nothing of a request waits in the socket's receive buffer (FIONREAD; an error counts as
+/// nothing: the connection is closing anyway).
+bool nothing_arrived(asio::ip::tcp::socket& socket) {
+  std::error_code ec;
+  const std::size_t n = socket.available(ec);
+  return ec || n == 0;
+}
+
 /// Where a request head ends: at "\r\n\r\n", or at "\n\n" / "\n\r\n" so that a client using bare
 /// LFs gets its 400 at once instead of a connection that waits for a terminator that never comes.
 struct head_end {
@@ -205,6 +213,10 @@ void server::drain(std::function<void()> done) {
   asio::post(control_, [this] {
     std::error_code ignored;
     acceptor_.close(ignored);
+    std::lock_guard lock(mutex_);
+    // The last connection may have closed before this ran: its end of the drain is posted
+    // already, and a deadline armed now would keep this context's run() going until it fired.
+    if (drain_done_) return;
     drain_timer_.expires_after(cfg_.drain_timeout);
     drain_timer_.async_wait([this](std::error_code ec) {
       if (ec) return;
@@ -212,6 +224,7 @@ void server::drain(std::function<void()> done) {
       std::size_t open = 0;
       {
         std::lock_guard lock(mutex_);
+        if (drain_done_) return;  // ended as the timer fired: its cancel() came too late
         open = table_.size();
       }
       std::printf(
@@ -222,16 +235,16 @@ void server::drain(std::function<void()> done) {
       std::fflush(stdout);
       stop();
     });
-    std::lock_guard lock(mutex_);
     end_drain_if_done();
   });
-  // An idle keep-alive connection (waiting for its next request, nothing of one read) closes
-  // now; the others close after the answer they are working on (keep-alive is off from now on).
+  // A connection waiting for a request head has its read cancelled: serve() closes it when
+  // nothing of a request has arrived (an idle keep-alive connection), and reads on otherwise.
+  // The others close after the answer they are working on (keep-alive is off from now on).
   for (const auto& c : open) {
     asio::post(c->socket.get_executor(), [c] {
-      if (c->reading_head.load(std::memory_order_relaxed) && c->in.empty()) {
+      if (c->reading_head.load(std::memory_order_relaxed)) {
         std::error_code ignored;
-        c->socket.close(ignored);
+        c->socket.cancel(ignored);
       }
     });
   }
@@ -522,9 +535,11 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
   http::request& req = c->req;
   bool lingering_close = false;
   for (;;) {
-    // Draining: no next request on a kept-alive connection (drain() closes those already waiting
-    // for one; this one answered a request meanwhile). A pipelined request already read is served.
-    if (draining() && buffer.empty()) break;
+    // Draining: no next request on a kept-alive connection (drain() cancels the reads of those
+    // already waiting for one; this one answered a request meanwhile), unless one has been read
+    // or has arrived: that one is served (a balancer may have sent it before it saw the drain,
+    // and it resends only idempotent requests).
+    if (draining() && buffer.empty() && nothing_arrived(c->socket)) break;
     arm_deadline(*c, cfg_.io_timeout);
     c->reading_head.store(true, std::memory_order_relaxed);
     std::error_code ec;
@@ -532,6 +547,12 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
     for (std::size_t skipped = 0;;) {
       auto [rec, n] = co_await asio::async_read_until(
           c->socket, asio::dynamic_buffer(buffer, http::max_head_bytes), head_end{}, use_tuple);
+      // drain() cancelled the read: close (below) if nothing of a request has arrived, else
+      // read on (a head trickling in is served, with Connection: close).
+      if (rec == asio::error::operation_aborted && draining_.load(std::memory_order_relaxed) &&
+          !stopping_.load(std::memory_order_relaxed) && c->socket.is_open() &&
+          !(buffer.empty() && nothing_arrived(c->socket)))
+        continue;
       ec = rec;
       head_size = n;
       // Empty lines before a request line are skipped (RFC 9112 2.2). A "head" of empty lines

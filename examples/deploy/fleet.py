@@ -83,6 +83,15 @@ class ServerProcess:
             time.sleep(0.05)
         raise RuntimeError(f"{self.name}: /readyz not 200 within {timeout} s ({self.log_path})")
 
+    def wait_output(self, text: str, timeout: float = 60) -> None:
+        """Until the process has printed `text` since its last start (e.g. "listening on": with
+        --reuse-port, /readyz on the shared port may be answered by another process)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.last_run_output():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not print {text!r}: see {self.log_path}")
+            time.sleep(0.05)
+
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 

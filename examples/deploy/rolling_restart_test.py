@@ -7,7 +7,8 @@
 
 0. Drain, no balancer: one server, a /busy request of 400 ms in flight and an idle keep-alive
    connection when it gets SIGTERM: the idle connection is closed, a new connection is refused,
-   the request in flight gets its right answer with `Connection: close`, exit 0, nothing left.
+   a request head trickling in is served once whole, the request in flight gets its right answer
+   (both with `Connection: close`), exit 0, nothing left.
    Then --drain-seconds 0.3 with a 1.5 s request in flight: it is cut off (no answer), the server
    says so, and it exits 0 with nothing left once the GPU work is done.
 1. Rolling restart: two servers behind HAProxy (fleet.py), --connections clients in closed loops
@@ -22,7 +23,8 @@
    middle, started again once HAProxy has taken it out. Reported: what the clients lost (requests
    in flight on s1 that HAProxy could not send again: it retries a request whose server closed
    the connection without an answer, on another server). Asserted: no wrong answer, nothing lost
-   once HAProxy had s1 out, at most one loss per client connection, and s1 serves again.
+   once HAProxy had s1 out (half a second of grace), no more losses than client connections,
+   and s1 serves again.
 3. --reuse-port (unless --skip-reuse-port): two servers on one port (SO_REUSEPORT); 200 one-request
    connections; both must have answered some, and together all.
 
@@ -166,6 +168,11 @@ def drained_cleanly(server: ServerProcess, rc: int) -> list[str]:
 def request_on(sock, path: str) -> tuple[int, dict, bytes]:
     """GET path on an open socket (keep-alive); the status, headers and body of the answer."""
     sock.sendall(f"GET {path} HTTP/1.1\r\nHost: drain\r\n\r\n".encode())
+    return request_on_sent(sock, path)
+
+
+def request_on_sent(sock, path: str = "the request") -> tuple[int, dict, bytes]:
+    """The answer to the request already sent on `sock`: status, headers, body."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(4096)
@@ -205,8 +212,11 @@ def drain_direct(args, binary, workdir, report) -> list[str]:
     problems = []
     seed = 77
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as busy, \
-            socket.create_connection(("127.0.0.1", server.port), timeout=30) as idle:
+            socket.create_connection(("127.0.0.1", server.port), timeout=30) as idle, \
+            socket.create_connection(("127.0.0.1", server.port), timeout=30) as slow:
         request_on(idle, "/healthz")  # accepted, now waiting for its next request
+        request_on(slow, "/healthz")
+        slow.sendall(b"GET /healthz HTTP/1.1\r\nHo")  # a head trickling in
         # 400 ms of GPU work in flight when the signal comes (seen in the server's gauge, whose
         # own /metrics request counts one).
         busy.sendall(f"GET /busy?us=400000&seed={seed} HTTP/1.1\r\nHost: d\r\n\r\n".encode())
@@ -226,6 +236,10 @@ def drain_direct(args, binary, workdir, report) -> list[str]:
                 socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
             except ConnectionRefusedError:
                 refused = True
+        # The head trickling in: served once it is whole, with Connection: close.
+        slow.sendall(b"st: d\r\n\r\n")
+        slow_status, slow_headers, _ = request_on_sent(slow)
+        slow_ok = slow_status == 200 and slow_headers.get("connection", "").lower() == "close"
         # The request in flight: answered in full, with Connection: close.
         data = b""
         while chunk := busy.recv(4096):
@@ -236,15 +250,19 @@ def drain_direct(args, binary, workdir, report) -> list[str]:
     answer_ok = status_line.endswith(" 200 OK") and b"connection: close" in head.lower() and \
         body and json.loads(body).get("result") == busy_reference(seed)
     report["drain_direct"] = {"idle_closed": idle_closed, "refused": refused,
+                              "trickling_head_served": slow_ok,
                               "in_flight_answer": status_line, "exit": rc}
     print(f"drain (no balancer): idle keep-alive connection closed: {idle_closed}; a new "
-          f"connection refused: {refused}; the request in flight answered: {status_line!r}"
+          f"connection refused: {refused}; a head trickling in served with Connection: close: "
+          f"{slow_ok}; the request in flight answered: {status_line!r}"
           f"{', right, Connection: close' if answer_ok else ' (NOT right or kept alive)'}; "
           f"exit {rc}")
     if not idle_closed:
         problems.append("drain: the idle keep-alive connection was not closed")
     if not refused:
         problems.append("drain: new connections were still accepted")
+    if not slow_ok:
+        problems.append(f"drain: the head trickling in got {slow_status} {slow_headers}")
     if not answer_ok:
         problems.append(f"drain: the request in flight got {data[:300]!r}")
     problems.extend(drained_cleanly(server, rc))
@@ -293,7 +311,6 @@ async def rolling_restart(args, binary, seeds, workdir, report) -> list[str]:
         loop = asyncio.get_running_loop()
         for i, server in enumerate(fleet.servers):
             await asyncio.sleep(args.seconds * (0.25 if i == 0 else 0.35))
-            before = dict(tally.by_backend)
             t0 = time.monotonic()
             server.signal(signal.SIGTERM)
             rc = await loop.run_in_executor(None, server.wait_exit, args.drain_seconds + 30)
@@ -302,8 +319,9 @@ async def rolling_restart(args, binary, seeds, workdir, report) -> list[str]:
             server.start()
             await loop.run_in_executor(None, server.wait_listening)
             back_s = await loop.run_in_executor(None, fleet.haproxy.wait_state, server.name, True)
+            # From here on every answer under this name is the new process's (the old one exited).
             restarts[server.name] = {"drain_s": drained_s, "back_in_rotation_s": back_s,
-                                     "answered_before": before.get(server.name, 0)}
+                                     "answered_before": tally.by_backend.get(server.name, 0)}
         await asyncio.sleep(args.seconds * 0.25)
         restarts["after"] = dict(tally.by_backend)
 
@@ -361,7 +379,9 @@ async def sigkill(args, binary, seeds, workdir, report) -> list[str]:
     tally = await load_while(fleet.haproxy.port, args.route, args.connections, seeds, scenario)
     fleet.stop()
     lost = tally.non2xx + tally.socket_errors
-    late = [t for t in tally.errors_at if t > marks["out"]]
+    # A loss is stamped when its client task runs, which on a loaded machine can be a little after
+    # HAProxy took s1 out although the request was lost before: half a second of grace.
+    late = [t for t in tally.errors_at if t > marks["out"] + 0.5]
     served_again = tally.by_backend.get("s1", 0) - marks["before_back"]
     report["sigkill"] = {"ok": tally.ok, "lost": lost, "non2xx": tally.non2xx,
                          "socket_errors": tally.socket_errors, "wrong": tally.wrong,
@@ -388,8 +408,8 @@ async def reuse_port(args, binary, workdir, report) -> list[str]:
                for i in range(2)]
     for s in servers:
         s.start()
-    for s in servers:
-        s.wait_listening()
+    for s in servers:  # each its own line: /readyz on the shared port may reach either
+        s.wait_output("listening on")
     statuses = [http_status("127.0.0.1", port, "/healthz") for _ in range(200)]
     for s in servers:
         s.signal(signal.SIGTERM)
