@@ -153,8 +153,9 @@ class server {
 
   /// Stops taking new work and lets the work accepted finish (SIGTERM in serve mode; a fleet
   /// member being restarted): the listening socket closes (new connections are refused, a load
-  /// balancer sends them elsewhere), /readyz answers 503, idle keep-alive connections are closed,
-  /// and each request being served gets its answer with `Connection: close`. When the last
+  /// balancer sends them elsewhere), /readyz answers 503, idle keep-alive connections (nothing
+  /// of a request arrived) are closed, and each request read or arriving gets its answer with
+  /// `Connection: close`. When the last
   /// connection is gone, run() returns; what is left after config().drain_timeout is stopped as
   /// stop() does. `done` (optional) runs on the accept loop's context once no connection is
   /// left (e.g. to cancel a signal wait that would keep that context's run() going). Thread-safe,
