@@ -151,10 +151,13 @@ async def load_while(port, route, connections, seeds, scenario):
     return tally
 
 
-def drained_cleanly(server: ServerProcess, rc: int) -> list[str]:
-    """What is wrong with a server's SIGTERM exit (nothing: [])."""
+def drained_cleanly(server: ServerProcess, rc: int, deadline_expected: bool = False) -> list[str]:
+    """What is wrong with a server's SIGTERM exit (nothing: []). A drain that needed its
+    deadline to end is not clean unless `deadline_expected`."""
     out = server.last_run_output()
     problems = []
+    if "drain: the deadline" in out and not deadline_expected:
+        problems.append(f"{server.name}: the drain ended at its deadline, not by itself")
     if rc != 0:
         problems.append(f"{server.name} exited with {rc}")
     m = re.search(r"afterwards (\d+) requests, (\d+) of \d+ lanes, (\d+) reactor waits left", out)
@@ -225,9 +228,13 @@ def drain_direct(args, binary, workdir, report) -> list[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError("the long request never showed in flight")
         server.signal(signal.SIGTERM)
-        # The idle connection: closed by the server (EOF), without an answer.
-        idle.settimeout(10)
-        idle_closed = idle.recv(1) == b""
+        # The idle connection: closed by the server (EOF), without an answer, at once (well
+        # before the drain's deadline, which would close it too).
+        idle.settimeout(args.drain_seconds / 2)
+        try:
+            idle_closed = idle.recv(1) == b""
+        except TimeoutError:
+            idle_closed = False
         # A new connection: refused once the listening socket is closed.
         refused = False
         deadline = time.monotonic() + 10
@@ -297,7 +304,7 @@ def drain_deadline(args, binary, workdir, report) -> list[str]:
         problems.append("drain deadline: the request past the deadline was answered")
     if not said or said.group(1) != "1":
         problems.append("drain deadline: the server did not say it cut off 1 request")
-    problems.extend(drained_cleanly(server, rc))
+    problems.extend(drained_cleanly(server, rc, deadline_expected=True))
     return problems
 
 
