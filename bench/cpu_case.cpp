@@ -3,10 +3,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <thread>
 
 #include <evr/evr.hpp>
 
+#include "budget.hpp"
 #include "stats.hpp"
 
 namespace evr::bench {
@@ -23,6 +25,14 @@ std::vector<cpu_case_row> measure_cpu_case(bench_device& dev,
     row.key = m.key;
     row.name = m.name;
     std::atomic<int> done{0};
+    row_scope scope(std::to_string(waits) + " waits on a " + std::to_string(kernel_us / 1000) +
+                        " ms kernel, then 1 s idle: " + m.name,
+                    [&] {
+                      const reactor_metrics rm = r.metrics();
+                      return std::to_string(done.load()) + " of " + std::to_string(waits) +
+                             " completed; reactor: submitted " + std::to_string(rm.submitted) +
+                             ", in flight " + std::to_string(rm.in_flight);
+                    });
     dev.launch_busy(s.native(), kernel_us);
     const auto t0 = bench_clock::now();
     const auto c0 = r.cpu_time();

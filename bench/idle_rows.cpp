@@ -12,8 +12,44 @@
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 
+#include "budget.hpp"
+
 namespace evr::bench {
 namespace {
+
+/// For the budget's report of a row that never finished: what the lanes and the reactor (if the
+/// row has one) were doing. Reads atomics and reactor::metrics() only (called on the watchdog).
+std::string progress_of(const std::vector<std::unique_ptr<lane>>& lanes, const reactor* r) {
+  int waiting_to_open = 0, open_not_seen = 0;
+  for (const auto& l : lanes) {
+    if (l->due.load(std::memory_order_acquire) != 0) ++waiting_to_open;
+    if (l->t_open.load(std::memory_order_acquire) > l->t_done.load(std::memory_order_acquire))
+      ++open_not_seen;
+  }
+  std::string text = std::to_string(lanes.size()) + " lanes: " + std::to_string(waiting_to_open) +
+                     " gates not yet opened, " + std::to_string(open_not_seen) +
+                     " opened and not seen done";
+  if (r == nullptr) return text;
+  const reactor_metrics m = r->metrics();
+  auto field = [&](const char* name, std::uint64_t v) {
+    text += std::string(", ") + name + " " + std::to_string(v);
+  };
+  text += "; reactor:";
+  field("submitted", m.submitted);
+  field("completed", m.completed);
+  field("in flight", m.in_flight);
+  field("sweeps", m.sweeps);
+  field("parks", m.parks);
+  field("wake-ups", m.wakeups);
+  field("doorbells", m.doorbells);
+  field("host passes", m.host_passes);
+  field("host completions", m.host_completions);
+  return text;
+}
+
+std::string row_name(const workload& w, const std::string& name, const std::string& delivery) {
+  return w.name() + ": " + name + " (" + delivery + ")";
+}
 
 /// One driver thread (this one) launches every lane's jobs and collects their samples. `submit`
 /// puts the notification under test behind the lane's gate kernel (it sets lane::t_done when it
@@ -113,6 +149,7 @@ row_result run_floor(bench_device& dev, std::vector<std::unique_ptr<lane>>& lane
   out.name = "floor: kernel writes ack to mapped memory, host spins";
   out.delivery = "spin";
   out.group = "floor";
+  row_scope row(row_name(w, out.name, out.delivery), [&] { return progress_of(lanes, nullptr); });
   drive(
       dev, lanes, w, /*ack=*/true, [](lane&) {},
       [&](lane& l) {
@@ -129,6 +166,7 @@ row_result run_evr_inline(bench_device& dev, std::vector<std::unique_ptr<lane>>&
                           const workload& w, const evr_method& m) {
   row_result out = evr_row(m, "inline");
   reactor r(dev.backend(), m.options);
+  row_scope row(row_name(w, out.name, out.delivery), [&] { return progress_of(lanes, &r); });
   lane_slots slots(lanes, r, m.signalled);
   std::chrono::nanoseconds cpu0{};
   reactor_metrics metrics0{};
@@ -241,6 +279,7 @@ row_result run_evr_posted(bench_device& dev, std::vector<std::unique_ptr<lane>>&
                           const workload& w, const evr_method& m, io_delivery how) {
   row_result out = evr_row(m, to_string(how));
   reactor r(dev.backend(), m.options);
+  row_scope row(row_name(w, out.name, out.delivery), [&] { return progress_of(lanes, &r); });
   lane_slots slots(lanes, r, m.signalled);
   asio::io_context io(1);
   gpu_waiter waiter(io.get_executor(), r);
@@ -283,6 +322,7 @@ row_result run_evr_posted(bench_device& dev, std::vector<std::unique_ptr<lane>>&
 row_result run_baseline(bench_device& dev, std::vector<std::unique_ptr<lane>>& lanes,
                         const workload& w, const baseline& b) {
   row_result out{b.key, b.name, "thread", "baseline", {}, 0, 0, 0, 0, 0, false, {}, {}};
+  row_scope row(row_name(w, out.name, out.delivery), [&] { return progress_of(lanes, nullptr); });
   device::backend& be = dev.backend();
   const int quota = per_lane_quota(w);
   const bool sim = dev.name() == "sim";

@@ -10,7 +10,8 @@ set(args_idle --device sim --lengths-us 200,2000 --streams 1,3 --scale 0.03 --fl
 set(args_sim --ops 2000 --streams 4 --waits 2000 --repeat 1)
 set(args_calls --device sim --batches 5 --per-batch 16)
 foreach(name latency throughput pool cpu idle sim calls)
-  execute_process(COMMAND ${BENCH} ${name} ${args_${name}} --json ${OUT}/${name}.json RESULT_VARIABLE rc)
+  execute_process(COMMAND ${BENCH} ${name} --budget-s 240 ${args_${name}} --json ${OUT}/${name}.json
+                  RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "evr-bench ${name} ${args_${name}} failed (${rc})")
   endif()

@@ -12,7 +12,9 @@ and a floor, `sync` (s.synchronize() on the loop thread, blocking it). Per metho
 launch -> resumed, the p50 over the floor's, the process CPU (cores) while it ran and, for evr,
 the reactor thread's share of it and how completions reached the loop (evr.loop_stats). Then
 10 000 concurrent awaits on one loop: every one resumed exactly once, resumes per second,
-memory. Runs on torch on the GPU when there is one, else on evr's simulated device (it says
+memory (--many 0: not). --tasks N: N tasks, each on a stream of its own, launching a kernel of
+--task-kernel-us and awaiting it, back to back for --task-seconds: completions per second and
+the process's CPU (a server's many requests in flight). Runs on torch on the GPU when there is one, else on evr's simulated device (it says
 which). --json FILE writes the figures; --smoke is a short run for ctest (goals not enforced).
 """
 
@@ -40,8 +42,11 @@ class SimDevice:
         self.stream = self.dev.stream()
         self.reactor = self.dev.reactor
 
-    def launch(self, seconds):
-        self.dev.launch_kernel(self.stream, seconds)
+    def launch(self, seconds, stream=None):
+        self.dev.launch_kernel(stream or self.stream, seconds)
+
+    def new_stream(self):
+        return self.dev.stream()
 
     def query(self):
         return self.stream.query()
@@ -68,9 +73,12 @@ class TorchDevice:
         end.synchronize()
         self.cycles_per_s = 20_000_000 / (start.elapsed_time(end) / 1e3)
 
-    def launch(self, seconds):
-        with self.torch.cuda.stream(self.stream):
+    def launch(self, seconds, stream=None):
+        with self.torch.cuda.stream(stream or self.stream):
             self.torch.cuda._sleep(max(1, int(seconds * self.cycles_per_s)))
+
+    def new_stream(self):
+        return self.torch.cuda.Stream()
 
     def query(self):
         return self.stream.query()
@@ -232,6 +240,29 @@ async def many(d, n, kernel):
             "resume_span_ms": (last - first) * 1e3, "rss_growth_mb": m1 - m0}
 
 
+async def tasks(d, n, kernel_s, seconds):
+    """n tasks, each on its own stream: launch, await evr.wait, again, for `seconds`."""
+    streams = [d.new_stream() for _ in range(n)]
+    done = [0] * n
+    stop = False
+
+    async def worker(i):
+        while not stop:
+            d.launch(kernel_s, streams[i])
+            await evr.wait(streams[i], reactor=d.reactor)
+            done[i] += 1
+
+    workers = [asyncio.ensure_future(worker(i)) for i in range(n)]
+    await asyncio.sleep(min(0.5, seconds / 2))  # warm-up: every stream's model learned
+    n0, c0, w0 = sum(done), time.process_time(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    n1, c1, w1 = sum(done), time.process_time(), time.perf_counter()
+    stop = True
+    await asyncio.gather(*workers)
+    return {"n": n, "kernel_us": kernel_s * 1e6, "seconds": w1 - w0, "rps": (n1 - n0) / (w1 - w0),
+            "cpu_cores": (c1 - c0) / (w1 - w0)}
+
+
 METHODS = ["sync", "evr", "evr-nospin", "executor", "query0", "sleep100"]
 
 
@@ -259,6 +290,8 @@ def report(kernel_us, rows, samples, loop_name):
     print("  CPU by thread (cores): " + "; ".join(
         f"{m}: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["threads_cores"].items(), key=lambda kv: -kv[1]))
         for m, r in rows.items() if m in ("evr", "evr-nospin", "executor")))
+    if not all(m in rows for m in ("evr", "executor", "query0")):
+        return {}  # --methods left out what the goals compare
     e, x, q = rows["evr"], rows["executor"], rows["query0"]
     goals = {
         "p50_le_third_of_executor": e["over_floor_us"] <= x["over_floor_us"] / 3,
@@ -286,9 +319,20 @@ def main():
     ap.add_argument("--spin-us", type=float, default=200, help="evr.set_loop_spin for the evr row")
     ap.add_argument("--many", type=int, default=10_000)
     ap.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"comma-separated, from {','.join(METHODS)} (sync is always run: the floor)")
+    ap.add_argument("--tasks", type=int, default=0, help="also N tasks on N streams (0: not)")
+    ap.add_argument("--task-kernel-us", type=float, default=2000)
+    ap.add_argument("--task-seconds", type=float, default=2)
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--smoke", action="store_true", help="short run, goals reported not enforced")
     args = ap.parse_args()
+    methods = ["sync"] + [m for m in args.methods.split(",") if m != "sync"]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        ap.error(f"--methods: no method {', '.join(unknown)} (there are {', '.join(METHODS)})")
+    if args.tasks < 0 or args.many < 0:
+        ap.error("--tasks and --many take 0 or more")
     if args.smoke:
         args.samples, args.many = 30, 2000
     d = pick_device(args.device)
@@ -310,7 +354,11 @@ def main():
 
     async def run_all():
         for k in kernels:
-            out["kernels"][str(k)] = {m: await latency(m, d, k / 1e6, args.samples, spin) for m in METHODS}
+            out["kernels"][str(k)] = {m: await latency(m, d, k / 1e6, args.samples, spin) for m in methods}
+        if args.tasks:
+            out["tasks"] = await tasks(d, args.tasks, args.task_kernel_us / 1e6, args.task_seconds)
+        if not args.many:
+            return
         out["many_gc_default"] = await many(d, args.many, 0.05 if not args.smoke else 0.01)
         # A server that imports torch should gc.freeze() after its imports: otherwise creating
         # 10 000 tasks triggers a full collection that walks torch's whole heap, in the middle
@@ -324,6 +372,16 @@ def main():
     out["goals"] = {}
     for k in kernels:
         out["goals"][str(k)] = report(k, out["kernels"][str(k)], args.samples, args.loop)
+    if "tasks" in out:
+        t = out["tasks"]
+        print(f"\ntasks: {t['n']} tasks on {t['n']} streams, {t['kernel_us']:.0f} us kernels: "
+              f"{t['rps']:.0f} completions/s, {t['cpu_cores']:.3f} cores")
+    if not args.many:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        evr.shutdown()
+        return 0
     mg, mm = out["many_gc_default"], out["many"]
     print(f"\nmany: {mg['n']} concurrent awaits, exactly once: {mg['exactly_once']}, "
           f"{mg['resumes_per_s']:.0f} resumes/s on one loop (span {mg['resume_span_ms']:.1f} ms), "

@@ -1,0 +1,247 @@
+"""The gate's rows: what each measures, how it is run, and how its figures are read.
+
+A *group* is one program run (one evr-bench invocation, one server start with its points, one
+Python benchmark) that yields several rows; the gate runs each group once per side per round.
+A *row* is one condition a user meets (1 stream of 1 ms work, posted; 16 streams in lockstep;
+/busy?us=200 on one io thread ...) with its metrics, each marked better lower or higher.
+
+Every group is given the build folder of one side (the baseline or the tree under test) and
+returns {row name: {metric: value}}; rows.py knows nothing of rounds or verdicts (gate.py).
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# metric name -> (unit, which way is better, the smallest difference that counts in that unit)
+METRICS = {
+    "p50_us": ("us", "lower", 1.0),
+    "p99_us": ("us", "lower", 5.0),
+    "cpu_pct": ("% of a core", "lower", 1.0),
+    "wakeups_per_s": ("/s", "lower", 2.0),
+    "rps_per_core": ("req/s per core", "higher", 0.0),
+    "server_p99_ms": ("ms", "lower", 0.1),
+    "reactor_cores": ("cores", "lower", 0.01),
+    "evr_over_poll": ("x", "higher", 0.0),
+    "over_sync_us": ("us", "lower", 1.0),
+    "cores": ("cores", "lower", 0.02),
+    "rps": ("req/s", "higher", 0.0),
+}
+
+
+def load_server_study():
+    """scripts/server-study.py as a module (its file name has a hyphen)."""
+    path = os.path.join(ROOT, "scripts", "server-study.py")
+    spec = importlib.util.spec_from_file_location("server_study", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_logged(cmd, log, timeout, env=None):
+    """Runs cmd, appending its output to the file `log`; returns its exit status (124: timed out)."""
+    with open(log, "a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        try:
+            return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                                  env=env).returncode
+        except subprocess.TimeoutExpired:
+            f.write(f"(timed out after {timeout} s)\n")
+            return 124
+
+
+# --- evr-bench idle: 1 stream, lockstep ------------------------------------------------------------
+
+def idle_rows(doc, lockstep_suffix=""):
+    """Rows from an `evr-bench idle` JSON: the default posted (stream waits) and, in lockstep,
+    device-signalled waits posted; the idle case."""
+    out = {}
+    for sc in doc["scenarios"]:
+        if sc["kind"] != "steady":
+            continue
+        length = sc["length_us"]
+        what = f"{length / 1000:g} ms" if length >= 1000 else f"{length:g} us"
+        for r in sc["rows"]:
+            if r["delivery"] != "post" or r["group"] != "evr":
+                continue
+            if sc["lockstep"]:
+                kind = {"default": "stream waits", "signal": "signal slots"}.get(r["key"])
+                if kind is None:
+                    continue
+                name = f"{sc['streams']} streams x {what} lockstep, {kind}, posted{lockstep_suffix}"
+            elif r["key"] == "default":
+                name = f"1 stream x {what}, posted"
+            else:
+                continue
+            out[name] = {"p50_us": r["p50_ns"] / 1e3, "p99_us": r["p99_ns"] / 1e3,
+                         "cpu_pct": r["cpu_percent"]}
+            if r.get("failed"):
+                out[name]["failed"] = True
+    for c in doc.get("cpu_case") or []:
+        if c["key"] == "default":
+            out["1000 waits on a 100 ms kernel"] = {"cpu_pct": c["busy_percent"]}
+            out["idle reactor"] = {"wakeups_per_s": c["idle_wakeups_per_second"]}
+    return out
+
+
+class idle_group:
+    """One `evr-bench idle` run: 1 stream at four lengths (+ the idle case) and 16/64 streams in
+    lockstep, or (conn32) the lockstep rows alone with CUDA_DEVICE_MAX_CONNECTIONS=32."""
+
+    def __init__(self, name, sim, conn32=False):
+        self.name, self.sim, self.conn32 = name, sim, conn32
+
+    def run(self, build, work, log):
+        bench = os.path.join(build, "bench", "evr-bench")
+        out = os.path.join(work, "idle.json")
+        scale = "0.15" if self.sim else "1"
+        if self.conn32:
+            args = ["--streams", "1", "--lengths-us", "1000", "--no-idle-case"]
+        else:
+            args = ["--streams", "1", "--lengths-us", "200,1000,5000,20000"]
+        args += ["--lockstep-streams", "16,64", "--lockstep-lengths-us", "1000,5000",
+                 "--no-irregular", "--methods", "default,signal", "--deliveries", "post",
+                 "--scale", scale, "--floor-samples", "100" if self.sim else "300",
+                 "--device", "sim" if self.sim else "cuda", "--json", out]
+        env = dict(os.environ)
+        env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # left alone: the driver's default (8)
+        if self.conn32:
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
+        rc = run_logged([bench, "idle"] + args, log, timeout=240, env=env)
+        if rc != 0 or not os.path.exists(out):
+            raise RuntimeError(f"evr-bench idle exited {rc} (see {log})")
+        with open(out) as f:
+            doc = json.load(f)
+        rows = idle_rows(doc, ", 32 queues" if self.conn32 else "")
+        if self.conn32:
+            rows = {k: v for k, v in rows.items() if "lockstep" in k}
+        return rows
+
+
+# --- the example server under wrk ------------------------------------------------------------------
+
+class server_group:
+    """evr-async-server against the poll mode (io threads querying their own events), each
+    server started afresh, one wrk point per route."""
+
+    def __init__(self, name, sim, plan, connections=256, seconds=1, devices="0"):
+        self.name, self.sim, self.plan, self.devices = name, sim, plan, devices
+        self.connections, self.seconds = connections, seconds
+        self.study = load_server_study()
+        self.wrk = self.study.find_wrk()
+
+    def run(self, build, work, log):
+        st = self.study
+        if self.wrk is None:
+            raise RuntimeError("wrk not found (PATH, or .tools from scripts/gpu/stage-tools.sh)")
+        wrk = (self.wrk[0], self.wrk[1])
+        binary = os.path.join(build, "examples", "evr-async-server")
+        device = "sim" if self.sim else "cuda"
+        out = {}
+        points = {}
+        for label, routes in self.plan:
+            spec = st.parse_server(label)
+            args = st.server_args(spec, device, 0, 32, self.devices)
+            extra = ["--check-every", "16"]
+            if self.sim:
+                extra += ["--sim-devices", "1"]
+            srv = st.server(binary, args, extra)
+            try:
+                if srv.port is None:
+                    raise RuntimeError(f"{label}: the server did not start: "
+                                       + " | ".join(srv.lines[-5:]))
+                for route in routes:
+                    st.warm_up(srv.port, route)
+                    p = st.run_point(srv, route, self.connections, self.seconds, wrk, False,
+                                     min(8, os.cpu_count() or 2))
+                    points[(label, route)] = p
+            finally:
+                summary, rc = srv.stop()
+                with open(log, "a") as f:
+                    f.write(f"{label}: {summary} (exit {rc})\n" + "\n".join(srv.lines[-3:]) + "\n")
+            if rc not in (0, None) or "0 failures" not in summary:
+                raise RuntimeError(f"{label}: the server reported failures or exited {rc}: {summary}")
+        for (label, route), p in points.items():
+            name = f"server {route} {self.connections} conns, {label}"
+            if p.get("errors"):
+                out[name] = {"failed": True}
+                continue
+            reactor = (p.get("cores_by_thread") or {}).get("reactor")
+            out[name] = {"rps_per_core": st.per_core(p), "server_p99_ms": (p["p99_us"] or 0) / 1e3}
+            if label.startswith("evr"):
+                out[name]["reactor_cores"] = reactor or 0.0
+        # evr over the poll mode per core, at the same io threads and route: the ratio users decide on.
+        for (label, route), p in points.items():
+            if not label.startswith("evr N=") or "stream-waits" in label:
+                continue
+            poll = points.get(("poll " + label[4:], route))
+            if poll and st.per_core(poll) and st.per_core(p):
+                out[f"server {route} {self.connections} conns, {label} over poll"] = {
+                    "evr_over_poll": st.per_core(p) / st.per_core(poll)}
+        return out
+
+
+# --- Python on torch ---------------------------------------------------------------------------------
+
+class python_group:
+    """bench/python/bench_await.py: `await evr.wait` against a blocking synchronize, and 64 tasks
+    on 64 streams, with the side's Python module."""
+
+    def __init__(self, name, sim):
+        self.name, self.sim = name, sim
+
+    def run(self, build, work, log):
+        out_json = os.path.join(work, "await.json")
+        script = os.path.join(ROOT, "bench", "python", "bench_await.py")
+        kernels = "1000" if self.sim else "200,1000,5000"
+        cmd = [sys.executable, script, "--device", "sim" if self.sim else "cuda",
+               "--kernels-us", kernels, "--methods", "sync,evr", "--many", "0",
+               "--samples", "100" if self.sim else "300", "--tasks", "64",
+               "--task-kernel-us", "2000", "--task-seconds", "1" if self.sim else "2",
+               "--json", out_json]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.join(build, "python")
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        rc = run_logged(cmd, log, timeout=180, env=env)
+        if rc != 0 or not os.path.exists(out_json):
+            raise RuntimeError(f"bench_await.py exited {rc} (see {log})")
+        with open(out_json) as f:
+            doc = json.load(f)
+        out = {}
+        for k, rows in doc["kernels"].items():
+            us = float(k)
+            what = f"{us / 1000:g} ms" if us >= 1000 else f"{us:g} us"
+            e = rows["evr"]
+            out[f"python await evr.wait, {what}"] = {
+                "over_sync_us": e["p50_us"] - rows["sync"]["p50_us"], "cores": e["cpu_cores"]}
+        t = doc.get("tasks")
+        if t:
+            out[f"python {t['n']} tasks on {t['n']} streams, {t['kernel_us'] / 1000:g} ms"] = {
+                "rps": t["rps"], "cores": t["cpu_cores"]}
+        return out
+
+
+def groups(sim, all_gpus=False):
+    """The gate's groups, in the order a round runs them."""
+    busy200, busy1000, mlp = "/busy?us=200", "/busy?us=1000", "/mlp?seed=1"
+    plan = [("evr N=1", [busy200, busy1000]), ("poll N=1", [busy200, busy1000]),
+            ("evr N=2", [busy200, busy1000, mlp]), ("poll N=2", [busy200, busy1000]),
+            ("evr N=1 stream-waits", [busy200, busy1000])]
+    if all_gpus:
+        # Every GPU of the host: two io threads a GPU against the poll mode, and /mlp on all.
+        plan = [("evr N=4", [busy1000, mlp]), ("poll N=4", [busy1000, mlp])]
+    out = [idle_group("idle", sim)]
+    if not sim:  # the simulated device has no hardware queues
+        out.append(idle_group("idle, 32 queues", sim, conn32=True))
+    # One GPU: the servers on GPU 0, so that a host with more GPUs measures the same rows.
+    out.append(server_group("server", sim, plan, connections=64 if sim else 256,
+                            devices=None if all_gpus else "0"))
+    out.append(python_group("python", sim))
+    return out
