@@ -237,3 +237,51 @@ TEST_CASE("handover: waits submitted on a host's thread are taken by its own loo
   CHECK(m.host_intakes > 0);
   CHECK(m.host_completions > 0);
 }
+
+TEST_CASE(
+    "handover: a doorbell that rings while the host covers its stream wakes the reactor once, and "
+    "the host goes on finding its waits") {
+  // The reactor arms a doorbell on a hosted stream when it looks there itself (the host late,
+  // and the wait older than doorbell_after), behind the work then queued. When the doorbell rang
+  // while the host covered the stream again, the reactor's sweeps left the stream to the host,
+  // the rung doorbell stayed set, and the reactor's naps all returned at once: it never slept,
+  // so it never gave up the pass lock, the host's passes never ran (each one re-promised a look,
+  // which kept the stream covered), and the stream's waits hung (issue 43: evr-bench idle, the
+  // ladder, 16 streams in lockstep, posted). Here: K1 (30 ms), W1, K1b (8 ms), the doorbell
+  // armed while the host is away, then K2 (a learned 20 ms), W2; the doorbell rings as K1b ends,
+  // before W2's window, with the host covering it.
+  for (evr::idle_mode mode : {evr::idle_mode::ladder, evr::idle_mode::predictive}) {
+    CAPTURE(std::string(evr::to_string(mode)));
+    evr::sim::device sim(threaded);
+    auto opts = quick_options(evr::strategy::adaptive);
+    opts.idle = mode;
+    opts.doorbell_after = 1ms;
+    opts.fault_probe_interval = 1s;
+    evr::reactor r(sim, opts);
+    asio::io_context io(1);
+    evr::gpu_waiter waiter(io.get_executor(), r);
+    lane l(sim, waiter, 20ms);
+    REQUIRE(learn_until_hosted(io, l, r));
+
+    // The host away (nobody runs the context): the reactor looks at W1 itself, past the host's
+    // promise and its grace, and arms a doorbell behind K1b.
+    std::atomic<int> w1{0}, w2{0};
+    const std::uint64_t doorbells = r.metrics().doorbells;
+    sim.launch_kernel(l.stream.native(), 30ms);
+    waiter.async_wait(l.stream, [&](evr::asio_error_code ec) { w1 = ec ? -1 : 1; });
+    sim.launch_kernel(l.stream.native(), 8ms);
+    if (!wait_until([&] { return r.metrics().doorbells > doorbells; }, 10s)) {
+      MESSAGE("no doorbell was armed (a loaded machine): the case did not arise");
+      continue;
+    }
+    sim.launch_kernel(l.stream.native(), 20ms);
+    waiter.async_wait(l.stream, [&](evr::asio_error_code ec) { w2 = ec ? -1 : 1; });
+    // The host back: both waits complete, each once.
+    REQUIRE(run_until(
+        io, [&] { return w1.load() != 0 && w2.load() != 0; }, 10s));
+    CHECK(w1.load() == 1);
+    CHECK(w2.load() == 1);
+    // The host still finds the lane's waits.
+    CHECK(learn_until_hosted(io, l, r));
+  }
+}

@@ -361,6 +361,48 @@ TEST_CASE("adaptive: an old wait arms one doorbell, and the reactor sleeps until
   CHECK(sweeps_at_done.load() - static_cast<std::int64_t>(armed.sweeps) < 10);
 }
 
+TEST_CASE("a doorbell that rings after its wait was found is spent: the reactor sleeps again") {
+  // The stream: K1, wait A, K2, [doorbell], K3, wait B. The doorbell is armed for A (older than
+  // doorbell_after) and sits behind K2; A is found when K1 ends, and the doorbell rings when K2
+  // ends, with B pending behind K3. A rung doorbell is a wake-up to be taken once: it used to
+  // stay set until a look found the stream moved, so every nap of the reactor returned at once
+  // for as long as B pended (a core spinning), and with a host covering the stream the reactor
+  // never looked and never released the pass lock: the stream's waits hung (issue 43: evr-bench
+  // idle, ladder, 16 streams in lockstep, posted).
+  for (evr::idle_mode mode : {evr::idle_mode::ladder, evr::idle_mode::predictive}) {
+    CAPTURE(std::string(evr::to_string(mode)));
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+    auto opts = quick_options(evr::strategy::adaptive);
+    opts.idle = mode;
+    opts.doorbell_after = 1ms;
+    opts.fault_probe_interval = 1s;
+    evr::reactor r(sim, opts);
+    evr::stream st(sim, 0);
+    std::atomic<int> a_done{0};
+    std::atomic<std::int64_t> sweeps_at_b{-1};
+    sim.launch_kernel(st.native(), 20ms);
+    evr::on_complete(r, st, [&](std::error_code ec) { a_done = ec ? -1 : 1; });
+    sim.launch_kernel(st.native(), 60ms);
+    REQUIRE(wait_until([&] { return r.metrics().doorbells >= 1 || a_done != 0; }, 10s));
+    if (a_done != 0) continue;  // a loaded machine: A was found before its doorbell was armed
+    const std::uint64_t rung_before = sim.counters().host_funcs_run;
+    sim.launch_kernel(st.native(), 300ms);
+    evr::on_complete(r, st, [&](std::error_code ec) {
+      if (!ec) sweeps_at_b = static_cast<std::int64_t>(r.metrics().sweeps);
+    });
+    REQUIRE(wait_until([&] { return a_done.load() != 0; }, 10s));
+    CHECK(a_done.load() == 1);
+    // The doorbell rang (K2 ended) while B pends behind K3.
+    REQUIRE(wait_until([&] { return sim.counters().host_funcs_run > rung_before; }, 10s));
+    const std::int64_t sweeps_at_ring = static_cast<std::int64_t>(r.metrics().sweeps);
+    REQUIRE(wait_until([&] { return sweeps_at_b.load() >= 0; }, 10s));
+    // From the ring to B's completion (most of K3's 300 ms): a few naps, a doorbell for B. A
+    // reactor that cannot sleep sweeps hundreds of thousands of times meanwhile.
+    CAPTURE(sweeps_at_b.load() - sweeps_at_ring);
+    CHECK(sweeps_at_b.load() - sweeps_at_ring < 1000);
+  }
+}
+
 TEST_CASE("idle: with nothing pending the reactor thread is parked (no wake-ups)") {
   evr::sim::device sim;
   evr::reactor r(sim, quick_options(evr::strategy::adaptive));

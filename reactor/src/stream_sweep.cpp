@@ -22,13 +22,16 @@ bool stream_sweep::sweep(clock::time_point now) {
   poll_tick tick = idle_.begin_sweep(now);
   for (std::size_t i = 0; i < registry_.active().size(); ++i) {
     stream_state& st = *registry_.active()[i];
+    const bool rang = take_doorbell(st);
     if (st.entries.empty()) continue;
     if (const std::error_code& fault = registry_.device_fault(st.device)) {
       registry_.fail_stream(st, fault);
       progress = true;
       continue;
     }
-    if (!idle_.wants_look(st, now, tick)) continue;
+    // A stream whose doorbell rang is looked at whatever its window or host: the work before the
+    // doorbell is done, and the ring is what woke the reactor.
+    if (!rang && !idle_.wants_look(st, now, tick)) continue;
     progress |= look_at(st, now, /*may_probe=*/true);
   }
   drop_idle_streams();
@@ -64,6 +67,20 @@ bool stream_sweep::look_at(stream_state& st, clock::time_point now, bool may_pro
 
 void stream_sweep::drop_idle_streams() {
   registry_.drop_idle_streams([this](stream_state& st) { idle_.went_idle(st); });
+}
+
+bool stream_sweep::take_doorbell(stream_state& st) noexcept {
+  // A rung doorbell is a wake-up, taken once by the sweep after it, whatever the look finds: left
+  // set until a look saw the stream move, it kept signalled() true, so the reactor's naps all
+  // returned at once. A stream a host covers was then never looked at by the reactor, which thus
+  // never slept, never gave up the pass lock, and the host's passes never ran: its waits hung
+  // (issue 43). The relaxed load first: a store only when one rang. acq_rel pairs with the host
+  // function's seq_cst store (the work before the doorbell is done when it is seen).
+  if (!st.doorbell_rang.load(std::memory_order_relaxed) ||
+      !st.doorbell_rang.exchange(false, std::memory_order_acq_rel))
+    return false;
+  st.plan.doorbell_armed = false;  // spent: a wait still pending may arm the next one
+  return true;
 }
 
 bool stream_sweep::signalled() const noexcept {

@@ -54,6 +54,8 @@ class stream_sweep {
   bool signalled() const noexcept;
 
  private:
+  /// Takes `st`'s rung doorbell (a one-shot wake-up); true when it had rung.
+  static bool take_doorbell(stream_state& st) noexcept;
   bool look_at_events(stream_state& st, std::size_t run);
   std::size_t done_in_run(stream_state& st, std::size_t run);
   bool look_at_fences(stream_state& st);
