@@ -7,9 +7,9 @@
 //   write-fence     write_fence behind a held kernel (a fence-word marker)
 //   submit          evr::on_complete on a stream behind a held kernel: the front end's whole
 //                   submission (operation, marker, push onto the reactor's queue, wake rule)
-//   driver-query-done, driver-query-pending (CUDA only)
-//                   cuEventQuery through an entry point fetched from the driver: the same query
-//                   without the runtime's layer, what a backend on the driver API would pay
+//   runtime-query-done, runtime-query-pending (CUDA only)
+//                   cudaEventQuery, the runtime's call, on the same event: what the backend's
+//                   query (the driver's cuEventQuery through its entry point) saves
 //
 // Each row times batches of calls back to back (a gate kernel holds the stream while a batch is
 // enqueued; a stream's queue has room for a few thousand operations, hence small batches) and
@@ -80,29 +80,23 @@ calls_row time_batches(bench_device& d, dev::native_stream stream, const std::st
   return row;
 }
 
-/// The driver's cuEventQuery on the same event, done and pending (CUDA backend only).
-void add_driver_query_rows(bench_device& d, dev::native_stream stream, dev::native_event event,
-                           int batches, int per_batch, std::vector<calls_row>& rows) {
+/// The runtime's cudaEventQuery on the same event, done and pending (CUDA backend only): the
+/// backend asks the driver's cuEventQuery; these rows say what that saves, in the same run.
+void add_runtime_query_rows(bench_device& d, dev::native_stream stream, dev::native_event event,
+                            int batches, int per_batch, std::vector<calls_row>& rows) {
 #if defined(EVR_WITH_CUDA)
   if (d.name() != "cuda") return;
-  using query_fn = CUresult(CUDAAPI*)(CUevent);
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion("cuEventQuery", &fn, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    throw std::runtime_error("cudaGetDriverEntryPointByVersion(cuEventQuery) failed");
-  }
-  const auto query = reinterpret_cast<query_fn>(fn);
-  const auto ev = static_cast<CUevent>(event);
+  const auto ev = static_cast<cudaEvent_t>(event);
   dev::backend& be = d.backend();
   require(be.record_event(event, stream), "record_event");
   require(be.synchronize_stream(stream), "synchronize_stream");
-  rows.push_back(time_batches(d, stream, "driver-query-done", batches, per_batch, false,
-                              [&](int) { (void)query(ev); }));
+  rows.push_back(time_batches(d, stream, "runtime-query-done", batches, per_batch, false,
+                              [&](int) { (void)cudaEventQuery(ev); }));
   rows.push_back(time_batches(
-      d, stream, "driver-query-pending", batches, per_batch, true, [&](int) { (void)query(ev); },
+      d, stream, "runtime-query-pending", batches, per_batch, true,
+      [&](int) { (void)cudaEventQuery(ev); },
       [&] { require(be.record_event(event, stream), "record_event"); }));
+  (void)cudaGetLastError();  // the pending queries' not-ready
 #else
   (void)d, (void)stream, (void)event, (void)batches, (void)per_batch, (void)rows;
 #endif
@@ -139,7 +133,7 @@ std::vector<calls_row> measure(bench_device& d, int batches, int per_batch) {
   rows.push_back(time_batches(d, stream, "write-fence", batches, per_batch, true, [&](int) {
     require(be.write_fence(stream, fences.device_address, ++value), "write_fence");
   }));
-  add_driver_query_rows(d, stream, event, batches, per_batch, rows);
+  add_runtime_query_rows(d, stream, event, batches, per_batch, rows);
   {
     evr::reactor r(be);
     std::atomic<long> done{0};

@@ -98,8 +98,8 @@ class idle_governor {
   /// The submitter's wake-up rule for a wait whose polling host was told when its window opens
   /// (`open_ns`): the host takes and finds it; the reactor need only be awake by then plus the
   /// grace it gives a host (its safety look).
-  std::int64_t hosted_deadline_ns(std::int64_t open_ns) const noexcept {
-    return open_ns + host_grace().count();
+  std::int64_t hosted_deadline_ns(std::int64_t open_ns, const poll_host& host) const noexcept {
+    return open_ns + grace_for(host).count();
   }
 
   // --- the sweep and the registry ------------------------------------------------------------
@@ -136,6 +136,11 @@ class idle_governor {
   /// before it looks at the host's streams itself: the bound on a late host (docs/architecture.md,
   /// "The last hop", "Under load").
   nanoseconds host_grace() const noexcept { return host_grace_; }
+  /// The grace given to `host`: host_grace(), or more for a host whose passes wait behind its
+  /// thread's other handlers (poll_host::queue_delay_ns), up to max_host_grace.
+  nanoseconds grace_for(const poll_host& host) const noexcept;
+  /// The longest grace a busy host gets.
+  static constexpr nanoseconds max_host_grace = std::chrono::milliseconds(10);
 
   // --- the reactor thread's rest -------------------------------------------------------------
   void start(clock::time_point now) noexcept { ladder_.progress(now); }

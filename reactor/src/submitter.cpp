@@ -133,15 +133,17 @@ std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
   }
   // Covered: a polling host knows when the wait's window opens; its look then takes the wait and
   // finds it done, and the reactor is only its safety net.
-  const bool covered =
-      open != 0 && op.host_ != nullptr && op.host_->host_role() == poll_host::role::polls;
+  const poll_host* const host = op.host_;
+  const bool covered = open != 0 && host != nullptr && host->host_role() == poll_host::role::polls;
+  // Read before the push too: the host lives as long as a wait of its is pending.
+  const std::int64_t hosted_deadline = covered ? p_.idle.hosted_deadline_ns(open, *host) : 0;
   const stack::push_result pushed = submissions_.push(&op);
   if (pushed != stack::push_result::closed) {
     // A parked reactor is woken by the push that makes the stack non-empty; a napping one only
     // when this wait could be done before it looks again (the idle governor's rule), or, for a
     // covered wait, when the reactor would look later than its host's safety net allows.
     p_.wake->wake_for_submission(pushed == stack::push_result::pushed_to_empty, [&] {
-      return covered ? p_.idle.hosted_deadline_ns(open) : p_.idle.earliest_completion_ns(st, seq);
+      return covered ? hosted_deadline : p_.idle.earliest_completion_ns(st, seq);
     });
     return {};
   }

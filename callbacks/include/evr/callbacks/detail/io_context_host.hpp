@@ -337,6 +337,8 @@ class io_context_host final : public poll_host {
     // Whether this poll waited behind other handlers (the thread is awake anyway).
     // poll_posted_ns_ is written only by post_poll, which cannot run before this poll ends.
     const bool awake = now - poll_posted_ns_ > busy_after_ns;
+    queue_delay_.add(now - poll_posted_ns_);
+    queue_delay_ns.store(queue_delay_.high(), std::memory_order_relaxed);
     const std::int64_t next = r.next_look_ns;
     const bool swept = r.what == poll_result::outcome::swept;
     // Look again after the handlers queued meanwhile: through an open window, when the reactor
@@ -422,6 +424,7 @@ class io_context_host final : public poll_host {
   std::uint64_t delivered_ = 0;              // (mutex_) hosted waits finished here
   lateness margin_{20'000, 2'000, 200'000};  // timer wake-ups: how late (ns)
   lateness lead_{50'000, 10'000, 500'000};   // role woken: post to run (ns)
+  lateness queue_delay_{0, 0, 20'000'000};   // role polls: a pass's post to run (ns)
 };
 
 }  // namespace EVR_ASIO_FLAVOUR_NAMESPACE

@@ -63,6 +63,11 @@ class poll_host {
   /// from it.
   std::atomic<std::int64_t> timer_margin_ns{20'000};
 
+  /// (role polls) How long this host's passes have lately waited behind the other handlers of
+  /// its thread between being posted and running (the largest of the last few): a busy host
+  /// looks that late after its promise, and the reactor waits as much longer before it looks in
+  /// its place (idle_governor::covered_until). Written by the host.
+  std::atomic<std::int64_t> queue_delay_ns{0};
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
 
   /// (the reactor's, under its pass lock) When this host should look at each of its streams;
