@@ -1,10 +1,10 @@
 // The CUDA backend: evr::device::backend on the CUDA runtime API.
 //
-// Built by the host C++ compiler; nothing here needs nvcc. libcuda is never linked: the driver
-// functions evr uses (cuStreamWriteValue64; cuEventQuery and cuStreamQuery, the polling calls) are
-// fetched at run time through the runtime's cudaGetDriverEntryPointByVersion, so a program built
-// with CUDA still starts on a machine without a GPU driver; its calls then report the runtime's
-// error (cudaErrorInsufficientDriver or cudaErrorNoDevice).
+// Built by the host C++ compiler; nothing here needs nvcc. libcuda is never linked: the one driver
+// function evr uses (cuStreamWriteValue64) is fetched at run time through the runtime's
+// cudaGetDriverEntryPointByVersion, so a program built with CUDA still starts on a machine without
+// a GPU driver; its calls then report the runtime's error (cudaErrorInsufficientDriver or
+// cudaErrorNoDevice).
 //
 // Conventions of every function below:
 //   * noexcept; failures are returned as make_cuda_error(value) (cuda_category(), value equal to
@@ -125,50 +125,6 @@ const write_value64_entry& write_value64() noexcept {
   return entry;
 }
 
-// --- cuEventQuery and cuStreamQuery: the polling calls, without the runtime's layer -------------
-
-// A look at a pending wait is one query, and under load most of a reactor's or an io thread's own
-// work per completion is queries: the driver's entry points answer a completed event in about a
-// fifth of the runtime's time (an H200, evr-bench calls: 320 against 1573 ns; pending 259 against
-// 304 ns). Their answers are the runtime's for what the reactor acts on: success and not-ready;
-// any other result is asked again of the runtime, which names the error in the runtime's numbering
-// (cuda_category) and keeps its last-error state as every other call here does.
-using event_query_fn = CUresult(CUDAAPI*)(CUevent);
-using stream_query_fn = CUresult(CUDAAPI*)(CUstream);
-
-struct query_entries {
-  event_query_fn event = nullptr;    ///< null: use the runtime's cudaEventQuery
-  stream_query_fn stream = nullptr;  ///< null: use the runtime's cudaStreamQuery
-};
-
-const query_entries& driver_queries() noexcept {
-  static const query_entries entries = [] {
-    query_entries q;
-    auto fetch = [](const char* name) -> void* {
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-      if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess) {
-        (void)cudaGetLastError();
-        return nullptr;
-      }
-      return found == cudaDriverEntryPointSuccess ? fn : nullptr;
-    };
-    q.event = reinterpret_cast<event_query_fn>(fetch("cuEventQuery"));
-    q.stream = reinterpret_cast<stream_query_fn>(fetch("cuStreamQuery"));
-    return q;
-  }();
-  return entries;
-}
-
-/// The driver's answer when it is success or not-ready (`answered`); any other result is left to
-/// the runtime's call (`answered` false).
-std::error_code driver_answer(CUresult r, bool& answered) noexcept {
-  answered = r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY;
-  if (r == CUDA_ERROR_NOT_READY) return make_cuda_error(static_cast<int>(cudaErrorNotReady));
-  return {};
-}
-
 // --- host functions ------------------------------------------------------------------------
 
 // in_host_func() must know whether the calling thread is inside one of our host functions. CUDA
@@ -276,13 +232,8 @@ class cuda_backend_impl final : public backend {
   }
 
   std::error_code query_event(native_event event) noexcept override {
-    // A pending query leaves nothing in the runtime's last-error state for the user's own error
-    // checks: the driver's call does not touch it, and check() does not record not-ready.
-    if (const event_query_fn query = driver_queries().event) {
-      bool answered = false;
-      std::error_code ec = driver_answer(query(static_cast<CUevent>(event)), answered);
-      if (answered) return ec;
-    }
+    // Not-ready is cleared from the last-error state too (as PyTorch does): a pending query must
+    // leave nothing behind for the user's own error checks.
     return check(cudaEventQuery(cuda_event(event)));
   }
 
@@ -351,11 +302,6 @@ class cuda_backend_impl final : public backend {
   }
 
   std::error_code query_stream(native_stream stream) noexcept override {
-    if (const stream_query_fn query = driver_queries().stream) {
-      bool answered = false;
-      std::error_code ec = driver_answer(query(static_cast<CUstream>(stream)), answered);
-      if (answered) return ec;
-    }
     return check(cudaStreamQuery(cuda_stream(stream)));
   }
 

@@ -68,10 +68,10 @@ bool idle_governor::wants_look(const stream_state& st, clock::time_point now,
   if (now < st.plan.query_after) return false;
   // A stream its host covers (the host keeps its promise to look): the reactor's sweeps leave it
   // to the host, so that a sweep made for other reasons does not take the host's completions (and
-  // post them across threads). Not while the reactor spins for streams of its own (the host's
-  // passes find the pass lock taken then); and a late host's streams are looked at by the
-  // reactor, once per grace (covered_until moves with each look).
-  if (!reactor_spins_) {
+  // post them across threads). Only while the reactor rests by sleeping (leaves_covered_streams):
+  // and a late host's streams are looked at by the reactor, once per grace (covered_until moves
+  // with each look).
+  if (leaves_covered_streams()) {
     if (const poll_host* h = covering_host(st); h != nullptr && now < covered_until(st, *h))
       return false;
   }

@@ -1,0 +1,74 @@
+// The idle governor's rule for the streams a host covers (reactor/src/idle_governor.hpp,
+// docs/architecture.md, "The last hop"): a host's pass runs only while the reactor thread sleeps,
+// so only a reactor that rests by sleeping may leave a covered stream to its host. A spinning
+// reactor (idle_mode::spin, the ladder's spin and yield) that left it was a reactor that looked at
+// nobody's waits: on a GPU machine's simulated device evr-bench idle's fence-spin and ladder rows,
+// posted, hung that way (issue 43).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+
+#include <evr/reactor/detail/poll_host.hpp>
+#include <evr/reactor/detail/wait_op.hpp>
+#include <evr/sim/device.hpp>
+
+#include "counters.hpp"
+#include "delivery_batch.hpp"
+#include "idle_governor.hpp"
+#include "marker_budget.hpp"
+#include "stream_state.hpp"
+#include "support/helpers.hpp"
+#include "wait_registry.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using evr::detail::poll_host;
+
+/// A host that has promised to look a second from now, and does nothing else.
+struct promising_host final : poll_host {
+  promising_host() : poll_host(role::polls) {}
+  void look_by(std::int64_t) noexcept override {}
+  void wake_until(std::int64_t) noexcept override {}
+};
+
+void never_completes(evr::detail::wait_op*, std::error_code) noexcept {}
+
+}  // namespace
+
+TEST_CASE("idle governor: a covered stream is left to its host only by a reactor that sleeps") {
+  struct mode_case {
+    evr::idle_mode mode;
+    bool leaves_it;
+  };
+  for (const mode_case c : {mode_case{evr::idle_mode::predictive, true},
+                            mode_case{evr::idle_mode::ladder, false},
+                            mode_case{evr::idle_mode::spin, false}}) {
+    CAPTURE(std::string(evr::to_string(c.mode)));
+    evr::sim::device sim;
+    evr::reactor_options o = evr::test::quick_options(evr::strategy::fence);
+    o.idle = c.mode;
+    const evr::detail::strategy_traits traits = evr::detail::strategy_traits::of(o.strategy);
+    evr::detail::reactor_counters counters;
+    evr::detail::delivery_batch batch(counters);
+    evr::detail::marker_budget markers(sim, o);
+    evr::detail::wait_registry registry(traits, batch, markers, counters);
+    evr::detail::idle_governor idle(o, traits, sim, registry, counters);
+
+    const auto now = std::chrono::steady_clock::now();
+    promising_host host;
+    host.looks_at_ns.store((now + 1s).time_since_epoch().count());
+    evr::detail::wait_op op(&never_completes);
+    op.host_ = &host;
+    evr::detail::stream_state st;
+    st.entries.insert({1, nullptr, &op});
+    st.plan.host_look = now;  // planned for the host: its look is due
+    evr::detail::poll_tick tick{true, 0};
+    // Covered: the host promised a look within its grace. A sleeping (predictive) reactor leaves
+    // it; one that spins must look itself, or nobody does.
+    CHECK(idle.wants_look(st, now, tick) == !c.leaves_it);
+    // A second past the promise and its grace, every reactor looks (the safety net).
+    CHECK(idle.wants_look(st, now + 2s, tick));
+  }
+}
