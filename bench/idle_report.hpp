@@ -1,5 +1,5 @@
 // bench/idle_report.hpp — what `evr-bench idle` prints (tables per workload, the goals met or
-// missed) and writes (--json: every sample, for scripts/bench-tables.py and plot-bench.py).
+// missed) and writes (--json: every sample, for scripts/study/bench-tables.py and plot-bench.py).
 #pragma once
 
 #include <cstdint>

@@ -76,7 +76,10 @@ class CMakeBuild(build_ext):
                                                    stderr=subprocess.DEVNULL) == 0:
             args += ["-G", "Ninja"]
         args += shlex.split(os.environ.get("EVR_CMAKE_ARGS", ""))
+        # pip shows these (and CMake's output) with -v; the whole build takes a minute or two.
+        print(f"evr: configuring evr's C++ build (CMake) in {build}", flush=True)
         subprocess.check_call(args)
+        print("evr: compiling the extension module evr._evr", flush=True)
         jobs = os.environ.get("EVR_JOBS", str(os.cpu_count() or 2))
         subprocess.check_call(["cmake", "--build", build, "--target", "evr_python", "-j", jobs])
         built = os.path.join(build, "python", "evr", os.path.basename(self.get_ext_fullpath(ext.name)))

@@ -2,10 +2,11 @@
 # Installs what a fresh Debian 12 (or Ubuntu) machine needs to build and test evr.
 #
 #   scripts/install-deps.sh            # the build + test set
+#   scripts/install-deps.sh --demo     # only what the demo needs (scripts/demo.sh)
 #   scripts/install-deps.sh --extras   # also the extras (python3-matplotlib: plots)
 #   scripts/install-deps.sh --boost    # also Boost (libboost1.81-dev: the Boost.Asio front end)
 #   scripts/install-deps.sh --packaging  # also what building the Python sdist/wheel offline needs
-#                                        # (scripts/check-python-package.sh)
+#                                        # (scripts/ci/check-python-package.sh)
 #   scripts/install-deps.sh --check    # only report what is missing; exit 1 if anything is
 #
 # Environment:
@@ -24,13 +25,16 @@ set -euo pipefail
 # Python binding (python/); pytest, pytest-asyncio, aiohttp, uvloop: its tests, example and bench;
 # numpy and wrk: the served-model example (its model, and the load on it).
 # doxygen: the API reference (scripts/docs.sh). clang-14, libclang-rt-14-dev: libFuzzer for the
-# example server's HTTP parsing (scripts/fuzz-http.sh). haproxy: the balancer of the rolling-restart
+# example server's HTTP parsing (scripts/ci/fuzz-http.sh). haproxy: the balancer of the rolling-restart
 # test (examples/deploy/).
 readonly base_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev doctest-dev libcli11-dev
   libhttp-parser-dev python3-prometheus-client python3-dev pybind11-dev python3-pytest
   python3-pytest-asyncio python3-aiohttp python3-uvloop python3-numpy wrk doxygen clang-14
   libclang-rt-14-dev haproxy)
 readonly extra_packages=(python3-matplotlib)
+# The demo (scripts/demo.sh): the library and the example server, nothing else.
+readonly demo_packages=(cmake ninja-build g++ libasio-dev libconcurrentqueue-dev libcli11-dev
+  libhttp-parser-dev)
 # Debian 12 has Boost 1.74 (libboost-dev) and 1.81; 1.74's Asio (1.18) is older than evr needs.
 # One libboost*-dev at a time (see --no-remove below).
 readonly boost_packages=(libboost1.81-dev)
@@ -39,17 +43,19 @@ readonly boost_packages=(libboost1.81-dev)
 readonly packaging_packages=(python3-build python3-venv python3-wheel python3-setuptools python3-pybind11)
 
 want_extras="${EVR_DEPS_EXTRAS:-0}"
+want_demo_only=0
 want_boost=0
 want_packaging=0
 check_only=0
 for arg in "$@"; do
   case "$arg" in
     --extras) want_extras=1 ;;
+    --demo) want_demo_only=1 ;;
     --boost) want_boost=1 ;;
     --packaging) want_packaging=1 ;;
     --check) check_only=1 ;;
     -h | --help)
-      sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -65,6 +71,9 @@ if [[ "${EVR_SKIP_DEPS:-0}" == 1 ]]; then
 fi
 
 packages=("${base_packages[@]}")
+if [[ "$want_demo_only" == 1 ]]; then
+  packages=("${demo_packages[@]}")
+fi
 if [[ "$want_extras" == 1 ]]; then
   packages+=("${extra_packages[@]}")
 fi
@@ -77,7 +86,7 @@ fi
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "install-deps: no dpkg here (not Debian/Ubuntu); make sure these are installed:" \
-    "${packages[*]} (or stage headers with scripts/stage-deps.sh)" >&2
+    "${packages[*]} (or stage headers with scripts/gpu/stage-deps.sh)" >&2
   exit 0
 fi
 
@@ -129,10 +138,10 @@ if ! "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$
     echo "install-deps: (Debian 12 has one Boost at a time: libboost1.81-dev, which the Boost.Asio" >&2
     echo "  tests need, replaces libboost1.74-dev, which python3-matplotlib pulls in). Choose one and" >&2
     echo "  run apt-get install yourself (or set EVR_DEPS_ALLOW_REMOVE=1), or point CMake at another" >&2
-    echo "  Boost (EVR_BOOST_ROOT for scripts/test.sh boost and scripts/check-install.sh)." >&2
+    echo "  Boost (EVR_BOOST_ROOT for scripts/test.sh boost and scripts/ci/check-install.sh)." >&2
   fi
   echo "install-deps: without a package registry, stage the headers elsewhere with" \
-    "scripts/stage-deps.sh and copy .deps/ here" >&2
+    "scripts/gpu/stage-deps.sh and copy .deps/ here" >&2
   exit 1
 fi
 echo "install-deps: done"

@@ -5,6 +5,7 @@
 #   scripts/test.sh asan     # ASan + UBSan, simulated device only (build/asan)
 #   scripts/test.sh tsan     # ThreadSanitizer, simulated device only (build/tsan)
 #   scripts/test.sh boost    # the tests against Boost.Asio (evr::evr_boost; libboost1.81-dev)
+#   scripts/test.sh clang    # Clang 14 (clang++-14), simulated device (build/clang)
 #   scripts/test.sh dev|sim-only|gpu
 #   scripts/test.sh asan -R sim_   # anything after the preset goes to ctest
 #   scripts/test.sh asio=DIR # the whole suite (library, tests, examples, bench, Python) against
@@ -15,12 +16,13 @@
 # Environment:
 #   EVR_JOBS=N        parallel build jobs (default: nproc)
 #   EVR_TEST_JOBS=N   tests run at once by ctest (default: EVR_JOBS); the tests hold under a full
-#                     competing load (scripts/test-under-load.sh), so running them side by side
+#                     competing load (scripts/ci/test-under-load.sh), so running them side by side
 #                     only shortens the run
 #   EVR_ASIO_PRESET=P mode asio=DIR: the preset it starts from (sim-only, release or dev; default
 #                     sim-only), build/asio-<version>-P when not sim-only
 #   EVR_SKIP_DEPS=1   do not run scripts/install-deps.sh
 #   EVR_FRESH=1       reconfigure from scratch (cmake --fresh)
+#   EVR_WERROR=1      warnings of evr's own code fail the build (-DEVR_WARNINGS_AS_ERRORS=ON; CI)
 #   EVR_BOOST_ROOT=D  preset boost: the Boost under D (D/include/boost, D/lib/.../cmake/Boost-*),
 #                     not the system's (Debian 12 keeps Boost 1.74 beside python3-matplotlib)
 #
@@ -54,13 +56,13 @@ fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 case "$preset" in
-  release | dev | sim-only | boost | asan | tsan | gpu) ;;
+  release | dev | sim-only | clang | boost | asan | tsan | gpu) ;;
   -h | --help)
-    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
-    echo "test.sh: unknown preset '$preset' (release, dev, sim-only, boost, asan, tsan, gpu, asio=DIR)" >&2
+    echo "test.sh: unknown preset '$preset' (release, dev, sim-only, clang, boost, asan, tsan, gpu, asio=DIR)" >&2
     exit 2
     ;;
 esac
@@ -86,9 +88,12 @@ step() { echo "==> [test.sh $name] $*"; }
 
 deps_args=()
 if [[ "$preset" == boost && -n "${EVR_BOOST_ROOT:-}" ]]; then
-  cmake_args=(-DBoost_ROOT="$EVR_BOOST_ROOT")
+  cmake_args+=(-DBoost_ROOT="$EVR_BOOST_ROOT")
 elif [[ "$preset" == boost ]]; then
   deps_args=(--boost)
+fi
+if [[ "${EVR_WERROR:-0}" == 1 ]]; then
+  cmake_args+=(-DEVR_WARNINGS_AS_ERRORS=ON)
 fi
 step "dependencies (scripts/install-deps.sh ${deps_args[*]})"
 bash scripts/install-deps.sh "${deps_args[@]}"

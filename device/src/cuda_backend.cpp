@@ -175,7 +175,9 @@ class cuda_backend_impl final : public backend {
       text += d == 0 ? " " : "; ";
       text += std::to_string(d) + ": ";
       if (auto ec = check(cudaGetDeviceProperties(&prop, d))) {
-        text += "(" + ec.message() + ")";
+        // Appended piece by piece: "(" + message + ")" makes GCC 12 warn (-Wrestrict, a false
+        // positive inside std::string's operator+).
+        text.append("(").append(ec.message()).append(")");
         continue;
       }
       char buf[384];

@@ -6,7 +6,7 @@
 // it against busy_math::reference. One block uses a sliver of one SM, so
 // many such kernels run at once on different streams: with D well above the few microseconds a
 // request costs the CPU, the GPU's time, not the server's, decides how many requests finish per
-// second. The synthetic knob of the server study (scripts/server-study.py).
+// second. The synthetic knob of the server study (scripts/study/server-study.py).
 #pragma once
 
 #include <cstdint>

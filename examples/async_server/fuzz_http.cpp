@@ -3,7 +3,7 @@
 // Beyond not crashing (under ASan and UBSan), a head the parser accepts must keep what the server
 // relies on, and a refusal must carry a 4xx/5xx status and a message; a broken promise aborts.
 //
-// Built and run by scripts/fuzz-http.sh (clang-14, -fsanitize=fuzzer,address,undefined) from the
+// Built and run by scripts/ci/fuzz-http.sh (clang-14, -fsanitize=fuzzer,address,undefined) from the
 // seed corpus in fuzz/http/; not part of the CMake build.
 #include <cstddef>
 #include <cstdint>

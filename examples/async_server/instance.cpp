@@ -32,7 +32,7 @@ instance::instance(evr::device::backend& backend,
   for (int i = 0; i < cfg.threads; ++i) {
     asio::io_context& io = *contexts_[static_cast<std::size_t>(i) % contexts_.size()];
     threads_.emplace_back([this, &io, i, hook = cfg.on_io_thread] {
-      // Named so that profiles and scripts/server-profile.py tell them from the reactor
+      // Named so that profiles and scripts/study/server-profile.py tell them from the reactor
       // ("evr-reactor"), the simulator's and CUDA's own threads.
       char name[16];
       std::snprintf(name, sizeof name, "evr-io-%d", i);

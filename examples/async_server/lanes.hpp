@@ -10,7 +10,7 @@
 // mutex, and the next lane given back goes to the oldest such request (index_pool.hpp; a waiting
 // request is cancelled when its client leaves). How many lanes: enough
 // that the GPU, not the lane count, limits how much runs at once (--streams; by default measured
-// from the GPU at start-up, see main.cpp; scripts/server-study.py measures the effect).
+// from the GPU at start-up, see main.cpp; scripts/study/server-study.py measures the effect).
 #pragma once
 
 #include <atomic>

@@ -131,12 +131,13 @@ std::uint64_t print_server_summary(const server_metrics& m) {
   // support, which the edge cases send on purpose; 503 says it is full for now: a limit, not a
   // failure.)
   const std::uint64_t failures = m.count(500, 500);
+  const std::uint64_t responses = ok + client_errors + server_errors;
   std::printf(
-      "server: %llu responses: %llu 2xx, %llu 4xx, %llu 5xx (%llu failures: wrong answers, GPU "
-      "errors)\n",
-      static_cast<unsigned long long>(ok + client_errors + server_errors),
+      "server: %llu %s: %llu 2xx, %llu 4xx, %llu 5xx (%llu %s: wrong answers, GPU errors)\n",
+      static_cast<unsigned long long>(responses), responses == 1 ? "response" : "responses",
       static_cast<unsigned long long>(ok), static_cast<unsigned long long>(client_errors),
-      static_cast<unsigned long long>(server_errors), static_cast<unsigned long long>(failures));
+      static_cast<unsigned long long>(server_errors), static_cast<unsigned long long>(failures),
+      failures == 1 ? "failure" : "failures");
   return failures;
 }
 
@@ -358,7 +359,7 @@ int main(int argc, char** argv) {
             load.requests_per_second(), static_cast<unsigned long long>(load.errors));
         print_latency("client: request written to response read", load);
         if (!load.first_error.empty()) std::printf("first error: %s\n", load.first_error.c_str());
-        // One line for scripts (scripts/load-server.sh builds its table from it).
+        // One line for scripts (scripts/study/load-server.sh builds its table from it).
         std::printf(
             "load-result mode=%s sync=%s device=%s threads=%d streams=%d connections=%d "
             "seconds=%.3f requests=%llu errors=%llu rps=%.1f p50_us=%.1f p90_us=%.1f p99_us=%.1f "

@@ -72,8 +72,8 @@ enum class connection_event : std::uint8_t {
 class server_metrics {
  public:
   /// Paths are a closed set so that a scanner requesting random URLs cannot grow the label space.
-  static constexpr std::array<std::string_view, 7> paths = {"/saxpy",   "/sum",     "/busy", "/mlp",
-                                                            "/healthz", "/metrics", "other"};
+  static constexpr std::array<std::string_view, 8> paths = {
+      "/saxpy", "/sum", "/busy", "/mlp", "/healthz", "/readyz", "/metrics", "other"};
   static constexpr std::array<int, 12> statuses = {200, 400, 404, 405, 408, 413,
                                                    422, 431, 500, 501, 503, 505};
   /// Upper bounds (seconds) of the latency buckets; +Inf is implied.

@@ -93,11 +93,11 @@ server::server(std::vector<asio::io_context*> contexts, server_config cfg, lane_
                    : asio::any_io_executor(contexts_.at(0)->get_executor())),
       acceptor_(control_),
       sweep_timer_(control_),
-      drain_timer_(control_),
       budget_(cfg_.request_memory),
       large_turns_(cfg_.large_concurrency),
       large_threads_(cfg_.large_concurrency, "evr-large"),
-      table_(cfg_.connections) {
+      table_(cfg_.connections),
+      drain_(control_, cfg_.drain_timeout, mutex_, table_, metrics_, [this] { stop(); }) {
   if (cfg_.mode == wait_mode::evr && reactor_ == nullptr)
     throw std::invalid_argument("server: wait_mode::evr needs a reactor");
   if (cfg_.check_every == 0) throw std::invalid_argument("server: check_every must be at least 1");
@@ -203,10 +203,13 @@ void server::drain(std::function<void()> done) {
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> running;
   {
     std::lock_guard lock(mutex_);
-    if (stopping_.load(std::memory_order_relaxed) || draining_.load(std::memory_order_relaxed))
-      return;
-    draining_.store(true, std::memory_order_relaxed);
-    drained_ = std::move(done);
+    if (stopping_.load(std::memory_order_relaxed) || drain_.draining()) return;
+    // Once it ended (on the control context, after its deadline is cancelled): the sweep timer,
+    // which would keep that context's run() going, is cancelled too, then `done` runs.
+    drain_.start([this, done = std::move(done)] {
+      sweep_timer_.cancel();
+      if (done) done();
+    });
     open = table_.all();
     running.swap(keep_running_);
   }
@@ -214,28 +217,8 @@ void server::drain(std::function<void()> done) {
     std::error_code ignored;
     acceptor_.close(ignored);
     std::lock_guard lock(mutex_);
-    // The last connection may have closed before this ran: its end of the drain is posted
-    // already, and a deadline armed now would keep this context's run() going until it fired.
-    if (drain_done_) return;
-    drain_timer_.expires_after(cfg_.drain_timeout);
-    drain_timer_.async_wait([this](std::error_code ec) {
-      if (ec) return;
-      // The deadline: what is still being served is cut off (its clients get no answer).
-      std::size_t open = 0;
-      {
-        std::lock_guard lock(mutex_);
-        if (drain_done_) return;  // ended as the timer fired: its cancel() came too late
-        open = table_.size();
-      }
-      std::printf(
-          "drain: the deadline (%.1f s) passed with %lld requests in flight on %zu "
-          "connections: they are cut off\n",
-          std::chrono::duration<double>(cfg_.drain_timeout).count(),
-          static_cast<long long>(metrics_.in_flight()), open);
-      std::fflush(stdout);
-      stop();
-    });
-    end_drain_if_done();
+    drain_.arm_deadline();
+    drain_.end_if_done();
   });
   // A connection waiting for a request head has its read cancelled: serve() closes it when
   // nothing of a request has arrived (an idle keep-alive connection), and reads on otherwise.
@@ -248,16 +231,6 @@ void server::drain(std::function<void()> done) {
       }
     });
   }
-}
-
-void server::end_drain_if_done() {
-  if (!draining_.load(std::memory_order_relaxed) || table_.size() != 0 || drain_done_) return;
-  drain_done_ = true;
-  asio::post(control_, [this, done = std::move(drained_)] {
-    drain_timer_.cancel();
-    sweep_timer_.cancel();
-    if (done) done();
-  });
 }
 
 void server::join_connection_threads() {
@@ -490,7 +463,7 @@ asio::awaitable<void> server::sweep_deadlines() {
     if (ec || stopping_.load(std::memory_order_relaxed)) co_return;
     {
       std::lock_guard lock(mutex_);
-      if (draining_.load(std::memory_order_relaxed) && table_.size() == 0) co_return;
+      if (drain_.draining() && table_.size() == 0) co_return;
     }
     const std::int64_t now = to_ns(clock_type::now());
     {
@@ -521,7 +494,7 @@ asio::awaitable<void> server::sweep_deadlines() {
 void server::forget(const std::shared_ptr<connection>& c) {
   std::lock_guard lock(mutex_);
   table_.erase(c);
-  end_drain_if_done();
+  drain_.end_if_done();
 }
 
 asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
@@ -549,7 +522,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
           c->socket, asio::dynamic_buffer(buffer, http::max_head_bytes), head_end{}, use_tuple);
       // drain() cancelled the read: close (below) if nothing of a request has arrived, else
       // read on (a head trickling in is served, with Connection: close).
-      if (rec == asio::error::operation_aborted && draining_.load(std::memory_order_relaxed) &&
+      if (rec == asio::error::operation_aborted && drain_.draining() &&
           !stopping_.load(std::memory_order_relaxed) && c->socket.is_open() &&
           !(buffer.empty() && nothing_arrived(c->socket)))
         continue;

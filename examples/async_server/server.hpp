@@ -38,7 +38,7 @@
 //   * thread: each accepted connection gets a thread of its own running a private io_context for
 //     that one socket, so its reads, writes and waits block only that thread.
 // Files: connections, limits, the sweep and abandoned requests here and in server.cpp; what each
-// route does in routes.cpp.
+// route does in routes.cpp; the drain's state and deadline in drain.cpp.
 // GPUs: the lanes of every device used (lane_set.hpp); each connection prefers one device,
 // round-robin at accept, and /mlp has a batcher per device.
 // Deadlines (idle and slow clients): a connection stores when it must next make progress; one
@@ -75,6 +75,7 @@
 #include "busy.hpp"
 #include "connection.hpp"
 #include "connection_table.hpp"
+#include "drain.hpp"
 #include "event_poller.hpp"
 #include "gpu_wait.hpp"
 #include "http.hpp"
@@ -163,7 +164,7 @@ class server {
   void drain(std::function<void()> done = {});
   /// drain() or stop() was called: /readyz answers 503.
   bool draining() const noexcept {
-    return draining_.load(std::memory_order_relaxed) || stopping_.load(std::memory_order_relaxed);
+    return drain_.draining() || stopping_.load(std::memory_order_relaxed);
   }
 
   /// wait_mode::thread: joins every connection thread (call after stop(), once the io threads
@@ -261,9 +262,6 @@ class server {
   /// Retry-After naming `not_ready` when that is not null.
   void probe_answer(const http::request& req, connection& c, response& r, const char* text,
                     const char* not_ready);
-  /// (mutex_ held) Draining and no connection left: the timers that keep the control context's
-  /// run() going are cancelled.
-  void end_drain_if_done();
   /// Enqueues the busy kernel on the lease's lane; true (and the 500 in `r`) when that failed.
   bool launch_busy(lane_pool::lease& lease, const busy::spec& spec, connection& c, response& r);
   /// The answer once the work is done (or the wait failed: ec).
@@ -317,7 +315,6 @@ class server {
   asio::any_io_executor control_;
   asio::ip::tcp::acceptor acceptor_;
   asio::steady_timer sweep_timer_;  // on control_
-  asio::steady_timer drain_timer_;  // on control_: drain()'s deadline
   std::uint16_t port_ = 0;
 
   // The accept loop's: a descriptor kept open to be closed when the process runs out of them
@@ -330,11 +327,9 @@ class server {
   index_pool large_turns_;         // large_concurrency turns for large /saxpy and /sum
   offload_threads large_threads_;  // where their CPU work and blocking waits run
 
-  std::mutex mutex_;  // guards table_, conn_threads_, keep_running_ and stopping_'s change
+  std::mutex mutex_;  // guards table_, conn_threads_, keep_running_, stopping_'s change and drain_
   connection_table table_;
   std::list<std::shared_ptr<conn_thread>> conn_threads_;
   std::atomic<bool> stopping_{false};  // read on every response without the lock
-  std::atomic<bool> draining_{false};  // likewise; changed under mutex_
-  bool drain_done_ = false;            // (mutex_) the drain's end was posted
-  std::function<void()> drained_;      // (mutex_) drain()'s `done`
+  graceful_drain drain_;               // drain()'s state and deadline (mutex_; drain.hpp)
 };

@@ -423,7 +423,7 @@ async def reuse_port(args, binary, workdir, report) -> list[str]:
     codes = [s.wait_exit(timeout=args.drain_seconds + 30) for s in servers]
     counts = []
     for s in servers:
-        m = re.search(r"server: (\d+) responses", s.last_run_output())
+        m = re.search(r"server: (\d+) responses?", s.last_run_output())
         counts.append(int(m.group(1)) if m else 0)
     report["reuse_port"] = {"statuses_200": statuses.count(200), "per_server": counts,
                             "exit": codes}

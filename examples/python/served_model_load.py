@@ -21,7 +21,7 @@ Time: per mode, the server's start (on a GPU: torch, CUDA and the weights, a few
 check, --warmup, then --duration + about 0.5 s per point: about 2 minutes with the defaults (3
 modes x 3 counts x 8 s). Points that would end after --budget seconds are skipped (and said so).
 
-wrk: from PATH, or staged by scripts/stage-tools.sh in .tools/ (carry ".tools" to a machine
+wrk: from PATH, or staged by scripts/gpu/stage-tools.sh in .tools/ (carry ".tools" to a machine
 without a package registry). Exit status 0 when every point ran without errors and every check,
 and the shutdowns, passed (the goals are reported, not enforced); 77 when there is no wrk.
 """
@@ -46,9 +46,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import served_model  # noqa: E402  (beside this file)
 
-# wrk, its output and /proc's CPU figures, as scripts/server-study.py reads them.
+# wrk, its output and /proc's CPU figures, as scripts/study/server-study.py reads them.
 _spec = importlib.util.spec_from_file_location("server_study",
-                                               os.path.join(ROOT, "scripts", "server-study.py"))
+                                               os.path.join(ROOT, "scripts", "study", "server-study.py"))
 study = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(study)
 
@@ -254,7 +254,7 @@ def main():
         args.device = served_model.detect_device()
     wrk = study.find_wrk()
     if wrk is None:
-        log("wrk not found (PATH, .tools/): apt-get install wrk, or scripts/stage-tools.sh here "
+        log("wrk not found (PATH, .tools/): apt-get install wrk, or scripts/gpu/stage-tools.sh here "
             "and carry .tools")
         return 77  # ctest: skipped
     os.makedirs(args.out, exist_ok=True)

@@ -1,7 +1,7 @@
 """The package as a user gets it: `evr.sim` after a plain `import evr`, one version everywhere, and
 every file that must ship (the extension, the stubs, py.typed) next to the imported package.
 
-Against an installed wheel (scripts/check-python-package.sh sets EVR_EXPECT_INSTALLED=1) the
+Against an installed wheel (scripts/ci/check-python-package.sh sets EVR_EXPECT_INSTALLED=1) the
 installed distribution is checked too: evr must be imported from it, its metadata's version must be
 evr.__version__, and its RECORD must list the files. From the CMake build tree (ctest) those
 checks are skipped: there is no distribution there."""

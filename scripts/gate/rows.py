@@ -36,8 +36,8 @@ METRICS = {
 
 
 def load_server_study():
-    """scripts/server-study.py as a module (its file name has a hyphen)."""
-    path = os.path.join(ROOT, "scripts", "server-study.py")
+    """scripts/study/server-study.py as a module (its file name has a hyphen)."""
+    path = os.path.join(ROOT, "scripts", "study", "server-study.py")
     spec = importlib.util.spec_from_file_location("server_study", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -166,7 +166,7 @@ class server_group:
                 summary, rc = srv.stop()
                 with open(log, "a") as f:
                     f.write(f"{label}: {summary} (exit {rc})\n" + "\n".join(srv.lines[-3:]) + "\n")
-            if rc not in (0, None) or "0 failures" not in summary:
+            if rc not in (0, None) or "(0 failures" not in summary:
                 raise RuntimeError(f"{label}: the server reported failures or exited {rc}: {summary}")
         for (label, route), p in points.items():
             name = f"server {route} {self.connections} conns, {label}"

@@ -1,4 +1,4 @@
-// Uses evr the way a user would (tests/consumer/CMakeLists.txt, scripts/check-install.sh): its
+// Uses evr the way a user would (tests/consumer/CMakeLists.txt, scripts/ci/check-install.sh): its
 // headers (the umbrella header pulls in every public one), its library, and the Asio flavour of the
 // target it linked, reached as evr::asio so that this file serves both flavours. One wait on the
 // simulated device goes through the Asio front end, one through on_complete. Prints one line and

@@ -1,4 +1,4 @@
-// evr::async_wait against NVIDIA's stdexec, on the simulated device (scripts/check-stdexec.sh).
+// evr::async_wait against NVIDIA's stdexec, on the simulated device (scripts/ci/check-stdexec.sh).
 // Each check prints one line; any failure prints FAILED and exits 1.
 #include <atomic>
 #include <chrono>

@@ -30,8 +30,11 @@ bool asks_for_information(int argc, char** argv) {
     arg.remove_prefix(arg.starts_with("--") ? 2 : 1);
     if (arg.starts_with("dt-")) arg.remove_prefix(3);
     arg = arg.substr(0, arg.find('='));
-    if (!arg.empty() && information.find(" " + std::string(arg) + " ") != std::string_view::npos)
-      return true;
+    // Built piece by piece: " " + std::string(arg) makes GCC 12 warn (-Wrestrict, a false
+    // positive inside std::string's operator+).
+    std::string word(" ");
+    word.append(arg).append(" ");
+    if (!arg.empty() && information.find(word) != std::string_view::npos) return true;
   }
   return false;
 }

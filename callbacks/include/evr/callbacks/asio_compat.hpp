@@ -14,7 +14,7 @@
 // every supported version; they are spelled here once, so that their move is one edit.
 //
 // asio_compat_names.txt, beside this header, lists every such name with the version it moved in;
-// scripts/check-asio-names.sh (run by .ci/run) fails when code outside this header names one of
+// scripts/ci/check-asio-names.sh (run by .ci/run) fails when code outside this header names one of
 // them in asio::experimental.
 #pragma once
 

@@ -11,10 +11,10 @@
 // must be a stdexec::completion_signatures of stdexec's set_value_t / set_error_t /
 // set_stopped_t. evr::basic_gpu_sender takes that vocabulary as its Protocol; this header names
 // stdexec's. Nothing else of evr includes stdexec, and evr's build does not need it:
-// scripts/check-stdexec.sh builds and runs a program against a stdexec checkout.
+// scripts/ci/check-stdexec.sh builds and runs a program against a stdexec checkout.
 //
 // Checked with stdexec from 2026 (g++ 12 and clang 14 where stdexec builds with them; see
-// scripts/check-stdexec.sh). Older stdexec (2024-2025) spells the same names.
+// scripts/ci/check-stdexec.sh). Older stdexec (2024-2025) spells the same names.
 #pragma once
 
 #include <stdexec/execution.hpp>

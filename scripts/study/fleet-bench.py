@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""The balancer's cost: one evr-async-server process against several sharing the GPU behind
+HAProxy, with the same io threads in all (issue 40).
+
+    scripts/study/fleet-bench.py [--processes 2] [--threads 2] [--route "/busy?us=1000"]
+                           [--connections 256] [--seconds 6] [--rounds 2] [--device auto|cuda|sim]
+                           [--haproxy-threads 0,4] [--bin PATH] [--out DIR]
+
+Alternates, --rounds times: one server with --threads io threads, loaded by wrk directly; then
+--processes servers with --threads / --processes io threads each behind HAProxy
+(examples/deploy/fleet.py), loaded by wrk through HAProxy (a row per --haproxy-threads); then the
+same servers on one port (--reuse-port), wrk straight at them: the processes' own cost, without
+the balancer. Per point: requests/s, p50/p99, the
+servers' CPU and HAProxy's (from /proc over the point), and HAProxy's CPU per request: what the
+balancer costs. Prints the means and the ratio fleet / one process; JSON to DIR/fleet-bench.json.
+
+wrk and the build as scripts/study/server-study.py finds and does them (wrk on PATH or staged in
+.tools; HAProxy on PATH or EVR_HAPROXY, e.g. .tools/haproxy/haproxy from
+scripts/gpu/stage-haproxy.sh). Exit status 0 when every point ran without errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "examples", "deploy"))
+from fleet import Fleet, ServerProcess, free_port  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("server_study",
+                                               os.path.join(ROOT, "scripts", "study", "server-study.py"))
+study = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(study)
+
+
+def wrk_point(wrk, port, route, connections, seconds, pids):
+    """wrk against 127.0.0.1:port; the CPU seconds of each pid over the point."""
+    cmd = [wrk[0], "-t4", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "10s",
+           f"http://127.0.0.1:{port}{route}"]
+    before = {p: study.cpu_seconds(p) for p in pids}
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, env=wrk[1], capture_output=True, text=True, timeout=seconds + 60)
+    wall = time.monotonic() - t0
+    cpu = {p: study.cpu_seconds(p) - before[p] for p in pids}
+    r = study.parse_wrk(out.stdout)
+    r["wall_s"] = wall
+    r["cores"] = {str(p): c / wall for p, c in cpu.items()}
+    return r
+
+
+def one_process(binary, args, wrk, workdir, _haproxy_threads=None):
+    port = free_port()
+    s = ServerProcess("single", binary, port, server_args(args, args.threads), workdir)
+    s.start()
+    s.wait_listening()
+    study.warm_up(port, args.route)
+    r = wrk_point(wrk, port, args.route, args.connections, args.seconds, [s.proc.pid])
+    s.signal(signal.SIGTERM)
+    r["exit"] = s.wait_exit(timeout=120)
+    r["server_cores"] = sum(r["cores"].values())
+    r["haproxy_cores"] = 0.0
+    return r
+
+
+def fleet_of(binary, args, wrk, workdir, haproxy_threads):
+    threads = max(1, args.threads // args.processes)
+    fleet = Fleet(binary, args.processes, server_args(args, threads), workdir,
+                  haproxy_threads=haproxy_threads or None)
+    fleet.start()
+    study.warm_up(fleet.haproxy.port, args.route)
+    pids = [s.proc.pid for s in fleet.servers] + [fleet.haproxy.proc.pid]
+    r = wrk_point(wrk, fleet.haproxy.port, args.route, args.connections, args.seconds, pids)
+    r["exit"] = max(fleet.stop())
+    r["haproxy_cores"] = r["cores"][str(fleet.haproxy.proc.pid)]
+    r["server_cores"] = sum(r["cores"].values()) - r["haproxy_cores"]
+    return r
+
+
+def reuse_port_pair(binary, args, wrk, workdir, _haproxy_threads=None):
+    """The same processes as the fleet's, on one port (--reuse-port: the kernel spreads the
+    connections), wrk straight at them: what two processes cost without the balancer (two CUDA
+    contexts share the GPU by time slices unless MPS runs)."""
+    threads = max(1, args.threads // args.processes)
+    port = free_port()
+    servers = [ServerProcess(f"rp{i}", binary, port, server_args(args, threads) + ["--reuse-port"],
+                             workdir) for i in range(args.processes)]
+    for s in servers:
+        s.start()
+        s.wait_output("listening on")
+    study.warm_up(port, args.route)
+    r = wrk_point(wrk, port, args.route, args.connections, args.seconds,
+                  [s.proc.pid for s in servers])
+    for s in servers:
+        s.signal(signal.SIGTERM)
+    r["exit"] = max(s.wait_exit(timeout=120) for s in servers)
+    r["server_cores"] = sum(r["cores"].values())
+    r["haproxy_cores"] = 0.0
+    return r
+
+
+def server_args(args, threads):
+    return ["--device", args.device, "--threads", str(threads)] + args.server_args.split()
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="io threads in all (split over processes)")
+    p.add_argument("--route", default="/busy?us=1000")
+    p.add_argument("--connections", type=int, default=256)
+    p.add_argument("--seconds", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "sim"])
+    p.add_argument("--bin")
+    p.add_argument("--server-args", default="")
+    p.add_argument("--haproxy-threads", default="0",
+                   help="HAProxy's nbthread, one fleet row each, separated by commas (0: its "
+                        "default, a thread per CPU)")
+    p.add_argument("--out")
+    a = p.parse_args()
+    try:
+        a.haproxy_threads = [int(t) for t in a.haproxy_threads.split(",")]
+        if any(t < 0 for t in a.haproxy_threads):
+            raise ValueError
+    except ValueError:
+        p.error(f"--haproxy-threads takes counts >= 0 separated by commas, like 0,4, not "
+                f"{a.haproxy_threads!r}")
+    for name in ("processes", "threads", "connections", "seconds", "rounds"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} must be at least 1, not {getattr(a, name)}")
+    if a.threads % a.processes:
+        p.error(f"--threads {a.threads} must split evenly over --processes {a.processes}")
+    wrk = study.find_wrk()
+    if wrk is None:
+        p.error("wrk not found (PATH, or .tools/ from scripts/gpu/stage-tools.sh)")
+    binary = a.bin or study.build(argparse.Namespace(bin=None, build_dir="build/study",
+                                                     tiny=a.device == "sim"))
+    out = a.out or tempfile.mkdtemp(prefix="evr-fleet-bench.")
+    os.makedirs(out, exist_ok=True)
+    def fleet_name(t):
+        return f"{a.processes} behind HAProxy" + (f" x{t}" if t else "")
+
+    pair_name = f"{a.processes} on one port"
+    variants = [("one process", one_process, None)] + \
+        [(fleet_name(t), fleet_of, t) for t in a.haproxy_threads] + \
+        ([(pair_name, reuse_port_pair, None)] if a.processes > 1 else [])
+    rows = {name: [] for name, _, _ in variants}
+    for rnd in range(1, a.rounds + 1):
+        for name, run, threads in variants:
+            r = run(binary, a, wrk, out, threads)
+            r["round"] = rnd
+            rows[name].append(r)
+            n = r.get("requests") or 0
+            hp_us = r["haproxy_cores"] * r["wall_s"] / n * 1e6 if n else float("nan")
+            print(f"round {rnd} {name:22} {r['rps'] or 0:9.0f} req/s  p50 "
+                  f"{(r['p50_us'] or 0) / 1e3:6.2f} ms  p99 {(r['p99_us'] or 0) / 1e3:6.2f} ms  "
+                  f"servers {r['server_cores']:.2f} cores  HAProxy {r['haproxy_cores']:.2f} cores "
+                  f"({hp_us:.1f} us/req)  errors {r['non2xx'] + r['socket_errors']}  exit "
+                  f"{r['exit']}", flush=True)
+    single = rows["one process"]
+    summary = {}
+    for t in a.haproxy_threads:
+        fleet_rows = rows[fleet_name(t)]
+        ratio = (mean([r["rps"] for r in fleet_rows]) or 0) / (mean([r["rps"] for r in single]) or 1)
+        hp = mean([r["haproxy_cores"] * r["wall_s"] / r["requests"] * 1e6
+                   for r in fleet_rows if r.get("requests")])
+        summary[fleet_name(t)] = {"ratio": ratio, "haproxy_us_per_request": hp}
+        print(f"fleet: {a.processes} processes x {a.threads // a.processes} io threads behind "
+              f"HAProxy ({f'nbthread {t}' if t else 'its default threads'}) reach {ratio:.2f}x "
+              f"the requests/s of one process with {a.threads} io threads on {a.route} at "
+              f"{a.connections} connections (means of {a.rounds} alternating rounds); HAProxy "
+              f"costs {hp:.1f} us of CPU per request ({'met' if ratio >= 0.9 else 'MISSED'}: "
+              f">= 0.9x)")
+    if a.processes > 1:
+        ratio = (mean([r["rps"] for r in rows[pair_name]]) or 0) / \
+            (mean([r["rps"] for r in single]) or 1)
+        summary[pair_name] = {"ratio": ratio}
+        print(f"without the balancer: {a.processes} processes on one port (--reuse-port) reach "
+              f"{ratio:.2f}x the requests/s of one process: the cost of the processes themselves")
+    with open(os.path.join(out, "fleet-bench.json"), "w") as f:
+        json.dump({"args": vars(a), "rows": rows, "summary": summary}, f, indent=1)
+    bad = [r for rs in rows.values() for r in rs if r["non2xx"] or r["socket_errors"] or r["exit"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
