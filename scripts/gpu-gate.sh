@@ -69,11 +69,13 @@ last_record() {
 }
 [[ -z "$baseline" ]] && baseline=$(last_record)
 tree_label() {
-  if ((have_git)); then
+  # .gate/tree.rev (written by --prepare) names the tree where it travels without its history: a
+  # copy may hold a .git of another state. Run --prepare again after new commits.
+  if [[ -f .gate/tree.rev ]]; then cat .gate/tree.rev
+  elif ((have_git)); then
     local rev; rev=$(git rev-parse --short=7 HEAD)
     [[ -n "$(git status --porcelain --untracked-files=no)" ]] && rev+="-dirty"
     echo "$rev"
-  elif [[ -f .gate/tree.rev ]]; then cat .gate/tree.rev
   else echo tree; fi
 }
 
@@ -81,6 +83,7 @@ if ((prepare)); then
   ((have_git)) || { echo "gpu-gate: --prepare needs a git checkout" >&2; exit 64; }
   [[ -n "$baseline" ]] || { echo "gpu-gate: --prepare: no baseline named and no record in docs/bench/gate/" >&2; exit 64; }
   mkdir -p .gate
+  rm -f .gate/tree.rev
   git archive -o .gate/baseline.tgz "$baseline" || exit 64
   git rev-parse --short=7 "$baseline" >.gate/baseline.rev
   tree_label >.gate/tree.rev
@@ -97,7 +100,9 @@ case "$baseline" in
   self) base_label=self ;;
   *.tgz | *.tar.gz)
     [[ -f "$baseline" ]] || { echo "gpu-gate: --baseline $baseline: no such file" >&2; exit 64; }
-    base_src=$baseline; base_label=$(basename "$baseline" | sed 's/\.t\(ar\.\)\{0,1\}gz$//') ;;
+    base_src=$baseline; base_label=$(basename "$baseline" | sed 's/\.t\(ar\.\)\{0,1\}gz$//')
+    # --prepare's tarball: the commit it was made from.
+    [[ "$baseline" -ef .gate/baseline.tgz && -f .gate/baseline.rev ]] && base_label=$(cat .gate/baseline.rev) ;;
   *)
     if ((have_git)); then
       base_label=$(git rev-parse --short=7 "$baseline^{commit}" 2>/dev/null) ||

@@ -398,7 +398,7 @@ int main() {
   ok = two >= 0 && two <= 0.001 && ok;
   // Two io threads, requests waiting for lanes: a lane given back on one thread to a request of
   // the other is posted across threads, which allocates now and then (about 0.2 per request
-  // here). Reported, not asserted: see docs/benchmarks.md.
+  // here). Reported, not asserted: see docs/notebook.md ("The async HTTP server").
   const double handoff = run(wait_mode::evr, 2, device, few, model);
   ok = handoff >= 0 && ok;
   // The waits written by hand, the same two runs: the comparison is between ways of waiting, not

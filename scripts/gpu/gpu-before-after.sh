@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # A change that claims "no behaviour change" (or a speed-up), measured against the tree before it
-# in one call on the lent GPU machine, where figures of different calls do not compare:
+# in one run on a GPU machine (figures of different runs do not compare: the machine drifts):
 #
-#   git archive -o .prev/before.tgz REV           # here: the tree before the change (git-ignored)
-#   scripts/gpu/stage-deps.sh                          # here, once: headers for the GPU machine
-#   device run, carry [".deps", ".prev"]:  bash scripts/gpu/gpu-before-after.sh $OUT
+#   git archive -o .prev/before.tgz REV          # the tree before the change (git-ignored)
+#   scripts/gpu/stage-deps.sh                     # once: headers for the GPU machine
+#   bash scripts/gpu/gpu-before-after.sh OUTDIR   # on the GPU machine
+#
+# On a GPU machine without a package registry, stage the headers with scripts/gpu/stage-deps.sh on
+# a machine that has one; copy .deps and .prev along (both git-ignored).
 #
 # Steps: scripts/gpu/gpu-run.sh on this tree (build, ctest, evr-bench latency, idle, throughput; no
 # examples), then the before tree's evr-bench alone (built from .prev/before.tgz), then the
 # benches alternately: idle before, idle after again, latency before, throughput before (the
 # after tree's latency and throughput come from gpu-run.sh). Everything is packed into
-# OUT/before-after.tgz (one file: the device tool returns at most 8). The idle rows of the three
-# idle runs are printed at the end. Settings: EVR_BA_IDLE_ARGS, EVR_BA_LATENCY_ARGS,
+# OUTDIR/before-after.tgz (one archive, to keep the output folder small). The idle rows of the
+# three idle runs are printed at the end. Settings: EVR_BA_IDLE_ARGS, EVR_BA_LATENCY_ARGS,
 # EVR_BA_THROUGHPUT_ARGS (defaults below), EVR_GPU_BUDGET_S for gpu-run.sh (default 330).
 set -u
 if [[ $# -ne 1 || ! -f .prev/before.tgz ]]; then

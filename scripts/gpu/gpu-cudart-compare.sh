@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The CUDA runtime linked statically (EVR_CUDA_RUNTIME=static, the default) against the shared
-# one it replaced, measured in one call on the lent GPU machine (figures of different calls do
-# not compare). Both trees are this one; only the link differs:
+# one it replaced, measured in one run on a GPU machine (figures of different runs do not
+# compare). Both trees are this one; only the link differs:
 #
-#   scripts/gpu/stage-deps.sh                       # here, once (.deps: headers)
-#   device run, carry [".deps"]:  bash scripts/gpu/gpu-cudart-compare.sh $OUT
+#   scripts/gpu/stage-deps.sh                       # once (.deps: headers)
+#   bash scripts/gpu/gpu-cudart-compare.sh OUTDIR   # on the GPU machine
+#
+# On a GPU machine without a package registry, stage the headers on a machine that has one and copy
+# the git-ignored .deps/ along.
 #
 # Steps (each under `timeout`, all within EVR_CMP_BUDGET_S, default 560 s):
 #   build      build/gpu (static) and build/gpu-shared (shared): evr-bench, evr_python, and in

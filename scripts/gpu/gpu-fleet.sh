@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The fleet on the lent GPU machine (issue 40; docs/deploy.md, "On the GPU"): two server processes
+# The fleet on a GPU machine (issue 40; docs/deploy.md, "On the GPU"): two server processes
 # sharing the GPU behind HAProxy against one process with the same io threads (scripts/study/fleet-bench.py),
 # then the rolling-restart test under that load (examples/deploy/rolling_restart_test.py).
 #
-#   scripts/gpu/stage-deps.sh && scripts/gpu/stage-tools.sh && scripts/gpu/stage-haproxy.sh   # here, once
-#   device run, carry [".deps", ".tools"]:  bash scripts/gpu/gpu-fleet.sh $OUT
+#   scripts/gpu/stage-deps.sh && scripts/gpu/stage-tools.sh && scripts/gpu/stage-haproxy.sh  # once
+#   bash scripts/gpu/gpu-fleet.sh OUTDIR                                       # on the GPU machine
 #
-# EVR_FLEET_BIN: a built evr-async-server (e.g. the one scripts/gpu/gpu-server-before-after.sh built
-# in the same call, build/sba-after/...); otherwise it is built here (Release, CUDA, sm_90).
+# On a GPU machine without a package registry, stage the headers, wrk and HAProxy on a machine that
+# has one and copy .deps and .tools along (both git-ignored).
+#
+# EVR_FLEET_BIN: a built evr-async-server (e.g. the one scripts/gpu/gpu-server-before-after.sh
+# built on the same machine, build/sba-after/...); otherwise it is built here (Release, CUDA, sm_90).
 # EVR_FLEET_DEVICE (default cuda; sim: a test of this script without a GPU), EVR_FLEET_SECONDS
 # per fleet-bench point (default 6), EVR_FLEET_ROUNDS (default 2), EVR_FLEET_HAPROXY_THREADS
 # (HAProxy's nbthread per fleet row, default "0,4"; 0: its default), EVR_FLEET_SKIP_ROLLING=1 (the
@@ -24,7 +27,7 @@ if [[ -z "${EVR_HAPROXY:-}" ]]; then
   if [[ -x .tools/haproxy/haproxy ]]; then
     export EVR_HAPROXY="$PWD/.tools/haproxy/haproxy"
   elif ! command -v haproxy >/dev/null; then
-    echo "gpu-fleet: no HAProxy (scripts/gpu/stage-haproxy.sh here, then carry .tools)" >&2
+    echo "gpu-fleet: no HAProxy (stage it with scripts/gpu/stage-haproxy.sh, then copy .tools along)" >&2
     exit 2
   fi
 fi

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Many streams, before and after a change, in one call on the lent GPU machine (figures of
-# different calls do not compare): the GPU tests of this tree, then `evr-bench idle` of the tree
+# Many streams, before and after a change, in one run on a GPU machine (figures of different
+# runs do not compare): the GPU tests of this tree, then `evr-bench idle` of the tree
 # before (1 stream and 16 / 64 streams in lockstep: default posted, plain and inline, the
 # thread-per-stream baselines), of this tree (the same, plus device-signalled waits and the
 # default with host_event_waits off), and of this tree with CUDA_DEVICE_MAX_CONNECTIONS=32.
 #
-#   git archive -o .prev/before.tgz REV    # here: the tree before (git-ignored); its bench/ must
-#                                          # have the lockstep rows (bench/ of this tree will do)
-#   scripts/gpu/stage-deps.sh                  # here, once
-#   device run, carry [".deps", ".prev"]:  bash scripts/gpu/gpu-many-streams.sh $OUT
+#   git archive -o .prev/before.tgz REV           # the tree before (git-ignored); its bench/ must
+#                                                 # have the lockstep rows (this tree's will do)
+#   scripts/gpu/stage-deps.sh                     # once: headers in .deps
+#   bash scripts/gpu/gpu-many-streams.sh OUTDIR   # on the GPU machine
 #
-# Writes OUT/{build,gpu-tests,before,after,conn32}.log and the three JSON files (8 files: what the
-# device tool returns), and prints the rows side by side (scripts/study/idle-compare.py) and the goals.
+# On a GPU machine without a package registry, stage the headers on a machine that has one and
+# copy .deps and .prev along (both git-ignored).
+#
+# Writes OUTDIR/{build,gpu-tests,before,after,conn32}.log and the three JSON files (8 files in
+# all), and prints the rows side by side (scripts/study/idle-compare.py) and the goals.
 set -u
 if [[ $# -ne 1 || ! -f .prev/before.tgz ]]; then
   echo "usage: $0 OUTDIR   (with .prev/before.tgz made by git archive)" >&2

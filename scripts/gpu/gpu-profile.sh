@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Where the reactor thread's CPU goes during an evr-bench run on the lent GPU machine: perf
+# Where the reactor thread's CPU goes during an evr-bench run on a GPU machine: perf
 # samples the process on the cpu-clock (no hardware counters needed), and the report keeps the
 # reactor thread alone (it is named "evr-reactor").
 #
-#   scripts/gpu/stage-deps.sh; scripts/gpu/stage-perf.sh        # here, once
-#   device run, carry [".deps", ".tools"]:
-#     bash scripts/gpu/gpu-profile.sh $OUT idle --device cuda --streams 64 --lengths-us 1000 ...
+#   scripts/gpu/stage-deps.sh; scripts/gpu/stage-perf.sh        # once: headers and perf
+#   bash scripts/gpu/gpu-profile.sh OUTDIR idle --device cuda --streams 64 --lengths-us 1000 ...
+#
+# perf comes from .tools/perf (scripts/gpu/stage-perf.sh). On a GPU machine without a package
+# registry, run both staging scripts on a machine that has one and copy .deps and .tools along
+# (both git-ignored).
 #
 # Builds build/gpu (as scripts/gpu/gpu-run.sh does) when its evr-bench is missing. Writes
 # OUTDIR/profile.txt (flat, by symbol and library; then by library) and OUTDIR/bench.log.
@@ -22,7 +25,7 @@ outdir="$(cd "$1" && pwd)"
 shift
 perf_dir="$PWD/.tools/perf"
 if [[ ! -x "$perf_dir/perf" ]]; then
-  echo "gpu-profile: $perf_dir/perf is missing: run scripts/gpu/stage-perf.sh here, carry .tools" >&2
+  echo "gpu-profile: $perf_dir/perf is missing: stage it with scripts/gpu/stage-perf.sh and copy .tools along" >&2
   exit 2
 fi
 perf() { LD_LIBRARY_PATH="$perf_dir/lib" "$perf_dir/perf" "$@"; }

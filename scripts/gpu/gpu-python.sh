@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The Python binding on the lent GPU machine (python3 3.12 + pybind11 3.1, torch, CuPy, aiohttp,
-# uvloop, pytest; no pytest-asyncio, no package registry):
+# The Python binding on a GPU machine whose Python has torch, CuPy, aiohttp, uvloop and pytest
+# (e.g. python3 3.12 + pybind11 3.1; pytest-asyncio and a package registry are not needed):
 #
-#   scripts/gpu/stage-deps.sh                              # here, once: .deps/include (+ pybind11)
-#   scripts/gpu/stage-tools.sh                             # here, once: .tools (wrk; the served step)
-#   device run, carry [".deps"]:  bash scripts/gpu/gpu-python.sh $OUT
-#   device run, carry [".deps", ".tools"]:  EVR_GPU_PY_STEPS=served bash scripts/gpu/gpu-python.sh $OUT
+#   scripts/gpu/stage-deps.sh                              # once: .deps/include (+ pybind11)
+#   scripts/gpu/stage-tools.sh                             # once: .tools (wrk; the served step)
+#   bash scripts/gpu/gpu-python.sh OUTDIR                             # on the GPU machine
+#   EVR_GPU_PY_STEPS=served bash scripts/gpu/gpu-python.sh OUTDIR     # the served model (wrk)
+#
+# On a GPU machine without a package registry, stage the headers (and wrk) on a machine that has
+# one and copy .deps (and .tools) along (git-ignored).
 #
 # Steps (each under `timeout`, all within EVR_GPU_PY_BUDGET_S, default 300 s), logs in OUTDIR:
 #   configure  build/gpu-python: Release, CUDA on, sm_90, the Python binding only (target evr_python)
-#   build      evr_python (nothing to do when a call before on the same machine built it)
+#   build      evr_python (nothing to do when an earlier run on the same machine built it)
 # then those of EVR_GPU_PY_STEPS (default "pytest bench example"; "served" is the served model's):
 #   pytest     python/tests incl. test_gpu.py (torch, CuPy); a skipped GPU test is a failure
 #              unless EVR_ALLOW_SKIP=1
@@ -17,7 +20,7 @@
 #              EVR_BENCH_PY_ARGS, e.g. "--kernels-us 1000,5000 --loop uvloop")
 #   example    examples/python/aiohttp_server.py --self-test --load 10
 #   wheel      the package as a user with only the driver gets it (scripts/gpu/gpu-wheel-as-user.sh;
-#              carry ".whl" from scripts/gpu/stage-wheel-tools.sh and ".tools"): the wheel built and
+#              copy .whl from scripts/gpu/stage-wheel-tools.sh and .tools along): the wheel built and
 #              repaired here, installed, the toolkit hidden: import orders, torch and CuPy
 #              streams, the served model under load; files in OUTDIR/wheel
 #   served     examples/python/served_model.py --self-test on torch (answers, bad input, shutdown

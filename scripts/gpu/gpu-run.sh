@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# What runs ON the lent GPU machine (no package registry there; the staged headers travel):
+# What runs ON a GPU machine: build, tests, benches and examples. On a machine without a package
+# registry, stage the headers with scripts/gpu/stage-deps.sh on a machine that has one and copy the
+# git-ignored .deps/ along:
 #
-#   scripts/gpu/stage-deps.sh                       # here, once: fills the git-ignored .deps/include
-#   device run, carry [".deps"]:  bash scripts/gpu/gpu-run.sh $OUT
+#   scripts/gpu/stage-deps.sh                       # once: fills the git-ignored .deps/include
+#   bash scripts/gpu/gpu-run.sh OUTDIR              # on the GPU machine, .deps/ beside the tree
 #
 # Steps, each under `timeout` and inside one overall budget (EVR_GPU_BUDGET_S, default 500 s):
 #   info       nvidia-smi -L, the device line, nvcc/cmake versions
@@ -21,8 +23,9 @@
 # on (after a failed configure/build the rest is skipped). A summary table ends the output and is
 # written to OUTDIR/summary.txt. Exit status: 0 only if every step passed.
 #
-# The device tool returns at most 8 files from $OUT: when there are more, the logs are packed into
-# OUTDIR/logs.tar.gz and only the failed steps' logs (as many as fit) stay as plain files.
+# To keep the output folder small, when OUTDIR holds more than EVR_OUT_MAX_FILES files (default 8)
+# the logs are packed into one archive, OUTDIR/logs.tar.gz, and only the failed steps' logs (as
+# many as fit) stay as plain files.
 set -uo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -98,7 +101,7 @@ run_step info 30 bash -c '
 # --- configure + build -----------------------------------------------------------------------------
 deps_dir="$root/.deps/include"
 if [[ ! -f "$deps_dir/asio.hpp" ]]; then
-  echo "gpu-run: $deps_dir/asio.hpp is missing: run scripts/gpu/stage-deps.sh here and carry [\".deps\"]" >&2
+  echo "gpu-run: $deps_dir/asio.hpp is missing: run scripts/gpu/stage-deps.sh (on a machine with a package registry) and copy .deps along" >&2
 fi
 built=0
 if run_step configure 90 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -181,7 +184,7 @@ fi
   fi
 } | tee "$outdir/summary.txt"
 
-# Keep within what the device tool brings back (at most 8 files).
+# Keep the output folder small (at most EVR_OUT_MAX_FILES files): the logs go into one archive.
 file_count="$(find "$outdir" -type f | wc -l)"
 if ((file_count > max_files)); then
   (cd "$outdir" && tar -czf logs.tar.gz ./*.log)

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The example server before and after a change, measured in one call on the lent GPU machine
-# (figures of different calls do not compare):
+# The example server before and after a change, measured in one run on a GPU machine (figures of
+# different runs do not compare):
 #
-#   git archive -o .prev/before.tgz REV                 # here: the tree before the change
-#   scripts/gpu/stage-deps.sh && scripts/gpu/stage-tools.sh     # here, once: headers and wrk for the GPU machine
-#   device run, carry [".deps", ".tools", ".prev"]:  bash scripts/gpu/gpu-server-before-after.sh $OUT
+#   git archive -o .prev/before.tgz REV                        # the tree before the change
+#   scripts/gpu/stage-deps.sh && scripts/gpu/stage-tools.sh    # once: headers and wrk
+#   bash scripts/gpu/gpu-server-before-after.sh OUTDIR         # on the GPU machine
+#
+# On a GPU machine without a package registry, stage the headers and wrk on a machine that has one
+# and copy .deps, .tools and .prev along (all git-ignored).
 #
 # Builds evr-async-server from .prev/before.tgz and from this tree (Release, CUDA, sm_90, headers
 # from .deps/include), then measures both with scripts/study/server-study.py, alternating before, after,
@@ -13,7 +16,7 @@
 # "/busy?us=1000 /mlp?seed=1"), EVR_SBA_CONNECTIONS (default "256 1024"), EVR_SBA_SECONDS per
 # point (default 2), EVR_SBA_ROUNDS (default 2). Prints one row per point: requests/s, p99 and server CPU per request of each
 # round, and after/before (the rounds' means), also into compare.txt. All of it goes into
-# OUT/server-before-after.tgz (one file: the device tool returns at most 8). EVR_SBA_DEVICE=sim
+# OUTDIR/server-before-after.tgz (one archive, to keep the output folder small). EVR_SBA_DEVICE=sim
 # runs it on the simulated device (a test of this script, without CUDA).
 set -uo pipefail
 if [[ $# -ne 1 || ! -f .prev/before.tgz ]]; then

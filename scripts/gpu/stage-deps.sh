@@ -2,9 +2,10 @@
 # Copies the third-party headers evr builds against (Asio, concurrentqueue, doctest, CLI11,
 # http_parser) from the system into the git-ignored .deps/include, and http_parser's shared library
 # (the one compiled dependency, of examples/async_server only) into .deps/lib, for machines without
-# a package registry (the lent GPU machine: carry ".deps" and configure with
-# -DEVR_THIRD_PARTY_INCLUDE_DIR=$PWD/.deps/include, which the "gpu" preset does; the example finds
-# the library in the lib folder beside it and its RPATH names that folder).
+# a package registry (a GPU machine without one: run this on a machine that has one, copy the
+# git-ignored .deps/ along and configure there with -DEVR_THIRD_PARTY_INCLUDE_DIR=$PWD/.deps/include,
+# which the "gpu" preset does; the example finds the library in the lib folder beside it and its
+# RPATH names that folder).
 #
 #   scripts/gpu/stage-deps.sh [SOURCE_INCLUDE_DIR]   # default /usr/include
 #
@@ -44,7 +45,7 @@ fi
 
 echo "stage-deps: staged $(find "$dest" -type f | wc -l) files, $(du -sh "$dest" | cut -f1) in $dest; $(ls "$lib_dest") in $lib_dest"
 if git check-ignore -q .deps 2>/dev/null; then
-  echo "stage-deps: .deps is git-ignored; name it in the device tool's carry: [\".deps\"]"
+  echo "stage-deps: .deps is git-ignored; copy it along with the working tree to the GPU machine"
 else
   echo "stage-deps: warning: .deps is not git-ignored here (add /.deps/ to .gitignore)" >&2
 fi

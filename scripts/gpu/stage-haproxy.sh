@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Stages this machine's HAProxy (Debian's haproxy package) and the shared libraries it needs,
-# except glibc's own, into the git-ignored .tools/haproxy, for the lent GPU machine, which has no
-# HAProxy and no package registry (carry ".tools"; scripts/gpu/gpu-fleet.sh uses it through
+# except glibc's own, into the git-ignored .tools/haproxy, for a GPU machine without HAProxy or a
+# package registry (copy .tools along; scripts/gpu/gpu-fleet.sh uses it through
 # EVR_HAPROXY=.tools/haproxy/haproxy, a wrapper that points the loader at the libraries).
 #
-#   scripts/gpu/stage-haproxy.sh         # here, once; needs haproxy installed (apt-get install haproxy)
+#   scripts/gpu/stage-haproxy.sh         # once; needs haproxy installed (apt-get install haproxy)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -30,4 +30,4 @@ LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/hap
 WRAP
 chmod +x "$dest/haproxy"
 "$dest/haproxy" -v | head -n 1
-echo "stage-haproxy: $(du -sh "$dest" | cut -f1) in $dest; carry [\".tools\"]"
+echo "stage-haproxy: $(du -sh "$dest" | cut -f1) in $dest; copy .tools along to the GPU machine"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Stages this machine's `perf` (Debian's linux-perf) and the shared libraries it needs, except
-# glibc's own, into the git-ignored .tools/perf, for the lent GPU machine, which has no perf and
-# no package registry (carry ".tools" with the run; scripts/gpu/gpu-profile.sh uses it). Its C library
-# is newer than Debian 12's, so a Debian binary runs there with its own libraries beside it.
+# glibc's own, into the git-ignored .tools/perf, for a GPU machine without perf or a package
+# registry (copy .tools along; scripts/gpu/gpu-profile.sh uses it). The binary runs there with the
+# libraries staged beside it and that machine's own C library, which must be at least as new as
+# this machine's (Debian 12's, say).
 #
-#   scripts/gpu/stage-perf.sh            # here, once; needs perf installed (apt-get install linux-perf)
+#   scripts/gpu/stage-perf.sh            # once; needs perf installed (apt-get install linux-perf)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -17,7 +18,7 @@ fi
 rm -rf "$dest"
 mkdir -p "$dest/lib"
 cp "$perf_bin" "$dest/perf"
-# Every library perf links, but the C library's (the GPU machine's own are newer and must win).
+# Every library perf links, but the C library's (the GPU machine's own must win).
 ldd "$perf_bin" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | ld-linux*) continue ;;
@@ -25,4 +26,4 @@ ldd "$perf_bin" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
   cp -L "$lib" "$dest/lib/"
 done
 LD_LIBRARY_PATH="$PWD/$dest/lib" "$dest/perf" --version
-echo "stage-perf: $(du -sh "$dest" | cut -f1) in $dest; carry [\".deps\", \".tools\"]"
+echo "stage-perf: $(du -sh "$dest" | cut -f1) in $dest; copy .deps and .tools along to the GPU machine"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Stages the load generator wrk (and the libraries it needs that a fresh Ubuntu lacks) into the
-# git-ignored .tools/, for machines without a package registry (the lent GPU machine: carry
-# ".tools" with the run, next to ".deps").
+# git-ignored .tools/, for machines without a package registry (a GPU machine without one: run
+# this on a machine that has one and copy .tools along, next to .deps).
 #
-#   scripts/gpu/stage-tools.sh          # here, once (needs apt-get: Debian/Ubuntu with a registry)
+#   scripts/gpu/stage-tools.sh          # once (needs apt-get: Debian/Ubuntu with a registry)
 #
 # What it does: `apt-get download` the .debs of wrk and LuaJIT (wrk's scripting engine), plus
 # OpenSSL 3 as a fallback, and unpacks them with `dpkg-deb -x` (no install, no root needed for
@@ -71,7 +71,7 @@ fi
 echo "stage-tools: staged $(head -n 1 <<<"$version" | cut -d' ' -f1-2)"
 echo "stage-tools: $(find "$dest" -type f | wc -l) files, $(du -sh "$dest" | cut -f1) in $dest"
 if git check-ignore -q "$dest" 2>/dev/null; then
-  echo "stage-tools: $dest is git-ignored; name it in the device tool's carry: [\".deps\", \"$dest\"]"
+  echo "stage-tools: $dest is git-ignored; copy it along with the working tree (next to .deps) to the GPU machine"
 else
   echo "stage-tools: warning: $dest is not git-ignored here (add /$dest/ to .gitignore)" >&2
 fi

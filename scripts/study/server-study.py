@@ -835,7 +835,7 @@ def all_goals(doc):
 
 
 def goals(doc):
-    """The goals of issue 33 (docs/benchmarks.md), from the points of the matrix, per number of
+    """The goals of issue 33 (docs/notebook.md), from the points of the matrix, per number of
     GPUs measured."""
     out = []
 

@@ -10,7 +10,7 @@ enum class delivery : unsigned char {
   /// wakes itself (a timer it arms) shortly before the wait's predicted completion and looks for
   /// it in place of the reactor, so the handler runs within microseconds of the GPU finishing
   /// instead of after the wake-up of a parked thread (tens of us). Costs that thread the polling
-  /// through the prediction's window (docs/benchmarks.md, "The last hop").
+  /// through the prediction's window (docs/architecture.md, "The last hop").
   post,
   /// Posted; the reactor wakes the executor's thread shortly before the predicted completion and
   /// the thread spins until the completion arrives (io_context executors). The reactor still

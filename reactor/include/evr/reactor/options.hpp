@@ -107,7 +107,7 @@ struct reactor_options {
   /// longer sleep towards a window is cut short so that its last `final_sleep` is slept again on
   /// its own. Why: how late a timed sleep wakes grows with its length on some hosts (the idle
   /// state the core enters; a virtual CPU halted for long), and a late wake-up is a late
-  /// completion (docs/benchmarks.md, "Where the tail comes from"). Costs one more wake-up (a few
+  /// completion (docs/notebook.md, "Where the tail comes from"). Costs one more wake-up (a few
   /// us of CPU) per predicted completion of work longer than it. 0: no cut.
   std::chrono::nanoseconds final_sleep = std::chrono::microseconds(250);
   /// Batching under load: after a pass that delivered completions, the reactor naps until
