@@ -11,7 +11,8 @@
 #
 # Environment:
 #   EVR_DEPS_EXTRAS=1  same as --extras
-#   EVR_SKIP_DEPS=1    do nothing (headers staged elsewhere, e.g. .deps/ on the GPU machine)
+#   EVR_SKIP_DEPS=1    do nothing (headers staged elsewhere, e.g. .deps/ from
+#                      scripts/gpu/stage-deps.sh on a machine without a package registry)
 #   EVR_DEPS_ALLOW_REMOVE=1  let apt remove packages that conflict (a disposable CI machine);
 #                      by default nothing is removed (see --no-remove below)
 #

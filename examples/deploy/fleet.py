@@ -55,8 +55,12 @@ def free_port() -> int:
 class ServerProcess:
     """One evr-async-server serving on a fixed port; its output goes to a log file."""
 
-    def __init__(self, name: str, binary: str, port: int, args: list[str], workdir: str):
+    def __init__(self, name: str, binary: str, port: int, args: list[str], workdir: str,
+                 host: str = "127.0.0.1", netns: str | None = None):
         self.name, self.binary, self.port, self.args = name, binary, port, args
+        # The address it listens on, and the network namespace it runs in (a "host" made with
+        # `ip netns add`; None: this one).
+        self.host, self.netns = host, netns
         self.log_path = os.path.join(workdir, f"{name}.log")
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -66,8 +70,12 @@ class ServerProcess:
         log = open(self.log_path, "a", encoding="utf-8")
         log.write(f"=== start {self.starts}\n")
         log.flush()
-        self.proc = subprocess.Popen([self.binary, "--port", str(self.port)] + self.args,
-                                     stdout=log, stderr=subprocess.STDOUT)
+        cmd = [self.binary, "--port", str(self.port)] + self.args
+        if self.host != "127.0.0.1":
+            cmd += ["--address", self.host]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns] + cmd
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         _started.append(self.proc)
         log.close()
 
@@ -78,7 +86,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode} while starting; "
                                    f"see {self.log_path}")
-            if http_status("127.0.0.1", self.port, "/readyz") == 200:
+            if http_status(self.host, self.port, "/readyz") == 200:
                 return
             time.sleep(0.05)
         raise RuntimeError(f"{self.name}: /readyz not 200 within {timeout} s ({self.log_path})")
@@ -120,8 +128,9 @@ class HAProxy:
     """HAProxy in front of the servers, in the foreground (-db), with an admin stats socket."""
 
     def __init__(self, port: int, servers: list[ServerProcess], workdir: str,
-                 threads: int | None = None):
+                 threads: int | None = None, bind: str = "127.0.0.1", netns: str | None = None):
         self.port, self.servers, self.workdir = port, servers, workdir
+        self.bind, self.netns = bind, netns  # its address, and its network namespace (a "host")
         self.threads = threads  # nbthread (None: HAProxy's default, a thread per CPU)
         self.socket_path = os.path.join(workdir, "haproxy.sock")
         self.cfg_path = os.path.join(workdir, "haproxy.cfg")
@@ -131,9 +140,9 @@ class HAProxy:
     def write_config(self) -> None:
         with open(os.path.join(HERE, "haproxy.cfg.in"), encoding="utf-8") as f:
             text = f.read()
-        lines = "\n".join(f"    server {s.name} 127.0.0.1:{s.port}" for s in self.servers)
-        text = (text.replace("@PORT@", str(self.port)).replace("@STATS_SOCKET@", self.socket_path)
-                .replace("@SERVERS@", lines))
+        lines = "\n".join(f"    server {s.name} {s.host}:{s.port}" for s in self.servers)
+        text = (text.replace("@BIND@", self.bind).replace("@PORT@", str(self.port))
+                .replace("@STATS_SOCKET@", self.socket_path).replace("@SERVERS@", lines))
         if self.threads:
             text = text.replace("global\n", f"global\n    nbthread {self.threads}\n", 1)
         with open(self.cfg_path, "w", encoding="utf-8") as f:
@@ -146,8 +155,10 @@ class HAProxy:
         if check.returncode != 0:
             raise RuntimeError(f"haproxy -c refused {self.cfg_path}:\n{check.stdout}{check.stderr}")
         log = open(self.log_path, "w", encoding="utf-8")
-        self.proc = subprocess.Popen([exe, "-db", "-f", self.cfg_path], stdout=log,
-                                     stderr=subprocess.STDOUT)
+        cmd = [exe, "-db", "-f", self.cfg_path]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns] + cmd
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         _started.append(self.proc)
         log.close()
 

@@ -21,7 +21,7 @@ Time: per mode, the server's start (on a GPU: torch, CUDA and the weights, a few
 check, --warmup, then --duration + about 0.5 s per point: about 2 minutes with the defaults (3
 modes x 3 counts x 8 s). Points that would end after --budget seconds are skipped (and said so).
 
-wrk: from PATH, or staged by scripts/gpu/stage-tools.sh in .tools/ (carry ".tools" to a machine
+wrk: from PATH, or staged by scripts/gpu/stage-tools.sh in .tools/ (copy .tools along to a machine
 without a package registry). Exit status 0 when every point ran without errors and every check,
 and the shutdowns, passed (the goals are reported, not enforced); 77 when there is no wrk.
 """
@@ -254,8 +254,8 @@ def main():
         args.device = served_model.detect_device()
     wrk = study.find_wrk()
     if wrk is None:
-        log("wrk not found (PATH, .tools/): apt-get install wrk, or scripts/gpu/stage-tools.sh here "
-            "and carry .tools")
+        log("wrk not found (PATH, .tools/): apt-get install wrk, or stage it with "
+            "scripts/gpu/stage-tools.sh and copy .tools along")
         return 77  # ctest: skipped
     os.makedirs(args.out, exist_ok=True)
     out_dir = os.path.abspath(args.out)

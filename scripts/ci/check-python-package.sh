@@ -27,7 +27,7 @@
 #      all the build has): pip install ./python, with build isolation (pip fetches the build
 #      requirements pyproject.toml declares), then a wait on the simulated device; and python -m
 #      build ./python, isolated, its sdist and wheel checked as in 2, the wheel installed with
-#      pytest and uvloop from the index and python/tests run against it.
+#      the test extra (pytest, uvloop) from the index and python/tests run against it.
 #
 #   scripts/ci/check-python-package.sh
 #
@@ -252,8 +252,9 @@ EOF
     { tail -n 60 "$out/build-index.log"; fail "python -m build (log: $out/build-index.log)"; }
   grep -E '^Successfully built|Successfully installed' "$out/build-index.log" | sed 's/^ */  /'
   check_archives "$out/dist-index/evr-$version.tar.gz" "$out/dist-index/evr-$version-$tag.whl"
+  # The wheel with its test extra (pytest, uvloop), as python/README.md tells users.
   "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    "$out/dist-index/evr-$version-$tag.whl" pytest uvloop
+    "evr[test] @ file://$out/dist-index/evr-$version-$tag.whl"
   (cd "$out" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
     -p no:cacheprovider -rs "$repo/python/tests") || fail "pytest against the wheel python -m build made"
 fi

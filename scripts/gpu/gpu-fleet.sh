@@ -10,7 +10,8 @@
 # has one and copy .deps and .tools along (both git-ignored).
 #
 # EVR_FLEET_BIN: a built evr-async-server (e.g. the one scripts/gpu/gpu-server-before-after.sh
-# built on the same machine, build/sba-after/...); otherwise it is built here (Release, CUDA, sm_90).
+# built on the same machine, build/sba-after/...); otherwise it is built here (Release, CUDA,
+# sm_90).
 # EVR_FLEET_DEVICE (default cuda; sim: a test of this script without a GPU), EVR_FLEET_SECONDS
 # per fleet-bench point (default 6), EVR_FLEET_ROUNDS (default 2), EVR_FLEET_HAPROXY_THREADS
 # (HAProxy's nbthread per fleet row, default "0,4"; 0: its default), EVR_FLEET_SKIP_ROLLING=1 (the

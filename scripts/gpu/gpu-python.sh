@@ -20,9 +20,9 @@
 #              EVR_BENCH_PY_ARGS, e.g. "--kernels-us 1000,5000 --loop uvloop")
 #   example    examples/python/aiohttp_server.py --self-test --load 10
 #   wheel      the package as a user with only the driver gets it (scripts/gpu/gpu-wheel-as-user.sh;
-#              copy .whl from scripts/gpu/stage-wheel-tools.sh and .tools along): the wheel built and
-#              repaired here, installed, the toolkit hidden: import orders, torch and CuPy
-#              streams, the served model under load; files in OUTDIR/wheel
+#              copy .whl from scripts/gpu/stage-wheel-tools.sh and .tools along): the wheel
+#              built and repaired here, installed, the toolkit hidden: import orders, torch and
+#              CuPy streams, the served model under load; files in OUTDIR/wheel
 #   served     examples/python/served_model.py --self-test on torch (answers, bad input, shutdown
 #              with requests in flight; step served-test), then served_model_load.py: wrk at
 #              16/64/256 connections per mode into OUTDIR/served (step served-load; seconds per

@@ -101,7 +101,7 @@ run_step info 30 bash -c '
 # --- configure + build -----------------------------------------------------------------------------
 deps_dir="$root/.deps/include"
 if [[ ! -f "$deps_dir/asio.hpp" ]]; then
-  echo "gpu-run: $deps_dir/asio.hpp is missing: run scripts/gpu/stage-deps.sh (on a machine with a package registry) and copy .deps along" >&2
+  echo "gpu-run: $deps_dir/asio.hpp is missing: stage it with scripts/gpu/stage-deps.sh and copy .deps along" >&2
 fi
 built=0
 if run_step configure 90 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \

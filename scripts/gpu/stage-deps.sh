@@ -3,9 +3,9 @@
 # http_parser) from the system into the git-ignored .deps/include, and http_parser's shared library
 # (the one compiled dependency, of examples/async_server only) into .deps/lib, for machines without
 # a package registry (a GPU machine without one: run this on a machine that has one, copy the
-# git-ignored .deps/ along and configure there with -DEVR_THIRD_PARTY_INCLUDE_DIR=$PWD/.deps/include,
-# which the "gpu" preset does; the example finds the library in the lib folder beside it and its
-# RPATH names that folder).
+# git-ignored .deps/ along and configure there with
+# -DEVR_THIRD_PARTY_INCLUDE_DIR=$PWD/.deps/include, which the "gpu" preset does; the example
+# finds the library in the lib folder beside it and its RPATH names that folder).
 #
 #   scripts/gpu/stage-deps.sh [SOURCE_INCLUDE_DIR]   # default /usr/include
 #

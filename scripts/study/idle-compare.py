@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Rows of several `evr-bench idle --json` files side by side: per workload, one line per file
 with the floor's p50 / p99 and, per row (method/delivery), p50 / p99 us and CPU %. For comparing
-runs of one call (before / after a change); figures of different calls do not compare.
+benches run back to back on one machine (before / after a change, as
+scripts/gpu/gpu-many-streams.sh does); figures taken at different times do not compare.
 
   scripts/study/idle-compare.py before.json after.json [more.json ...]
 

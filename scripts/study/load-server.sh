@@ -11,11 +11,12 @@
 #                          [--path /busy?us=2000] [--modes "evr pool"] [--threads N] [--builtin]
 #                          [-- SERVER_ARGS...]
 #
-# Load: wrk (Debian package wrk; `scripts/install-deps.sh --extras` installs it; on the GPU machine
-# scripts/gpu/stage-tools.sh stages it in .tools/) against a server started on a free loopback port;
-# otherwise the server's built-in load generator (--load-connections C --load-seconds S), which
-# runs in the server's process on its own thread. --builtin forces the latter. The two tools
-# differ (wrk is lighter): compare rows measured by the same tool.
+# Load: wrk (Debian package wrk; `scripts/install-deps.sh --extras` installs it; for a GPU machine
+# without a package registry scripts/gpu/stage-tools.sh stages it in .tools/) against a server
+# started on a free loopback port; otherwise the server's built-in load generator
+# (--load-connections C --load-seconds S), which runs in the server's process on its own thread.
+# --builtin forces the latter. The two tools differ (wrk is lighter): compare rows measured by the
+# same tool.
 # SERVER_ARGS go to every server (e.g. -- --streams 128 --devices 0; pool/thread only:
 # --sync blocking-sync or --sync auto; evr only: --strategy fence).
 #

@@ -16,9 +16,10 @@ evr-async-server, warms the route up with wrk, then runs wrk for --seconds while
     frames by self time, for the whole process and per thread group, in % and in us per request.
 Output goes to stdout and DIR/profile.txt; numbers to DIR/profile.json.
 
-On the GPU machine (no package registry there): scripts/gpu/stage-deps.sh, scripts/gpu/stage-tools.sh and
-scripts/gpu/stage-perf.sh here first; then, from the repository root, with [".deps", ".tools"] carried:
-    python3 scripts/study/server-profile.py --out $OUT/profile
+On a GPU machine without a package registry: run scripts/gpu/stage-deps.sh,
+scripts/gpu/stage-tools.sh and scripts/gpu/stage-perf.sh on a machine that has one, copy .deps and
+.tools along, then, from the repository root:
+    python3 scripts/study/server-profile.py --out OUTDIR/profile
 It builds build/study as scripts/study/server-study.py does (Release, CUDA, headers from .deps/include),
 finds wrk in .tools/usr/bin and perf in .tools/perf (or on PATH). Here, on the simulated device:
     scripts/study/server-profile.py --device sim --seconds 3
@@ -265,7 +266,8 @@ def main():
     binary = study.build(args)
     wrk = study.find_wrk()
     if wrk is None:
-        log("wrk not found (PATH, .tools/): run scripts/gpu/stage-tools.sh here and carry .tools")
+        log("wrk not found (PATH, .tools/): stage it with scripts/gpu/stage-tools.sh and copy "
+            ".tools along")
         return 2
     perf = None if args.no_perf else find_perf()
     if not args.no_perf and perf is None:

@@ -20,7 +20,7 @@ with SYNC one of auto (the driver's default scheduling), spin, blocking-sync.
 A configuration whose spinning threads outnumber the host's cores (pool/thread with spin or auto:
 more threads than cores) thrashes: its points are marked and never taken as the best alternative.
 
-Sets (each fits one device call of 9 minutes, the build included; the order puts what the goals
+Sets (each fits a run of 9 minutes, the build included; the order puts what the goals
 need first in case the budget runs out):
   gpu1   one H100 (16 cores): evr, hostfunc and poll at N = 1, 2, 4; thread-per-connection and a
          pool of a thread per lane, blocking-sync; a pool of 4, auto (the /mlp baseline); the
@@ -62,9 +62,10 @@ whole seconds; default 2) plus ~0.5 s; a server start on a GPU takes a few secon
 /mlp weights, the lanes warmed up). The plan and its estimate are printed before the build, the
 time measuring should end after it.
 
-wrk: from PATH, or staged by scripts/gpu/stage-tools.sh in .tools/ (the GPU machine has no package
-registry: carry ".tools" with ".deps"). Without wrk, --builtin uses the server's own load
-generator (one process per point, its CPU figure then includes the client's).
+wrk: from PATH, or staged by scripts/gpu/stage-tools.sh in .tools/ (for a GPU machine without a
+package registry: stage it on a machine that has one and copy .tools along with .deps). Without
+wrk, --builtin uses the server's own load generator (one process per point, its CPU figure then
+includes the client's).
 
 Exit status: 0 when every point ran without errors and every server reported 0 failures.
 """
@@ -602,8 +603,8 @@ def run(args):
     binary = build(args)
     wrk = None if args.builtin else find_wrk()
     if wrk is None and not args.builtin:
-        log("wrk not found (PATH, .tools/): run scripts/gpu/stage-tools.sh here and carry \".tools\", "
-            "or pass --builtin")
+        log("wrk not found (PATH, .tools/): stage it with scripts/gpu/stage-tools.sh and copy "
+            ".tools along, or pass --builtin")
         return 2
     log(f"built in {elapsed():.0f} s; measuring should end at about {elapsed() + est:.0f} s"
         f"{'' if elapsed() + est < args.budget else ' (past the budget: its last points skipped)'}"

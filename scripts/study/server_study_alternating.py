@@ -1,14 +1,14 @@
 """The alternating sets of the server study (scripts/study/server-study.py): evr and the poll mode in
-turns in one call, medians over the rounds.
+turns in one run, medians over the rounds.
 
-The machine's speed drifts between device calls by as much as the differences measured (a third),
-so evr and the poll mode are compared only within one call, in alternation: in each of R rounds
+The machine's speed drifts between runs by as much as the differences measured (a third),
+so evr and the poll mode are compared only within one run, in alternation: in each of R rounds
 every server is started afresh and serves all of its points, in the order evr N=1, poll N=1,
 evr N=2, poll N=2, evr N=1 with stream waits; every second round runs that order backwards, so
 that a steady drift favours neither mode (a server that ran first of its pair in one round runs
 second in the next). A figure of a table is the median over the rounds of that server's clean
 points; evr / poll per core also shows the range of the rounds' own ratios (evr and poll of the
-same round), which says how far one call's figures can be trusted.
+same round), which says how far one run's figures can be trusted.
 
 Points: /busy?us=200, 1000 and 5000 at each connection count of the set, and /healthz (no GPU
 work: the HTTP path alone, the CPU per request the GPU routes are measured against) at the first;

@@ -1,9 +1,9 @@
-// evr-demo: requests that each launch GPU work (y = a*x + y over N floats: copy in, kernel, copy
+// evr-saxpy-streams: requests that each launch GPU work (y = a*x + y over N floats: copy in, kernel, copy
 // out) on one of several streams and co_await its completion through evr, on one io_context
 // thread. Every answer is checked against the CPU. Runs on the GPU when there is one, on the
 // simulated device otherwise, and says which.
 //
-//   evr-demo [--device auto|cuda|sim] [--streams S] [--requests R] [--elements N]
+//   evr-saxpy-streams [--device auto|cuda|sim] [--streams S] [--requests R] [--elements N]
 //            [--strategy adaptive|poll|fence|host_func]        (--help: the usage)
 #include <algorithm>
 #include <chrono>
@@ -22,7 +22,7 @@
 
 #include "example_cli.hpp"
 
-#if defined(EVR_DEMO_HAVE_KERNELS)
+#if defined(EVR_SAXPY_STREAMS_HAVE_KERNELS)
 #include <cuda_runtime.h>
 
 #include "saxpy.hpp"
@@ -45,7 +45,7 @@ int parse(int argc, char** argv, settings& s) {
   CLI::App app{
       "Requests that launch GPU work (y = a*x + y) on several streams and co_await it "
       "through evr, on one io_context thread; every answer is checked",
-      "evr-demo"};
+      "evr-saxpy-streams"};
   examples::add_device_option(app, s.device);
   app.add_option("--streams", s.streams, "streams the requests are spread over")
       ->check(CLI::Range(1, 1024))
@@ -99,7 +99,7 @@ class sim_lane final : public lane {
   std::vector<float> out_;
 };
 
-#if defined(EVR_DEMO_HAVE_KERNELS)
+#if defined(EVR_SAXPY_STREAMS_HAVE_KERNELS)
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw evr::error(evr::make_cuda_error(e), what);
 }
@@ -124,7 +124,7 @@ class cuda_lane final : public lane {
           "copy x in");
     check(cudaMemcpyAsync(y_, y.data(), n_ * sizeof(float), cudaMemcpyHostToDevice, s),
           "copy y in");
-    check(static_cast<cudaError_t>(demo::launch_saxpy(s, a, x_, y_, n_)), "saxpy kernel");
+    check(static_cast<cudaError_t>(saxpy_streams::launch_saxpy(s, a, x_, y_, n_)), "saxpy kernel");
     check(cudaMemcpyAsync(host_, y_, n_ * sizeof(float), cudaMemcpyDeviceToHost, s), "copy y out");
   }
   const float* result() const override { return host_; }
@@ -188,12 +188,12 @@ int main(int argc, char** argv) {
   if (int rc = parse(argc, argv, cfg); rc >= 0) return rc;
   bool use_cuda = false;
   if (cfg.device == "cuda" || cfg.device == "auto") {
-#if defined(EVR_DEMO_HAVE_KERNELS)
+#if defined(EVR_SAXPY_STREAMS_HAVE_KERNELS)
     use_cuda = evr::device::cuda_device_available();
 #endif
     if (cfg.device == "cuda" && !use_cuda) {
       std::fprintf(stderr,
-                   "evr-demo: --device cuda, but no usable CUDA device (or built without CUDA)\n");
+                   "evr-saxpy-streams: --device cuda, but no usable CUDA device (or built without CUDA)\n");
       return 1;
     }
   }
@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
 
     std::vector<std::unique_ptr<lane>> lanes;
     for (int i = 0; i < cfg.streams; ++i) {
-#if defined(EVR_DEMO_HAVE_KERNELS)
+#if defined(EVR_SAXPY_STREAMS_HAVE_KERNELS)
       if (use_cuda) {
         lanes.push_back(std::make_unique<cuda_lane>(cfg.elements));
         continue;
@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
                 use_cuda ? "CUDA" : "simulated");
     return (all.wrong == 0 && all.failed == 0 && all.done == cfg.requests) ? 0 : 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "evr-demo: %s\n", e.what());
+    std::fprintf(stderr, "evr-saxpy-streams: %s\n", e.what());
     return 1;
   }
 }
