@@ -98,8 +98,12 @@ class continued_op : thread_pool::task {
     void set_value() && noexcept { op->hand_off(kind::value, {}); }
     void set_error(std::error_code ec) && noexcept { op->hand_off(kind::error, ec); }
     void set_stopped() && noexcept { op->hand_off(kind::stopped, {}); }
-    /// The outer receiver's environment (its stop token reaches the inner sender).
-    auto get_env() const noexcept { return exec::get_env(op->rcvr_); }
+    /// The outer receiver's environment (its stop token reaches the inner sender). The return
+    /// type is spelled out: deduced, it needed continued_op complete (clang 14 asks for it while
+    /// continued_op's own members are declared).
+    auto get_env() const noexcept -> decltype(exec::get_env(std::declval<const Receiver&>())) {
+      return exec::get_env(op->rcvr_);
+    }
   };
 
  public:

@@ -49,7 +49,7 @@ class gpu_wait {
   auto async_wait(lane& l, asio::cancellation_signal* cancel, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(std::error_code)>(
         [this](auto handler, lane* target, asio::cancellation_signal* signal) {
-          start(*target, signal, std::move(handler));
+          this->start(*target, signal, std::move(handler));
         },
         token, &l, cancel);
   }

@@ -484,8 +484,12 @@ asio::awaitable<void> server::sweep_deadlines() {
         c->socket.close(ignored);  // the pending read or write fails, the coroutine ends
       });
     }
-    for (auto& [c, request] : slow)
+    for (auto& entry : slow) {
+      // Copied out of the pair: clang 14 cannot capture structured bindings.
+      std::shared_ptr<connection> c = entry.first;
+      const auto request = entry.second;
       asio::post(c->socket.get_executor(), [this, c, request] { watch_client(c, request); });
+    }
     late.clear();
     slow.clear();
   }
