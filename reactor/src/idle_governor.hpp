@@ -198,10 +198,10 @@ class idle_governor {
   /// windows too (a host's passes find the lock taken while it spins).
   bool reactor_spins_ = false;
   /// Whether the reactor's sweeps leave the streams a host covers to the host. A host's pass runs
-  /// only while the reactor thread sleeps (the pass lock is given up only there), so only a
-  /// reactor that rests by sleeping may leave them: the predictive policy when it does not spin,
-  /// and host_func's naps. The spin mode never sleeps while waits pend, and the ladder spins and
-  /// yields before it naps: left to a host they were looked at by no one (issue 43: evr-bench
+  /// only while the reactor thread sleeps or between its passes, so only a reactor that rests by
+  /// sleeping may leave them: the predictive policy when it does not spin, and host_func's naps.
+  /// The spin mode never sleeps while waits pend, and the ladder spins and yields before it naps:
+  /// left to hosts whose passes seldom get in, they were looked at by no one (issue 43: evr-bench
   /// idle's fence-spin and ladder rows, posted, hung on a GPU machine's simulated device).
   bool leaves_covered_streams() const noexcept {
     return mode_.between_looks == idle_traits::rest::host_funcs ||

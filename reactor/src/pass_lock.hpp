@@ -4,9 +4,10 @@
 // idle policy's plans, the device scope) belongs to whoever holds this lock: the reactor thread,
 // or a host's pass (host_pass.hpp) on a thread that completions are delivered to. The reactor
 // thread holds it through each pass of its loop, inline handlers included (a poll_here from one
-// finds it taken: busy), and gives it up only right before it blocks in a sleep (wakeup.hpp's
-// `blocking` callback), so a host's pass runs while the reactor thread sleeps or between its
-// passes.
+// finds it taken: busy), and gives it up right before it blocks in a sleep (wakeup.hpp's
+// `blocking` callback) and after each pass, so a host's pass runs while the reactor thread sleeps
+// or between its passes. (Given up only in sleeps, a reactor that did not sleep held the hosts
+// off for good: issue 43's hangs.)
 //
 // Memory order: exchange (acquire) to take it, store (release) to give it up: a pass sees every
 // field the previous one wrote, whichever thread ran it.
@@ -34,7 +35,7 @@ class pass_lock {
     }
     held_ = true;
   }
-  /// (reactor thread) Gives the lock up before the thread blocks.
+  /// (reactor thread) Gives the lock up before the thread blocks, and after each pass.
   void leave() noexcept {
     if (held_) end();
     held_ = false;

@@ -66,8 +66,12 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
   become_reactor_thread();
   idle_.start(clock::now());
   for (;;) {
-    pass_.enter();  // given up only while the thread sleeps (park, nap_until)
+    pass_.enter();  // given up while the thread sleeps (park, nap_until) and between passes
     if (!one_pass()) break;
+    // Between passes too, not only in sleeps: a reactor that does not sleep (it spins, or its
+    // naps end at once because an input is pending that its passes leave to a host) must not hold
+    // the hosts off for good. A host's pass is then as if the reactor had slept for no time.
+    pass_.leave();
   }
   detach_.close();  // every wait has completed: later detach_group calls find nothing to detach
   pass_.leave();

@@ -22,15 +22,18 @@ bool stream_sweep::sweep(clock::time_point now) {
   poll_tick tick = idle_.begin_sweep(now);
   for (std::size_t i = 0; i < registry_.active().size(); ++i) {
     stream_state& st = *registry_.active()[i];
-    const bool rang = take_doorbell(st);
+    // A host function that ran on the stream (a doorbell, or host_func's marker) says its work
+    // up to there is done, and it is what woke the reactor: the stream is looked at whatever its
+    // window or host, or signalled() would stay true and every nap end at once.
+    const bool rang = take_doorbell(st) ||
+                      (traits_.host_func_markers &&
+                       st.host_done.load(std::memory_order_acquire) > st.completed_seq);
     if (st.entries.empty()) continue;
     if (const std::error_code& fault = registry_.device_fault(st.device)) {
       registry_.fail_stream(st, fault);
       progress = true;
       continue;
     }
-    // A stream whose doorbell rang is looked at whatever its window or host: the work before the
-    // doorbell is done, and the ring is what woke the reactor.
     if (!rang && !idle_.wants_look(st, now, tick)) continue;
     progress |= look_at(st, now, /*may_probe=*/true);
   }
