@@ -131,6 +131,7 @@ def start(args):
     init = {"runtime_env": {"env_vars": {"PYTHONPATH": path}}, "include_dashboard": False,
             "log_to_driver": args.ray_logs}
     if args.address:
+        init.pop("include_dashboard")  # the cluster's own choice
         ray.init(address=args.address, **init)
     elif args.device == "sim":
         # One logical GPU per simulated replica: the same one-replica-per-GPU scheduling.
@@ -143,7 +144,11 @@ def start(args):
                          "replicas")
     # The proxy's and the replicas' logs at --serve-log-level (below INFO: no line per request).
     logging = {"log_level": args.serve_log_level}
-    serve.start(http_options={"host": args.host, "port": args.port}, logging_config=logging)
+    # One proxy, on the head node: several nodes of one machine (a local multi-node cluster) would
+    # each bind the same port otherwise; a real cluster puts a balancer in front of every node's.
+    proxies = {"proxy_location": "HeadOnly"} if getattr(args, "head_proxy_only", False) else {}
+    serve.start(http_options={"host": args.host, "port": args.port}, logging_config=logging,
+                **proxies)
     app = ServedModel.options(num_replicas=replicas,
                               max_ongoing_requests=args.max_batch * args.streams,
                               health_check_period_s=args.health_check_s).bind(model_config(args))

@@ -2,7 +2,7 @@
 """The Ray Serve deployment of the served model (ray_serve_model.py) on a local Ray, checked under
 load while one of its replicas is killed:
 
-  python3 ray_serve_model_check.py [--replicas 2] [--connections 32] [--device sim]
+  python3 ray_serve_model_check.py [--replicas 2] [--connections 32] [--device sim] [--nodes N]
 
   1. starts a local Ray and the deployment (simulated replicas by default), and checks it: every
      replica answers /stats, 256 rows are answered right (against served_model's float64
@@ -18,6 +18,12 @@ load while one of its replicas is killed:
   4. stops the load and reports: requests/s and the latency (p50, p99: request sent to its
      answer checked, retries included) before the kill and after the replacement, the failed
      attempts and what the clients saw, the time from the kill to the replacement's first answer.
+
+With --nodes N (3 or more; simulated replicas), Ray runs as a cluster of N nodes on this machine
+(ray.cluster_utils.Cluster: a head node and N-1 worker nodes, each worker one logical GPU, so a
+replica a node), and step 3 loses a whole worker node instead of one process: the node that runs
+a replica is removed (its raylet and every worker process on it killed), and its replica must come
+back on a surviving node with a free GPU.
 
 Passes when no answer was wrong, every request was answered right in the end, no attempt failed
 before the kill or once the replacement had answered, the replica count came back, the killed
@@ -207,7 +213,34 @@ async def check_basics(session, url, replicas, deadline):
     return stats, checker, failures
 
 
-async def kill_and_replace(args, url):
+def start_cluster(nodes):
+    """A Ray cluster of `nodes` nodes on this machine: a head without GPUs (Serve's controller and
+    proxy) and nodes-1 workers with one logical GPU each (a replica per node)."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+    for _ in range(nodes - 1):
+        cluster.add_node(num_cpus=2, num_gpus=1)
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def remove_node_of(cluster, pid):
+    """Removes (kills) the worker node that runs the process `pid`; returns its node id."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("pid", "=", pid)], detail=True)
+    if not actors:
+        raise RuntimeError(f"no Ray actor with pid {pid}")
+    node_id = actors[0]["node_id"]
+    for node in cluster.worker_nodes:
+        if node.node_id == node_id:
+            cluster.remove_node(node, allow_graceful=False)
+            return node_id
+    raise RuntimeError(f"pid {pid} runs on node {node_id}, which is not a worker node")
+
+
+async def kill_and_replace(args, url, cluster=None):
     """Steps 1-4 of the module's docstring; returns the list of failures (empty: passed)."""
     import aiohttp
 
@@ -224,9 +257,15 @@ async def kill_and_replace(args, url):
         cpu.subtract(cpu_start)
         victim, victim_stats = next(iter(stats.items()))
         load.enter("during")
-        os.kill(victim_stats["pid"], signal.SIGKILL)
-        log(f"killed replica {victim} (SIGKILL to pid {victim_stats['pid']}) after "
-            f"{load.right['before']} answers")
+        if cluster is None:
+            os.kill(victim_stats["pid"], signal.SIGKILL)
+            log(f"killed replica {victim} (SIGKILL to pid {victim_stats['pid']}) after "
+                f"{load.right['before']} answers")
+        else:
+            node = await asyncio.get_running_loop().run_in_executor(
+                None, remove_node_of, cluster, victim_stats["pid"])
+            log(f"removed node {node} with replica {victim} (pid {victim_stats['pid']}) after "
+                f"{load.right['before']} answers")
         running = await wait_for_replacement(load, stats, args.replicas, deadline)
         load.enter("after")
         await load.until(lambda: load.right["after"] >= args.after, deadline,
@@ -326,6 +365,9 @@ def main():
     ap.add_argument("--before", type=int, default=2000, help="right answers before the kill")
     ap.add_argument("--after", type=int, default=1000,
                     help="right answers after the replacement answered")
+    ap.add_argument("--nodes", type=int, default=0,
+                    help="a Ray cluster of this many nodes on this machine; a node is lost "
+                         "(0: one local Ray, a replica's process is killed)")
     ap.add_argument("--time-limit", type=float, default=240.0,
                     help="seconds after which the check fails instead of waiting longer")
     args = ap.parse_args()
@@ -337,18 +379,29 @@ def main():
         ap.error("--replicas must be >= 2: one is killed while the others answer")
     if args.address:
         ap.error("--address: the check kills a replica's process, so it starts a local Ray")
+    if args.nodes and (args.nodes < 3 or args.device != "sim" or args.replicas > args.nodes - 2):
+        ap.error(f"--nodes {args.nodes}: takes 3 or more, with --device sim and at most nodes-2 "
+                 f"replicas (--replicas {args.replicas}): a lost node's replica needs a free one")
     args.port = args.port or free_port()
     t0 = time.monotonic()
+    cluster = None
+    if args.nodes:
+        cluster = start_cluster(args.nodes)
+        args.address, args.head_proxy_only = cluster.address, True
+        log(f"a Ray cluster of {args.nodes} nodes on this machine ({args.nodes - 1} workers with "
+            f"one GPU each) at {cluster.address}")
     ray_serve_model.start(args)
     url = f"http://{args.host}:{args.port}"
     log(f"Ray {ray_serve_model.ray.__version__}, {args.replicas} replicas on device "
         f"{args.device}, {url}, started in {time.monotonic() - t0:.1f} s")
     try:
-        failures = asyncio.run(kill_and_replace(args, url))
+        failures = asyncio.run(kill_and_replace(args, url, cluster))
     except RuntimeError as e:
         failures = [str(e)]
     finally:
         ray_serve_model.stop()
+        if cluster is not None:
+            cluster.shutdown()
     for f in failures:
         log(f"FAILED: {f}")
     log(f"result: {'OK' if not failures else f'FAILED ({len(failures)})'} in "

@@ -11,7 +11,10 @@
 #      and fits this Python; else pip install ./python (a build of the module, 35 s here);
 #   3. examples/python/ray_serve_model_check.py in that venv: a local Ray, 2 simulated replicas,
 #      32 clients with every answer checked, one replica SIGKILLed under the load and replaced
-#      (see its docstring).
+#      (see its docstring);
+#   4. the same on a Ray cluster of 4 nodes on this machine (--nodes 4: a head and 3 workers of
+#      one GPU each), a worker node that runs a replica removed under the load, its replica
+#      restored on a surviving node.
 #
 # Prints each part's time. Ray Serve checks its replicas' health every second here
 # (--health-check-s 1; Ray's default is 10 s), so that the dead one is replaced within seconds.
@@ -90,6 +93,10 @@ step "3. examples/python/ray_serve_model_check.py: 2 simulated replicas, one kil
 check() { (cd "$dir" && "$venv/bin/python" "$repo/examples/python/ray_serve_model_check.py" \
   --health-check-s 1 "$@"); }
 timed "ray_serve_model_check.py" check "$@" || fail "ray_serve_model_check.py (above)"
+
+step "4. the same on a Ray cluster of 4 nodes on this machine: a worker node lost under load"
+timed "ray_serve_model_check.py --nodes 4" check --nodes 4 --replicas 2 --before 1000 --after 500 ||
+  fail "ray_serve_model_check.py --nodes 4 (above)"
 
 step "times:"
 printf '  %s\n' "${timings[@]}"
