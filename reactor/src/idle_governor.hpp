@@ -195,7 +195,7 @@ class idle_governor {
   clock::time_point replan_at_{};  // while spinning, plan again no sooner than this
   const nanoseconds host_grace_;   // host_grace()
   /// The reactor spins for streams of its own: its sweeps then look at hosted streams in their
-  /// windows too (a host's passes find the lock taken while it spins).
+  /// windows too (while it spins, a host's passes get in only between its passes).
   bool reactor_spins_ = false;
   /// Whether the reactor's sweeps leave the streams a host covers to the host. A host's pass runs
   /// only while the reactor thread sleeps or between its passes, so only a reactor that rests by
