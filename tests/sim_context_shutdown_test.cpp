@@ -158,10 +158,12 @@ TEST_CASE("context shutdown: coroutines, the waiter outliving its context") {
   REQUIRE(sim.launch_kernel(st.native()) == std::error_code{});
   auto token = std::make_shared<int>(0);
   std::atomic<int> resumed{0};
-  std::optional<evr::gpu_waiter> waiter;
+  // A pointer, not a std::optional: GCC 12 under TSan took the optional's destructor for a read
+  // of an uninitialised waiter (-Wmaybe-uninitialized, a false positive).
+  std::unique_ptr<evr::gpu_waiter> waiter;
   {
     asio::io_context io;
-    waiter.emplace(io.get_executor(), r);
+    waiter = std::make_unique<evr::gpu_waiter>(io.get_executor(), r);
     for (int i = 0; i < 32; ++i) {
       asio::co_spawn(
           io,
