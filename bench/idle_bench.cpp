@@ -1,5 +1,6 @@
 // evr-bench idle — how late each way of waiting finds GPU work of the lengths users run, and what
-// it costs the CPU: the sweep behind the default idle policy (docs/benchmarks.md; the history in docs/notebook.md).
+// it costs the CPU: the sweep behind the default idle policy (docs/benchmarks.md; the history in
+// docs/notebook.md).
 //
 // Method: the gate kernels of `evr-bench latency`, many at once. Each lane (a stream) runs jobs
 // one after another: a one-thread gate kernel is launched, the notification under test is put

@@ -47,7 +47,8 @@ struct forwarding_executor {
     asio::post(inner, std::forward<F>(f));
   }
   // Asio's executor concept asks for == (!= is C++20's rewrite of it); unused here otherwise.
-  [[maybe_unused]] friend bool operator==(const forwarding_executor& a, const forwarding_executor& b) noexcept {
+  [[maybe_unused]] friend bool operator==(const forwarding_executor& a,
+                                          const forwarding_executor& b) noexcept {
     return a.inner == b.inner;
   }
 };

@@ -42,9 +42,9 @@ TEST_CASE("idle governor: a covered stream is left to its host only by a reactor
     evr::idle_mode mode;
     bool leaves_it;
   };
-  for (const mode_case c : {mode_case{evr::idle_mode::predictive, true},
-                            mode_case{evr::idle_mode::ladder, false},
-                            mode_case{evr::idle_mode::spin, false}}) {
+  for (const mode_case c :
+       {mode_case{evr::idle_mode::predictive, true}, mode_case{evr::idle_mode::ladder, false},
+        mode_case{evr::idle_mode::spin, false}}) {
     CAPTURE(std::string(evr::to_string(c.mode)));
     evr::sim::device sim;
     evr::reactor_options o = evr::test::quick_options(evr::strategy::fence);

@@ -137,8 +137,10 @@ int main(int argc, char** argv) {
   double work_us = 1000;
   int rounds = 20;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--work-us")) work_us = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--work-us"))
+      work_us = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--rounds"))
+      rounds = std::atoi(argv[i + 1]);
   }
   if (work_us <= 0 || rounds < 1) {
     std::fprintf(stderr, "usage: evr-marker-queues [--work-us US > 0] [--rounds N >= 1]\n");
@@ -166,9 +168,9 @@ int main(int argc, char** argv) {
     for (const char* m : {"none", "event", "write", "kernel"}) {
       // Every marker kind starts from words already past this run's sequence numbers.
       std::memset(host, 0, max_streams * 64);
-      const result r = run(n, m, work_us, rounds, write_value,
-                           static_cast<volatile unsigned long long*>(host),
-                           static_cast<unsigned long long*>(dev));
+      const result r =
+          run(n, m, work_us, rounds, write_value, static_cast<volatile unsigned long long*>(host),
+              static_cast<unsigned long long*>(dev));
       std::printf("%8d %-7s %12.1f %12.1f %12.0f\n", n, m, r.makespan_us, r.mean_us, r.enqueue_ns);
       std::fflush(stdout);
     }

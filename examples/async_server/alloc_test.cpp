@@ -325,7 +325,7 @@ bool drive(std::vector<asio::ip::tcp::socket>& conns, int rounds, int& seed) {
 /// Returns the allocations per request on the io threads (negative when the run failed).
 /// `lanes[d]`: the lanes of simulated device d.
 [[maybe_unused]] double run(wait_mode mode, int threads, device_not_counted& device,
-           const std::vector<std::vector<lane*>>& lanes, const mlp::model& model) {
+                            const std::vector<std::vector<lane*>>& lanes, const mlp::model& model) {
   // (With fewer lanes than connections, requests wait for lanes: that path is covered too.)
   instance_config cfg;
   cfg.threads = threads;

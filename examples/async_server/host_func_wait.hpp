@@ -7,7 +7,8 @@
 // nothing slow (the driver runs the process's host functions one after another). start() runs on
 // the thread of the handler's io_context (a coroutine's initiation); the handler runs there too.
 //
-// What it costs and where it stops (docs/notebook.md, "The async HTTP server", measures it against evr):
+// What it costs and where it stops (docs/notebook.md, "The async HTTP server", measures it against
+// evr):
 //   * every completion crosses threads twice: the driver's thread runs the host function, the
 //     post wakes the io thread (the io_context's lock, an eventfd write when it sleeps in epoll);
 //   * the post from the driver's thread allocates (Asio has no cache on a thread it does not run);

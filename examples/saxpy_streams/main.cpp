@@ -1,7 +1,7 @@
-// evr-saxpy-streams: requests that each launch GPU work (y = a*x + y over N floats: copy in, kernel, copy
-// out) on one of several streams and co_await its completion through evr, on one io_context
-// thread. Every answer is checked against the CPU. Runs on the GPU when there is one, on the
-// simulated device otherwise, and says which.
+// evr-saxpy-streams: requests that each launch GPU work (y = a*x + y over N floats: copy in,
+// kernel, copy out) on one of several streams and co_await its completion through evr, on one
+// io_context thread. Every answer is checked against the CPU. Runs on the GPU when there is one, on
+// the simulated device otherwise, and says which.
 //
 //   evr-saxpy-streams [--device auto|cuda|sim] [--streams S] [--requests R] [--elements N]
 //            [--strategy adaptive|poll|fence|host_func]        (--help: the usage)
@@ -192,8 +192,9 @@ int main(int argc, char** argv) {
     use_cuda = evr::device::cuda_device_available();
 #endif
     if (cfg.device == "cuda" && !use_cuda) {
-      std::fprintf(stderr,
-                   "evr-saxpy-streams: --device cuda, but no usable CUDA device (or built without CUDA)\n");
+      std::fprintf(
+          stderr,
+          "evr-saxpy-streams: --device cuda, but no usable CUDA device (or built without CUDA)\n");
       return 1;
     }
   }

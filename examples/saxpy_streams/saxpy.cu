@@ -9,7 +9,8 @@ __global__ void saxpy_kernel(float a, const float* x, float* y, std::size_t n) {
 }
 }  // namespace
 
-int saxpy_streams::launch_saxpy(CUstream_st* stream, float a, const float* x, float* y, std::size_t n) {
+int saxpy_streams::launch_saxpy(CUstream_st* stream, float a, const float* x, float* y,
+                                std::size_t n) {
   const unsigned threads = 256;
   const unsigned blocks = static_cast<unsigned>(
       (n + threads - 1) / threads < 1024 ? (n + threads - 1) / threads : 1024);

@@ -25,9 +25,9 @@ bool stream_sweep::sweep(clock::time_point now) {
     // A host function that ran on the stream (a doorbell, or host_func's marker) says its work
     // up to there is done, and it is what woke the reactor: the stream is looked at whatever its
     // window or host, or signalled() would stay true and every nap end at once.
-    const bool rang = take_doorbell(st) ||
-                      (traits_.host_func_markers &&
-                       st.host_done.load(std::memory_order_acquire) > st.completed_seq);
+    const bool rang =
+        take_doorbell(st) || (traits_.host_func_markers &&
+                              st.host_done.load(std::memory_order_acquire) > st.completed_seq);
     if (st.entries.empty()) continue;
     if (const std::error_code& fault = registry_.device_fault(st.device)) {
       registry_.fail_stream(st, fault);

@@ -66,6 +66,9 @@ def verdict(metric, base, tree):
         return None, None, "gone"
     unit, better, floor = gate_rows.METRICS[metric]
     mb, mt = statistics.median(base), statistics.median(tree)
+    if len(base) < 2 or len(tree) < 2:
+        # One round a side says nothing of the noise: no verdict.
+        return (mt / mb if mb else None), None, "one round"
     # The spread: how far the rounds of the same side fell apart, both sides' ranges together,
     # relative to the baseline. A difference of medians within it is noise: with three rounds a
     # side, two identical trees differ by more than it for under 1 % of figures (normal noise).
