@@ -20,15 +20,13 @@ const CLI::Validator request_path(
     },
     "PATH", "request path");
 
-/// --drain-seconds: a number of seconds in [0, 3600] (CLI::Range alone lets "nan" through).
+/// --drain-seconds, --drain-idle-grace: seconds in [0, 3600] (CLI::Range alone lets "nan" through).
 const CLI::Validator drain_seconds(
     [](std::string& v) -> std::string {
       char* end = nullptr;
       const double d = std::strtod(v.c_str(), &end);
       if (v.empty() || *end != '\0' || !(d >= 0.0 && d <= 3600.0))
-        return "takes seconds from 0 to 3600 (how long accepted requests may take to finish "
-               "after SIGTERM), not '" +
-               v + "'";
+        return "takes seconds from 0 to 3600, not '" + v + "'";
       return {};
     },
     "SECONDS", "drain seconds");
@@ -111,6 +109,12 @@ settings parse_command_line(int argc, char** argv) {
   app.add_option("--drain-seconds", s.drain_seconds,
                  "serve mode: how long the requests accepted before SIGTERM may take to finish; "
                  "what is left then is cut off")
+      ->check(drain_seconds)
+      ->group("What to do");
+  app.add_option("--drain-idle-grace", s.drain_idle_grace,
+                 "serve mode, draining: how long a kept-alive connection between requests may take "
+                 "to send one more (answered with Connection: close) before it is closed; 0 closes "
+                 "it at once")
       ->check(drain_seconds)
       ->group("What to do");
   app.add_flag("--reuse-port", s.reuse_port,

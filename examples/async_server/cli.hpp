@@ -65,6 +65,7 @@ struct settings {
   std::size_t large_n = std::size_t{1} << 18;
   std::size_t large_concurrency = 2;
   double drain_seconds = 30;  ///< serve mode, SIGTERM: server_config::drain_timeout
+  double drain_idle_grace = 0.25;  ///< server_config::drain_idle_grace, in seconds
   bool reuse_port = false;    ///< server_config::reuse_port
 };
 

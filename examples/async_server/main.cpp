@@ -103,6 +103,8 @@ struct process {
     sc.large_concurrency = cfg.large_concurrency;
     sc.drain_timeout =
         std::chrono::milliseconds(static_cast<std::int64_t>(cfg.drain_seconds * 1000.0));
+    sc.drain_idle_grace =
+        std::chrono::milliseconds(static_cast<std::int64_t>(cfg.drain_idle_grace * 1000.0));
     sc.reuse_port = cfg.reuse_port;
     sc.info = {to_string(m),
                blocks_a_thread(m) ? to_string(s) : "none",

@@ -448,6 +448,10 @@ void server::start_serving(const std::shared_ptr<connection>& c,
   }
 }
 
+std::chrono::nanoseconds server::drain_grace() const noexcept {
+  return std::min<std::chrono::nanoseconds>(cfg_.drain_idle_grace, cfg_.io_timeout);
+}
+
 void server::arm_deadline(connection& c, std::chrono::nanoseconds after) noexcept {
   c.deadline_ns.store(to_ns(clock_type::now() + after), std::memory_order_relaxed);
 }
@@ -512,24 +516,30 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
   http::request& req = c->req;
   bool lingering_close = false;
   for (;;) {
-    // Draining: no next request on a kept-alive connection (drain() cancels the reads of those
-    // already waiting for one; this one answered a request meanwhile), unless one has been read
-    // or has arrived: that one is served (a balancer may have sent it before it saw the drain,
-    // and it resends only idempotent requests).
-    if (draining() && buffer.empty() && nothing_arrived(c->socket)) break;
-    arm_deadline(*c, cfg_.io_timeout);
+    // Draining, between requests on a kept-alive connection (drain() cancels the reads of those
+    // already waiting; this one answered a request meanwhile): one more request is served if it
+    // has arrived or arrives within drain_idle_grace (its client may have sent it before it could
+    // see the drain), with `Connection: close`; then the connection closes.
+    const bool idle_in_drain = draining() && buffer.empty() && nothing_arrived(c->socket);
+    if (idle_in_drain && cfg_.drain_idle_grace.count() == 0) break;
+    arm_deadline(*c, idle_in_drain ? drain_grace() : cfg_.io_timeout);
     c->reading_head.store(true, std::memory_order_relaxed);
     std::error_code ec;
     std::size_t head_size = 0;
     for (std::size_t skipped = 0;;) {
       auto [rec, n] = co_await asio::async_read_until(
           c->socket, asio::dynamic_buffer(buffer, http::max_head_bytes), head_end{}, use_tuple);
-      // drain() cancelled the read: close (below) if nothing of a request has arrived, else
-      // read on (a head trickling in is served, with Connection: close).
+      // drain() cancelled the read: read on (a head trickling in is served, with Connection:
+      // close); a connection with nothing of a request yet waits drain_idle_grace for one.
       if (rec == asio::error::operation_aborted && drain_.draining() &&
-          !stopping_.load(std::memory_order_relaxed) && c->socket.is_open() &&
-          !(buffer.empty() && nothing_arrived(c->socket)))
-        continue;
+          !stopping_.load(std::memory_order_relaxed) && c->socket.is_open()) {
+        const bool idle = buffer.empty() && nothing_arrived(c->socket);
+        if (!idle) continue;
+        if (cfg_.drain_idle_grace.count() != 0) {
+          arm_deadline(*c, drain_grace());  // the sweep closes it then: the read fails
+          continue;
+        }
+      }
       ec = rec;
       head_size = n;
       // Empty lines before a request line are skipped (RFC 9112 2.2). A "head" of empty lines
@@ -541,6 +551,7 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
       buffer.erase(0, n);
     }
     c->reading_head.store(false, std::memory_order_relaxed);
+    if (!ec && draining()) arm_deadline(*c, cfg_.io_timeout);  // a grace was for the head alone
     const auto t0 = clock_type::now();
     response r;
     c->body.clear();

@@ -121,6 +121,11 @@ struct server_config {
   std::size_t large_concurrency = 2;
   /// drain(): how long the requests accepted before it may take before stop() ends the rest.
   std::chrono::milliseconds drain_timeout{30000};
+  /// drain(): how long a connection between requests may take to send one more, which is then
+  /// answered with `Connection: close`, before it is closed. A client in a closed loop has its
+  /// next request on the way when the drain begins; a connection closed at once would fail that
+  /// request, which only a client that resends survives. 0: idle connections close at once.
+  std::chrono::milliseconds drain_idle_grace{250};
   /// SO_REUSEPORT on the listening socket: several server processes may listen on one port (the
   /// kernel spreads new connections over them).
   bool reuse_port = false;
@@ -293,6 +298,8 @@ class server {
   static response error_response(connection& c, int status, std::string_view message,
                                  bool close = false);
   void arm_deadline(connection& c, std::chrono::nanoseconds after) noexcept;
+  /// How long a drained connection between requests is left to send its last one.
+  std::chrono::nanoseconds drain_grace() const noexcept;
   asio::awaitable<void> sweep_deadlines();
   void forget(const std::shared_ptr<connection>& c);
 

@@ -6,7 +6,8 @@
         [--skip-kill] [--skip-reuse-port] [--out DIR]
 
 0. Drain, no balancer: one server, a /busy request of 400 ms in flight and an idle keep-alive
-   connection when it gets SIGTERM: the idle connection is closed, a new connection is refused,
+   connection when it gets SIGTERM: the idle connection is closed (once the drain's idle grace,
+   0.25 s, has passed without a request on it), a new connection is refused,
    a request head trickling in is served once whole, the request in flight gets its right answer
    (both with `Connection: close`), exit 0, nothing left.
    Then --drain-seconds 0.3 with a 1.5 s request in flight: it is cut off (no answer), the server
@@ -27,6 +28,13 @@
    and s1 serves again.
 3. --reuse-port (unless --skip-reuse-port): two servers on one port (SO_REUSEPORT); 200 one-request
    connections; both must have answered some, and together all.
+4. A rolling restart on one port, no balancer (unless --skip-reuse-port): two servers with
+   --reuse-port under the closed-loop load (a quarter of the clients a connection per request);
+   each in turn replaced (the new process listens first, then the old one drains). Asserted: 0
+   wrong, 0 lost, no request failed on a kept-alive connection, both replacements answered. Run
+   with this namespace's net.ipv4.tcp_migrate_req and, as root, again in a network namespace of
+   its own with it set to 1 (then no new connection may fail either). --only-reuse-port-rolling
+   runs this one alone.
 
 Exit status 0 when every assertion held; the figures go to stdout (and --out DIR/deploy.json).
 """
@@ -38,8 +46,11 @@ import asyncio
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +87,9 @@ class Tally:
         self.ok = self.non2xx = self.socket_errors = self.wrong = 0
         self.by_backend: dict[str, int] = {}
         self.errors_at: list[float] = []  # monotonic time of each non-2xx / socket error
+        # requests sent again (client(retries=...)) because their connection failed first: on a
+        # connection that had answered before ("reused") or on a new one ("fresh")
+        self.retried: dict[str, int] = {}
         self.first_problem = ""
 
     def problem(self, what: str) -> None:
@@ -97,20 +111,32 @@ async def read_response(reader) -> tuple[int, dict, bytes]:
     return status, headers, body
 
 
-async def client(port: int, route: str, seeds: dict, stop: asyncio.Event, tally: Tally, idx: int):
-    """One keep-alive connection in a closed loop; a fresh one after an error or a close."""
+async def client(port: int, route: str, seeds: dict, stop: asyncio.Event, tally: Tally, idx: int,
+                 retries: int = 0, one_request_per_connection: bool = False):
+    """One keep-alive connection in a closed loop; a fresh one after an error or a close. With
+    `retries`, a request whose connection failed before its answer is sent again on a fresh
+    connection, up to that many times, as HTTP clients do for idempotent requests (RFC 9110,
+    9.2.2); each such resend is counted, by where the connection failed. With
+    `one_request_per_connection`, every request asks for `Connection: close`."""
+    close = "Connection: close\r\n" if one_request_per_connection else ""
     keys = list(seeds)
     n = idx
     writer = None
+    attempt = 0
+    answered_on_connection = 0
     while not stop.is_set():
         try:
             if writer is None:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                answered_on_connection = 0
             seed = keys[n % len(keys)]
-            n += 7
             sep = "&" if "?" in route else "?"
-            writer.write(f"GET {route}{sep}seed={seed} HTTP/1.1\r\nHost: fleet\r\n\r\n".encode())
+            writer.write(f"GET {route}{sep}seed={seed} HTTP/1.1\r\nHost: fleet\r\n{close}\r\n"
+                         .encode())
             status, headers, body = await read_response(reader)
+            n += 7
+            attempt = 0
+            answered_on_connection += 1
             if status != 200:
                 tally.non2xx += 1
                 tally.problem(f"{status} {body[:200]!r}")
@@ -127,21 +153,29 @@ async def client(port: int, route: str, seeds: dict, stop: asyncio.Event, tally:
                 writer.close()
                 writer = None
         except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-            tally.socket_errors += 1
-            tally.problem(f"{type(e).__name__}: {e}")
             if writer is not None:
                 writer.close()
             writer = None
+            if attempt < retries and not isinstance(e, ValueError):
+                attempt += 1
+                where = "reused" if answered_on_connection else "fresh"
+                tally.retried[where] = tally.retried.get(where, 0) + 1
+                continue
+            attempt = 0
+            n += 7
+            tally.socket_errors += 1
+            tally.problem(f"{type(e).__name__}: {e}")
             await asyncio.sleep(0.01)
     if writer is not None:
         writer.close()
 
 
-async def load_while(port, route, connections, seeds, scenario):
-    """Runs the clients until `scenario` (a coroutine function taking the tally) returns."""
+async def load_while(port, route, connections, seeds, scenario, retries=0, churn=0):
+    """Runs the clients until `scenario` (a coroutine function taking the tally) returns; the
+    first `churn` of them open a connection per request."""
     tally = Tally()
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(client(port, route, seeds, stop, tally, i))
+    tasks = [asyncio.create_task(client(port, route, seeds, stop, tally, i, retries, i < churn))
              for i in range(connections)]
     try:
         await scenario(tally)
@@ -228,8 +262,8 @@ def drain_direct(args, binary, workdir, report) -> list[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError("the long request never showed in flight")
         server.signal(signal.SIGTERM)
-        # The idle connection: closed by the server (EOF), without an answer, at once (well
-        # before the drain's deadline, which would close it too).
+        # The idle connection: closed by the server (EOF), without an answer, after the idle
+        # grace (well before the drain's deadline, which would close it too).
         idle.settimeout(args.drain_seconds / 2)
         try:
             idle_closed = idle.recv(1) == b""
@@ -440,6 +474,123 @@ async def reuse_port(args, binary, workdir, report) -> list[str]:
     return problems
 
 
+def migrate_setting() -> str:
+    """net.ipv4.tcp_migrate_req of this network namespace ("absent" before Linux 5.14)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_migrate_req", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "absent"
+
+
+async def reuse_port_rolling(args, binary, seeds, workdir, report) -> list[str]:
+    """A rolling restart without a balancer: two servers on one port (--reuse-port), clients in
+    closed loops (a quarter of them a connection per request) that resend an idempotent request
+    whose connection failed before its answer. Each
+    server in turn: its replacement starts on the port first, then it gets SIGTERM and drains.
+    What the kernel does with the connections still in the draining server's accept queue when it
+    closes its listening socket decides what the clients see: with net.ipv4.tcp_migrate_req=1 they
+    move to another listener of the port; with 0 they are reset (the clients here resend them).
+    Asserted: 0 wrong, 0 lost, both replacements answered, no request failed on a kept-alive
+    connection (the drain answers each connection's last request with Connection: close), and with
+    tcp_migrate_req=1 none on a new connection either."""
+    port = free_port()
+    # A grace longer than any closed-loop client's pause between requests on a loaded machine:
+    # every connection's last request is answered with Connection: close, none is resent.
+    extra = ["--reuse-port", "--drain-idle-grace", "2"]
+    servers = [ServerProcess(f"p{i}", binary, port, server_args(args) + extra, workdir)
+               for i in range(2)]
+    for s in servers:
+        s.start()
+    for s in servers:
+        s.wait_output("listening on")
+    problems: list[str] = []
+    replaced = []
+    drains = []
+
+    async def scenario(tally):
+        loop = asyncio.get_running_loop()
+        for i, old in enumerate(list(servers)):
+            await asyncio.sleep(args.seconds * 0.15)
+            new = ServerProcess(f"p{i}b", binary, port, server_args(args) + extra, workdir)
+            new.start()
+            await loop.run_in_executor(None, new.wait_output, "listening on")
+            replaced.append(new)
+            t0 = time.monotonic()
+            old.signal(signal.SIGTERM)
+            rc = await loop.run_in_executor(None, old.wait_exit, args.drain_seconds + 30)
+            drains.append(time.monotonic() - t0)
+            problems.extend(drained_cleanly(old, rc))
+        await asyncio.sleep(args.seconds * 0.15)
+
+    t0 = time.monotonic()
+    # A quarter of the clients open a connection per request: there are connections in the
+    # accept queues when a listening socket closes.
+    tally = await load_while(port, args.route, args.connections, seeds, scenario, retries=3,
+                             churn=args.connections // 4)
+    elapsed = time.monotonic() - t0
+    for s in replaced:
+        s.signal(signal.SIGTERM)
+    for s in replaced:
+        problems.extend(drained_cleanly(s, s.wait_exit(timeout=args.drain_seconds + 30)))
+    answered_by_new = []
+    for s in replaced:
+        m = re.search(r"server: (\d+) responses?", s.last_run_output())
+        answered_by_new.append(int(m.group(1)) if m else 0)
+    migrate = migrate_setting()
+    report.setdefault("reuse_port_rolling", []).append({
+        "tcp_migrate_req": migrate, "seconds": elapsed, "ok": tally.ok, "wrong": tally.wrong,
+        "non2xx": tally.non2xx, "lost": tally.socket_errors, "retried": tally.retried,
+        "drain_s": drains, "answered_by_replacements": answered_by_new,
+        "first_problem": tally.first_problem})
+    retried = ", ".join(f"{n} on {where} connections" for where, n in sorted(tally.retried.items()))
+    print(f"rolling restart on one port (--reuse-port, no balancer, tcp_migrate_req={migrate}): "
+          f"{tally.ok} answers right in {elapsed:.1f} s over {args.connections} connections; "
+          f"{tally.wrong} wrong, {tally.non2xx} non-2xx, {tally.socket_errors} lost; resent: "
+          f"{retried or 'none'}; drains {', '.join(f'{d:.2f}' for d in drains)} s; the "
+          f"replacements answered {answered_by_new}")
+    if tally.wrong or tally.non2xx or tally.socket_errors:
+        problems.append(f"reuse-port rolling restart: {tally.wrong} wrong, {tally.non2xx} non-2xx, "
+                        f"{tally.socket_errors} lost (first: {tally.first_problem})")
+    if min(answered_by_new, default=0) <= 0:
+        problems.append(f"reuse-port rolling restart: a replacement answered nothing "
+                        f"({answered_by_new})")
+    if tally.retried.get("reused", 0):
+        problems.append(f"reuse-port rolling restart: {tally.retried['reused']} requests failed on "
+                        f"kept-alive connections that the drain closed before their last answer")
+    if migrate == "1" and tally.retried.get("fresh", 0):
+        problems.append(f"reuse-port rolling restart: {tally.retried['fresh']} new connections "
+                        f"failed although tcp_migrate_req=1 moves the accept queue")
+    return problems
+
+
+def reuse_port_rolling_migrating(args, workdir, report) -> list[str]:
+    """reuse_port_rolling again with net.ipv4.tcp_migrate_req=1, set in a network namespace of its
+    own (unshare --net: nothing of this host's settings changes); needs root, unshare and ip."""
+    if migrate_setting() == "1":
+        return []  # the run in this namespace was that one
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip") or \
+            migrate_setting() == "absent":
+        print("rolling restart on one port with tcp_migrate_req=1: skipped (needs root, unshare, "
+              "ip and Linux >= 5.14)")
+        return []
+    sub_out = os.path.join(workdir, "migrate")
+    inner = [sys.executable, os.path.abspath(__file__), "--only-reuse-port-rolling",
+             "--bin", os.path.abspath(args.bin), "--device", args.device,
+             "--seconds", str(args.seconds), "--connections", str(args.connections),
+             "--route", args.route, "--drain-seconds", str(args.drain_seconds),
+             "--server-args", args.server_args, "--out", sub_out]
+    script = ("ip link set lo up && echo 1 >/proc/sys/net/ipv4/tcp_migrate_req && exec " +
+              " ".join(shlex.quote(x) for x in inner))
+    rc = subprocess.run(["unshare", "--net", "sh", "-c", script], timeout=args.seconds * 4 + 300).returncode
+    try:
+        with open(os.path.join(sub_out, "deploy.json"), encoding="utf-8") as f:
+            report.setdefault("reuse_port_rolling", []).extend(json.load(f)["reuse_port_rolling"])
+    except (OSError, KeyError, ValueError):
+        pass
+    return [] if rc == 0 else [f"reuse-port rolling restart with tcp_migrate_req=1 failed ({rc})"]
+
+
 def server_args(args) -> list[str]:
     return ["--device", args.device, "--drain-seconds", str(args.drain_seconds)] + \
         args.server_args.split()
@@ -456,6 +607,8 @@ def main() -> int:
     p.add_argument("--server-args", default="")
     p.add_argument("--skip-kill", action="store_true")
     p.add_argument("--skip-reuse-port", action="store_true")
+    p.add_argument("--only-reuse-port-rolling", action="store_true",
+                   help="only the rolling restart on one port without a balancer")
     p.add_argument("--out")
     a = p.parse_args()
     if not os.access(a.bin, os.X_OK):
@@ -466,12 +619,17 @@ def main() -> int:
     workdir = a.out or tempfile.mkdtemp(prefix="evr-deploy.")
     os.makedirs(workdir, exist_ok=True)
     report: dict = {"args": vars(a)}
-    problems = drain_direct(a, a.bin, workdir, report)
-    problems += asyncio.run(rolling_restart(a, a.bin, seeds, workdir, report))
-    if not a.skip_kill:
-        problems += asyncio.run(sigkill(a, a.bin, seeds, workdir, report))
-    if not a.skip_reuse_port:
-        problems += asyncio.run(reuse_port(a, a.bin, workdir, report))
+    if a.only_reuse_port_rolling:
+        problems = asyncio.run(reuse_port_rolling(a, a.bin, seeds, workdir, report))
+    else:
+        problems = drain_direct(a, a.bin, workdir, report)
+        problems += asyncio.run(rolling_restart(a, a.bin, seeds, workdir, report))
+        if not a.skip_kill:
+            problems += asyncio.run(sigkill(a, a.bin, seeds, workdir, report))
+        if not a.skip_reuse_port:
+            problems += asyncio.run(reuse_port(a, a.bin, workdir, report))
+            problems += asyncio.run(reuse_port_rolling(a, a.bin, seeds, workdir, report))
+            problems += reuse_port_rolling_migrating(a, workdir, report)
     with open(os.path.join(workdir, "deploy.json"), "w") as f:
         json.dump(report, f, indent=1)
     for problem in problems:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The fleet on a GPU machine (issue 40; docs/deploy.md, "On the GPU"): two server processes
-# sharing the GPU behind HAProxy against one process with the same io threads (scripts/study/fleet-bench.py),
-# then the rolling-restart test under that load (examples/deploy/rolling_restart_test.py).
+# The fleet on a GPU machine (docs/deploy.md, "On the GPU"): two server processes sharing the GPU
+# (or a process per GPU) behind HAProxy and on one port, against one process with the same io
+# threads (scripts/study/fleet-bench.py), then the rolling-restart test under that load
+# (examples/deploy/rolling_restart_test.py).
 #
 #   scripts/gpu/stage-deps.sh && scripts/gpu/stage-tools.sh && scripts/gpu/stage-haproxy.sh  # once
 #   bash scripts/gpu/gpu-fleet.sh OUTDIR                                       # on the GPU machine
@@ -15,7 +16,10 @@
 # EVR_FLEET_DEVICE (default cuda; sim: a test of this script without a GPU), EVR_FLEET_SECONDS
 # per fleet-bench point (default 6), EVR_FLEET_ROUNDS (default 2), EVR_FLEET_HAPROXY_THREADS
 # (HAProxy's nbthread per fleet row, default "0,4"; 0: its default), EVR_FLEET_SKIP_ROLLING=1 (the
-# bench only). Logs and JSON under OUTDIR.
+# bench only). EVR_FLEET_PER_GPU=1: a process per GPU (--devices i) against one process serving
+# every GPU, EVR_FLEET_THREADS io threads in all (default 2; per GPU: 4 a GPU), routes
+# EVR_FLEET_ROUTES (default "/busy?us=1000"; per GPU also /mlp), EVR_FLEET_CONNECTIONS (256; per
+# GPU 1024), wrk threads EVR_FLEET_WRK_THREADS (4; per GPU 8). Logs and JSON under OUTDIR.
 set -uo pipefail
 if [[ $# -ne 1 ]]; then
   echo "usage: $0 OUTDIR" >&2
@@ -47,16 +51,40 @@ if [[ -z "$bin" ]]; then
   bin=build/fleet/examples/evr-async-server
 fi
 rc=0
-echo "==> fleet-bench: 2 processes x 1 io thread behind HAProxy (and on one port) vs 1 process x 2 io threads"
-python3 scripts/study/fleet-bench.py --bin "$bin" --device "$device" --processes 2 --threads 2 \
-  --route "/busy?us=1000" --connections 256 --seconds "${EVR_FLEET_SECONDS:-6}" \
-  --rounds "${EVR_FLEET_ROUNDS:-2}" --haproxy-threads "${EVR_FLEET_HAPROXY_THREADS:-0,4}" \
-  --out "$out/fleet-bench" 2>&1 | tee "$out/fleet-bench.log"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+per_gpu=() processes=2 threads=${EVR_FLEET_THREADS:-2} routes=${EVR_FLEET_ROUTES:-"/busy?us=1000"}
+connections=${EVR_FLEET_CONNECTIONS:-256} wrk_threads=${EVR_FLEET_WRK_THREADS:-4}
+if [[ "${EVR_FLEET_PER_GPU:-0}" == 1 ]]; then
+  if [[ "$device" == sim ]]; then
+    processes=2
+    per_gpu=(--per-gpu --server-args "--sim-devices 2")
+  else
+    processes=$(nvidia-smi -L | grep -c '^GPU')
+    per_gpu=(--per-gpu)
+  fi
+  threads=${EVR_FLEET_THREADS:-$((4 * processes))}
+  routes=${EVR_FLEET_ROUTES:-"/busy?us=1000 /mlp"}
+  connections=${EVR_FLEET_CONNECTIONS:-1024}
+  wrk_threads=${EVR_FLEET_WRK_THREADS:-8}
+fi
+for route in $routes; do
+  name=$(echo "$route" | tr -c 'a-z0-9\n' '-' | sed 's/^-*//; s/-*$//')
+  echo "==> fleet-bench $route: $processes processes behind HAProxy (and on one port) vs 1 process, $threads io threads in all${per_gpu:+, a process per GPU}"
+  python3 scripts/study/fleet-bench.py --bin "$bin" --device "$device" --processes "$processes" \
+    --threads "$threads" --route "$route" --connections "$connections" \
+    --wrk-threads "$wrk_threads" --seconds "${EVR_FLEET_SECONDS:-6}" \
+    --rounds "${EVR_FLEET_ROUNDS:-2}" --haproxy-threads "${EVR_FLEET_HAPROXY_THREADS:-0,4}" \
+    "${per_gpu[@]}" --out "$out/fleet-$name" 2>&1 | tee "$out/fleet-$name.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+done
 [[ "${EVR_FLEET_SKIP_ROLLING:-0}" == 1 ]] && exit $rc
 echo "==> rolling restart under /busy?us=1000 at 256 connections"
 python3 examples/deploy/rolling_restart_test.py --bin "$bin" --device "$device" \
   --route "/busy?us=1000" --connections 256 --seconds 20 --skip-reuse-port \
   --out "$out/rolling" 2>&1 | tee "$out/rolling.log"
+[[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+echo "==> rolling restart on one port (--reuse-port, no balancer) under the same load"
+python3 examples/deploy/rolling_restart_test.py --bin "$bin" --device "$device" \
+  --route "/busy?us=1000" --connections 256 --seconds 10 --only-reuse-port-rolling \
+  --out "$out/rolling-one-port" 2>&1 | tee "$out/rolling-one-port.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 exit $rc

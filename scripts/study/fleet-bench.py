@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The balancer's cost: one evr-async-server process against several sharing the GPU behind
-HAProxy, with the same io threads in all (issue 40).
+"""The balancer's cost: one evr-async-server process against several behind HAProxy (sharing the
+GPU, or with --per-gpu one GPU each), with the same io threads in all.
 
     scripts/study/fleet-bench.py [--processes 2] [--threads 2] [--route "/busy?us=1000"]
                            [--connections 256] [--seconds 6] [--rounds 2] [--device auto|cuda|sim]
-                           [--haproxy-threads 0,4] [--bin PATH] [--out DIR]
+                           [--haproxy-threads 0,4] [--per-gpu] [--wrk-threads 4] [--bin PATH]
+                           [--out DIR]
 
 Alternates, --rounds times: one server with --threads io threads, loaded by wrk directly; then
 --processes servers with --threads / --processes io threads each behind HAProxy
@@ -41,9 +42,9 @@ study = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(study)
 
 
-def wrk_point(wrk, port, route, connections, seconds, pids):
+def wrk_point(wrk, port, route, connections, seconds, pids, threads=4):
     """wrk against 127.0.0.1:port; the CPU seconds of each pid over the point."""
-    cmd = [wrk[0], "-t4", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "10s",
+    cmd = [wrk[0], f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "10s",
            f"http://127.0.0.1:{port}{route}"]
     before = {p: study.cpu_seconds(p) for p in pids}
     t0 = time.monotonic()
@@ -62,7 +63,8 @@ def one_process(binary, args, wrk, workdir, _haproxy_threads=None):
     s.start()
     s.wait_listening()
     study.warm_up(port, args.route)
-    r = wrk_point(wrk, port, args.route, args.connections, args.seconds, [s.proc.pid])
+    r = wrk_point(wrk, port, args.route, args.connections, args.seconds, [s.proc.pid],
+                  args.wrk_threads)
     s.signal(signal.SIGTERM)
     r["exit"] = s.wait_exit(timeout=120)
     r["server_cores"] = sum(r["cores"].values())
@@ -73,11 +75,12 @@ def one_process(binary, args, wrk, workdir, _haproxy_threads=None):
 def fleet_of(binary, args, wrk, workdir, haproxy_threads):
     threads = max(1, args.threads // args.processes)
     fleet = Fleet(binary, args.processes, server_args(args, threads), workdir,
-                  haproxy_threads=haproxy_threads or None)
+                  per_server_args=per_gpu_args(args), haproxy_threads=haproxy_threads or None)
     fleet.start()
     study.warm_up(fleet.haproxy.port, args.route)
     pids = [s.proc.pid for s in fleet.servers] + [fleet.haproxy.proc.pid]
-    r = wrk_point(wrk, fleet.haproxy.port, args.route, args.connections, args.seconds, pids)
+    r = wrk_point(wrk, fleet.haproxy.port, args.route, args.connections, args.seconds, pids,
+                  args.wrk_threads)
     r["exit"] = max(fleet.stop())
     r["haproxy_cores"] = r["cores"][str(fleet.haproxy.proc.pid)]
     r["server_cores"] = sum(r["cores"].values()) - r["haproxy_cores"]
@@ -90,20 +93,27 @@ def reuse_port_pair(binary, args, wrk, workdir, _haproxy_threads=None):
     contexts share the GPU by time slices unless MPS runs)."""
     threads = max(1, args.threads // args.processes)
     port = free_port()
-    servers = [ServerProcess(f"rp{i}", binary, port, server_args(args, threads) + ["--reuse-port"],
-                             workdir) for i in range(args.processes)]
+    own = per_gpu_args(args) or (lambda i: [])
+    servers = [ServerProcess(f"rp{i}", binary, port,
+                             server_args(args, threads) + ["--reuse-port"] + own(i), workdir)
+               for i in range(args.processes)]
     for s in servers:
         s.start()
         s.wait_output("listening on")
     study.warm_up(port, args.route)
     r = wrk_point(wrk, port, args.route, args.connections, args.seconds,
-                  [s.proc.pid for s in servers])
+                  [s.proc.pid for s in servers], args.wrk_threads)
     for s in servers:
         s.signal(signal.SIGTERM)
     r["exit"] = max(s.wait_exit(timeout=120) for s in servers)
     r["server_cores"] = sum(r["cores"].values())
     r["haproxy_cores"] = 0.0
     return r
+
+
+def per_gpu_args(args):
+    """--per-gpu: process i serves GPU i alone (--devices i); None: every process every GPU."""
+    return (lambda i: ["--devices", str(i)]) if args.per_gpu else None
 
 
 def server_args(args, threads):
@@ -129,6 +139,10 @@ def main() -> int:
     p.add_argument("--haproxy-threads", default="0",
                    help="HAProxy's nbthread, one fleet row each, separated by commas (0: its "
                         "default, a thread per CPU)")
+    p.add_argument("--per-gpu", action="store_true",
+                   help="process i serves GPU i alone (--processes: the GPUs); the one process "
+                        "serves them all")
+    p.add_argument("--wrk-threads", type=int, default=4)
     p.add_argument("--out")
     a = p.parse_args()
     try:
@@ -138,7 +152,7 @@ def main() -> int:
     except ValueError:
         p.error(f"--haproxy-threads takes counts >= 0 separated by commas, like 0,4, not "
                 f"{a.haproxy_threads!r}")
-    for name in ("processes", "threads", "connections", "seconds", "rounds"):
+    for name in ("processes", "threads", "connections", "seconds", "rounds", "wrk_threads"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be at least 1, not {getattr(a, name)}")
     if a.threads % a.processes:
@@ -165,10 +179,11 @@ def main() -> int:
             rows[name].append(r)
             n = r.get("requests") or 0
             hp_us = r["haproxy_cores"] * r["wall_s"] / n * 1e6 if n else float("nan")
+            sv_us = r["server_cores"] * r["wall_s"] / n * 1e6 if n else float("nan")
             print(f"round {rnd} {name:22} {r['rps'] or 0:9.0f} req/s  p50 "
                   f"{(r['p50_us'] or 0) / 1e3:6.2f} ms  p99 {(r['p99_us'] or 0) / 1e3:6.2f} ms  "
-                  f"servers {r['server_cores']:.2f} cores  HAProxy {r['haproxy_cores']:.2f} cores "
-                  f"({hp_us:.1f} us/req)  errors {r['non2xx'] + r['socket_errors']}  exit "
+                  f"servers {r['server_cores']:.2f} cores ({sv_us:.1f} us/req)  HAProxy "
+                  f"{r['haproxy_cores']:.2f} cores ({hp_us:.1f} us/req)  errors {r['non2xx'] + r['socket_errors']}  exit "
                   f"{r['exit']}", flush=True)
     single = rows["one process"]
     summary = {}
@@ -177,19 +192,29 @@ def main() -> int:
         ratio = (mean([r["rps"] for r in fleet_rows]) or 0) / (mean([r["rps"] for r in single]) or 1)
         hp = mean([r["haproxy_cores"] * r["wall_s"] / r["requests"] * 1e6
                    for r in fleet_rows if r.get("requests")])
-        summary[fleet_name(t)] = {"ratio": ratio, "haproxy_us_per_request": hp}
-        print(f"fleet: {a.processes} processes x {a.threads // a.processes} io threads behind "
-              f"HAProxy ({f'nbthread {t}' if t else 'its default threads'}) reach {ratio:.2f}x "
-              f"the requests/s of one process with {a.threads} io threads on {a.route} at "
-              f"{a.connections} connections (means of {a.rounds} alternating rounds); HAProxy "
-              f"costs {hp:.1f} us of CPU per request ({'met' if ratio >= 0.9 else 'MISSED'}: "
-              f">= 0.9x)")
+        sv = mean([r["server_cores"] * r["wall_s"] / r["requests"] * 1e6
+                   for r in fleet_rows if r.get("requests")])
+        p99 = (mean([r["p99_us"] for r in fleet_rows]) or 0) / \
+            (mean([r["p99_us"] for r in single]) or 1)
+        summary[fleet_name(t)] = {"ratio": ratio, "haproxy_us_per_request": hp,
+                                  "servers_us_per_request": sv, "p99_ratio": p99}
+        print(f"fleet: {a.processes} processes x {a.threads // a.processes} io threads"
+              f"{' (one GPU each)' if a.per_gpu else ''} behind HAProxy "
+              f"({f'nbthread {t}' if t else 'its default threads'}) reach {ratio:.2f}x the "
+              f"requests/s of one process with {a.threads} io threads on {a.route} at "
+              f"{a.connections} connections, p99 {p99:.2f}x (means of {a.rounds} alternating "
+              f"rounds); HAProxy costs {hp:.1f} us of CPU per request, {hp / sv:.2f}x the "
+              f"servers' {sv:.1f} us")
     if a.processes > 1:
         ratio = (mean([r["rps"] for r in rows[pair_name]]) or 0) / \
             (mean([r["rps"] for r in single]) or 1)
         summary[pair_name] = {"ratio": ratio}
+        p99 = (mean([r["p99_us"] for r in rows[pair_name]]) or 0) / \
+            (mean([r["p99_us"] for r in single]) or 1)
+        summary[pair_name]["p99_ratio"] = p99
         print(f"without the balancer: {a.processes} processes on one port (--reuse-port) reach "
-              f"{ratio:.2f}x the requests/s of one process: the cost of the processes themselves")
+              f"{ratio:.2f}x the requests/s of one process, p99 {p99:.2f}x: the cost of the "
+              f"processes themselves")
     with open(os.path.join(out, "fleet-bench.json"), "w") as f:
         json.dump({"args": vars(a), "rows": rows, "summary": summary}, f, indent=1)
     bad = [r for rs in rows.values() for r in rs if r["non2xx"] or r["socket_errors"] or r["exit"]]
