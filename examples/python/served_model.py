@@ -352,7 +352,7 @@ class Batcher:
         await asyncio.gather(self._task, *self._finishing, return_exceptions=True)
         for k in ("answered", "failed"):
             report[k] = self.counts[k] - before.get(k, 0)
-        report["refused_since"] = self.counts["refused"] - before.get("refused", 0)
+        report["refused_before"] = before.get("refused", 0)
         report["seconds"] = round(self.loop.time() - start, 4)
         return report
 
@@ -449,6 +449,9 @@ async def serve(args):
     report["handlers_left"] = app["active"]["handlers"]
     await runner.cleanup()
     report["totals"] = batcher.stats()
+    # Requests go on arriving, and being refused, until the site stops (runner.cleanup), after
+    # close() returned: counted up to here.
+    report["refused_since"] = report["totals"]["refused"] - report.pop("refused_before")
     print(f"served_model: shutdown {json.dumps(report, sort_keys=True)}", flush=True)
     evr.shutdown()
     return 0 if report["failed"] == 0 and report["left"] == 0 else 1
