@@ -211,6 +211,12 @@ settings parse_command_line(int argc, char** argv) {
                  "close a connection idle (or stuck sending/receiving) this many seconds")
       ->check(CLI::Range(1, 86400))
       ->group("Serving");
+  app.add_option("--max-connection-requests", s.max_connection_requests,
+                 "answer a connection's Nth request with Connection: close, so that clients "
+                 "reconnect and a balancer that balances connections (HAProxy in mode tcp, "
+                 "--reuse-port) spreads them again after a restart (0: no limit)")
+      ->check(CLI::Range(0u, 100000000u))
+      ->group("Serving");
   app.add_option("--max-connections", s.max_connections,
                  "open connections at most; when full, the ones waiting longest for a request "
                  "head are closed to make room, and a new one is refused (503) only when none "

@@ -55,6 +55,7 @@ struct settings {
   int compare_connections = 256;
   double compare_seconds = 2;
   int timeout_seconds = 30;  ///< idle / slow-client timeout per connection
+  std::uint32_t max_connection_requests = 0;  ///< server_config::max_connection_requests
   /// Open connections at most; 0 until settle_connection_limits derives it from the descriptor
   /// limit.
   std::size_t max_connections = 0;

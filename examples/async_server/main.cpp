@@ -97,6 +97,7 @@ struct process {
     sc.batching.window = std::chrono::microseconds(cfg.mlp_window_us);
     sc.batching.inflight = cfg.mlp_inflight;
     sc.io_timeout = std::chrono::seconds(cfg.timeout_seconds);
+    sc.max_connection_requests = cfg.max_connection_requests;
     sc.connections = {cfg.max_connections, cfg.max_connections_per_address};
     sc.request_memory = std::uint64_t{cfg.request_memory_mib} << 20;
     sc.large_n = cfg.large_n;

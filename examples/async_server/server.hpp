@@ -108,6 +108,10 @@ struct server_config {
   /// A connection that sends no complete request head (or does not take its response) for this
   /// long is closed: keeps idle keep-alive clients and slow senders from holding sockets forever.
   std::chrono::milliseconds io_timeout{30000};
+  /// A connection's Nth request is answered with `Connection: close` (0: no limit): clients
+  /// reconnect, and a balancer that balances connections rather than requests (HAProxy in mode
+  /// tcp, SO_REUSEPORT) spreads them again, e.g. over a server restarted a moment ago.
+  std::uint32_t max_connection_requests = 0;
   /// Open connections at most, and from one client address (connection_table.hpp; the command
   /// line derives the defaults from the descriptor limit: cli.hpp).
   connection_table::limits connections{10000, 10000};

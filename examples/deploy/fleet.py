@@ -3,7 +3,8 @@
 
     python3 examples/deploy/fleet.py [--servers 2] [--port 8080] [--device auto|cuda|sim]
                                      [--per-gpu] [--bin build/release/examples/evr-async-server]
-                                     [--server-args "--threads 2"]
+                                     [--server-args "--threads 2"] [--haproxy-mode http|tcp]
+                                     [--haproxy-threads N]
 
 starts the servers (each on a port of its own, 127.0.0.1), writes HAProxy's configuration from
 haproxy.cfg.in beside this file (health checks on /readyz, retries with redispatch), starts
@@ -124,21 +125,36 @@ def http_status(host: str, port: int, path: str, timeout: float = 2.0) -> int | 
         return None
 
 
+def default_haproxy_threads() -> int:
+    """HAProxy's threads beside servers on the same host: a quarter of the CPUs. HAProxy's own
+    default, a thread per CPU, made it spend 1.7x the CPU per request on a 32-core host with two
+    servers (docs/deploy.md); 4 threads there capped its throughput."""
+    return max(1, (os.cpu_count() or 4) // 4)
+
+
 class HAProxy:
     """HAProxy in front of the servers, in the foreground (-db), with an admin stats socket."""
 
+    MODES = {"http": "haproxy.cfg.in", "tcp": "haproxy-tcp.cfg.in"}
+
     def __init__(self, port: int, servers: list[ServerProcess], workdir: str,
-                 threads: int | None = None, bind: str = "127.0.0.1", netns: str | None = None):
+                 threads: int | None = None, bind: str = "127.0.0.1", netns: str | None = None,
+                 mode: str = "http"):
         self.port, self.servers, self.workdir = port, servers, workdir
         self.bind, self.netns = bind, netns  # its address, and its network namespace (a "host")
-        self.threads = threads  # nbthread (None: HAProxy's default, a thread per CPU)
+        # nbthread: None a quarter of the CPUs (default_haproxy_threads), 0 HAProxy's own default
+        # (a thread per CPU)
+        self.threads = default_haproxy_threads() if threads is None else threads
+        if mode not in self.MODES:
+            raise ValueError(f"HAProxy mode {mode!r}: http or tcp")
+        self.mode = mode  # http: per-request balancing and retries; tcp: per connection, lighter
         self.socket_path = os.path.join(workdir, "haproxy.sock")
         self.cfg_path = os.path.join(workdir, "haproxy.cfg")
         self.log_path = os.path.join(workdir, "haproxy.log")
         self.proc: subprocess.Popen | None = None
 
     def write_config(self) -> None:
-        with open(os.path.join(HERE, "haproxy.cfg.in"), encoding="utf-8") as f:
+        with open(os.path.join(HERE, self.MODES[self.mode]), encoding="utf-8") as f:
             text = f.read()
         lines = "\n".join(f"    server {s.name} {s.host}:{s.port}" for s in self.servers)
         text = (text.replace("@BIND@", self.bind).replace("@PORT@", str(self.port))
@@ -212,12 +228,14 @@ class Fleet:
     """N servers, each on a port of its own, and HAProxy in front of them."""
 
     def __init__(self, binary: str, count: int, server_args: list[str], workdir: str,
-                 port: int = 0, per_server_args=None, haproxy_threads: int | None = None):
+                 port: int = 0, per_server_args=None, haproxy_threads: int | None = None,
+                 haproxy_mode: str = "http"):
         self.workdir = workdir
         self.servers = [ServerProcess(f"s{i}", binary, free_port(),
                                       server_args + (per_server_args(i) if per_server_args else []),
                                       workdir) for i in range(count)]
-        self.haproxy = HAProxy(port or free_port(), self.servers, workdir, haproxy_threads)
+        self.haproxy = HAProxy(port or free_port(), self.servers, workdir, haproxy_threads,
+                               mode=haproxy_mode)
 
     def start(self) -> None:
         for s in self.servers:
@@ -248,15 +266,24 @@ def main() -> int:
     p.add_argument("--per-gpu", action="store_true", help="server i on GPU i only (--devices i)")
     p.add_argument("--bin", default=DEFAULT_BIN)
     p.add_argument("--server-args", default="", help="more arguments of every server, one string")
+    p.add_argument("--haproxy-mode", default="http", choices=sorted(HAProxy.MODES),
+                   help="http: per-request balancing and retries (haproxy.cfg.in); tcp: per "
+                        "connection, less CPU a request (haproxy-tcp.cfg.in)")
+    p.add_argument("--haproxy-threads", type=int,
+                   help="HAProxy's nbthread (default: a quarter of the CPUs; 0: HAProxy's own "
+                        "default, a thread per CPU)")
     a = p.parse_args()
     if a.servers < 1:
         p.error(f"--servers must be at least 1, not {a.servers}")
+    if a.haproxy_threads is not None and a.haproxy_threads < 0:
+        p.error(f"--haproxy-threads must be 0 or more, not {a.haproxy_threads}")
     if not os.access(a.bin, os.X_OK):
         p.error(f"--bin {a.bin}: not an executable (build the examples: scripts/test.sh)")
     args = ["--device", a.device] + a.server_args.split()
     workdir = tempfile.mkdtemp(prefix="evr-fleet.")
     fleet = Fleet(a.bin, a.servers, args, workdir, port=a.port,
-                  per_server_args=(lambda i: ["--devices", str(i)]) if a.per_gpu else None)
+                  per_server_args=(lambda i: ["--devices", str(i)]) if a.per_gpu else None,
+                  haproxy_threads=a.haproxy_threads, haproxy_mode=a.haproxy_mode)
     fleet.start()
     # Blocked only now: the servers and HAProxy started above must not inherit the mask.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -228,6 +228,15 @@ def request_on_sent(sock, path: str = "the request") -> tuple[int, dict, bytes]:
     return int(lines[0].split(" ", 2)[1]), headers, body
 
 
+def busy_answered(server: ServerProcess) -> int:
+    """The /busy requests that the server's running process answered with 200 (its /metrics)."""
+    with socket.create_connection((server.host, server.port), timeout=5) as s:
+        _, _, body = request_on(s, "/metrics")
+    m = re.search(r'^evr_server_requests_total\{path="/busy",status="200"\} (\d+)$',
+                  body.decode(), re.M)
+    return int(m.group(1)) if m else 0
+
+
 def gauge(port: int, name: str) -> float:
     """A gauge's value from the server's /metrics."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
@@ -343,7 +352,7 @@ def drain_deadline(args, binary, workdir, report) -> list[str]:
 
 
 async def rolling_restart(args, binary, seeds, workdir, report) -> list[str]:
-    fleet = Fleet(binary, 2, server_args(args), workdir)
+    fleet = Fleet(binary, 2, server_args(args), workdir, haproxy_mode=args.haproxy_mode)
     fleet.start()
     problems: list[str] = []
     restarts = {}
@@ -369,18 +378,22 @@ async def rolling_restart(args, binary, seeds, workdir, report) -> list[str]:
     t0 = time.monotonic()
     tally = await load_while(fleet.haproxy.port, args.route, args.connections, seeds, scenario)
     elapsed = time.monotonic() - t0
+    if args.haproxy_mode == "tcp":  # no X-Evr-Backend: each restarted process's own count
+        answered_after = {s.name: busy_answered(s) for s in fleet.servers}
+    else:
+        answered_after = {s.name: tally.by_backend.get(s.name, 0) -
+                          restarts[s.name]["answered_before"] for s in fleet.servers}
     codes = fleet.stop()
     for s, rc in zip(fleet.servers, codes):
         problems.extend(drained_cleanly(s, rc))
-    answered_after = {s.name: tally.by_backend.get(s.name, 0) - restarts[s.name]["answered_before"]
-                      for s in fleet.servers}
     report["rolling_restart"] = {
         "seconds": elapsed, "ok": tally.ok, "non2xx": tally.non2xx,
         "socket_errors": tally.socket_errors, "wrong": tally.wrong,
         "by_backend": tally.by_backend, "restarts": restarts, "first_problem": tally.first_problem}
-    print(f"rolling restart: {tally.ok} answers right in {elapsed:.1f} s ({tally.ok / elapsed:.0f}/s)"
-          f" over {args.connections} connections; {tally.non2xx} non-2xx, {tally.socket_errors} "
-          f"socket errors, {tally.wrong} wrong; per server {tally.by_backend}")
+    print(f"rolling restart (HAProxy mode {args.haproxy_mode}): {tally.ok} answers right in "
+          f"{elapsed:.1f} s ({tally.ok / elapsed:.0f}/s) over {args.connections} connections; "
+          f"{tally.non2xx} non-2xx, {tally.socket_errors} socket errors, {tally.wrong} wrong; per "
+          f"server {tally.by_backend}; after their restarts {answered_after}")
     for name in ("s0", "s1"):
         r = restarts[name]
         print(f"  {name}: SIGTERM -> exited 0 after {r['drain_s']:.2f} s (drained), started again, "
@@ -396,7 +409,7 @@ async def rolling_restart(args, binary, seeds, workdir, report) -> list[str]:
 
 
 async def sigkill(args, binary, seeds, workdir, report) -> list[str]:
-    fleet = Fleet(binary, 2, server_args(args), workdir)
+    fleet = Fleet(binary, 2, server_args(args), workdir, haproxy_mode=args.haproxy_mode)
     fleet.start()
     problems: list[str] = []
     marks = {}
@@ -418,17 +431,20 @@ async def sigkill(args, binary, seeds, workdir, report) -> list[str]:
         await asyncio.sleep(2)
 
     tally = await load_while(fleet.haproxy.port, args.route, args.connections, seeds, scenario)
+    if args.haproxy_mode == "tcp":
+        served_again = busy_answered(fleet.servers[1])
+    else:
+        served_again = tally.by_backend.get("s1", 0) - marks["before_back"]
     fleet.stop()
     lost = tally.non2xx + tally.socket_errors
     # A loss is stamped when its client task runs, which on a loaded machine can be a little after
     # HAProxy took s1 out although the request was lost before: half a second of grace.
     late = [t for t in tally.errors_at if t > marks["out"] + 0.5]
-    served_again = tally.by_backend.get("s1", 0) - marks["before_back"]
     report["sigkill"] = {"ok": tally.ok, "lost": lost, "non2xx": tally.non2xx,
                          "socket_errors": tally.socket_errors, "wrong": tally.wrong,
                          "out_of_rotation_s": marks["out_after_s"], "errors_after_out": len(late),
                          "served_after_restart": served_again, "first_problem": tally.first_problem}
-    print(f"SIGKILL: s1 killed under load; HAProxy took it out {marks['out_after_s']:.2f} s later; "
+    print(f"SIGKILL (HAProxy mode {args.haproxy_mode}): s1 killed under load; HAProxy took it out {marks['out_after_s']:.2f} s later; "
           f"the clients lost {lost} requests ({tally.non2xx} non-2xx, {tally.socket_errors} socket "
           f"errors{': ' + tally.first_problem if tally.first_problem else ''}) of {tally.ok + lost}; "
           f"{len(late)} after it was out; s1 answered {served_again} after its restart")
@@ -592,7 +608,10 @@ def reuse_port_rolling_migrating(args, workdir, report) -> list[str]:
 
 
 def server_args(args) -> list[str]:
-    return ["--device", args.device, "--drain-seconds", str(args.drain_seconds)] + \
+    # Behind a balancer of connections (HAProxy in mode tcp) a restarted server gets only new
+    # connections: the clients reconnect every 100 requests so that it gets its share.
+    spread = ["--max-connection-requests", "100"] if args.haproxy_mode == "tcp" else []
+    return ["--device", args.device, "--drain-seconds", str(args.drain_seconds)] + spread + \
         args.server_args.split()
 
 
@@ -607,6 +626,8 @@ def main() -> int:
     p.add_argument("--server-args", default="")
     p.add_argument("--skip-kill", action="store_true")
     p.add_argument("--skip-reuse-port", action="store_true")
+    p.add_argument("--haproxy-mode", default="http", choices=["http", "tcp"],
+                   help="HAProxy per request (http) or per connection (tcp) in scenarios 1 and 2")
     p.add_argument("--only-reuse-port-rolling", action="store_true",
                    help="only the rolling restart on one port without a balancer")
     p.add_argument("--out")

@@ -72,7 +72,7 @@ for route in $routes; do
   python3 scripts/study/fleet-bench.py --bin "$bin" --device "$device" --processes "$processes" \
     --threads "$threads" --route "$route" --connections "$connections" \
     --wrk-threads "$wrk_threads" --seconds "${EVR_FLEET_SECONDS:-6}" \
-    --rounds "${EVR_FLEET_ROUNDS:-2}" --haproxy-threads "${EVR_FLEET_HAPROXY_THREADS:-0,4}" \
+    --rounds "${EVR_FLEET_ROUNDS:-2}" --haproxy-threads "${EVR_FLEET_HAPROXY_THREADS:-auto,0}" --haproxy-modes "${EVR_FLEET_HAPROXY_MODES:-http}" \
     "${per_gpu[@]}" --out "$out/fleet-$name" 2>&1 | tee "$out/fleet-$name.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 done

@@ -34,7 +34,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "examples", "deploy"))
-from fleet import Fleet, ServerProcess, free_port  # noqa: E402
+from fleet import Fleet, ServerProcess, default_haproxy_threads, free_port  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("server_study",
                                                os.path.join(ROOT, "scripts", "study", "server-study.py"))
@@ -57,7 +57,7 @@ def wrk_point(wrk, port, route, connections, seconds, pids, threads=4):
     return r
 
 
-def one_process(binary, args, wrk, workdir, _haproxy_threads=None):
+def one_process(binary, args, wrk, workdir, _haproxy=None):
     port = free_port()
     s = ServerProcess("single", binary, port, server_args(args, args.threads), workdir)
     s.start()
@@ -72,10 +72,12 @@ def one_process(binary, args, wrk, workdir, _haproxy_threads=None):
     return r
 
 
-def fleet_of(binary, args, wrk, workdir, haproxy_threads):
+def fleet_of(binary, args, wrk, workdir, haproxy):
+    mode, haproxy_threads = haproxy
     threads = max(1, args.threads // args.processes)
     fleet = Fleet(binary, args.processes, server_args(args, threads), workdir,
-                  per_server_args=per_gpu_args(args), haproxy_threads=haproxy_threads or None)
+                  per_server_args=per_gpu_args(args), haproxy_threads=haproxy_threads,
+                  haproxy_mode=mode)
     fleet.start()
     study.warm_up(fleet.haproxy.port, args.route)
     pids = [s.proc.pid for s in fleet.servers] + [fleet.haproxy.proc.pid]
@@ -87,7 +89,7 @@ def fleet_of(binary, args, wrk, workdir, haproxy_threads):
     return r
 
 
-def reuse_port_pair(binary, args, wrk, workdir, _haproxy_threads=None):
+def reuse_port_pair(binary, args, wrk, workdir, _haproxy=None):
     """The same processes as the fleet's, on one port (--reuse-port: the kernel spreads the
     connections), wrk straight at them: what two processes cost without the balancer (two CUDA
     contexts share the GPU by time slices unless MPS runs)."""
@@ -136,9 +138,12 @@ def main() -> int:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "sim"])
     p.add_argument("--bin")
     p.add_argument("--server-args", default="")
-    p.add_argument("--haproxy-threads", default="0",
-                   help="HAProxy's nbthread, one fleet row each, separated by commas (0: its "
-                        "default, a thread per CPU)")
+    p.add_argument("--haproxy-threads", default="auto",
+                   help="HAProxy's nbthread, a fleet row each, separated by commas (auto: a "
+                        "quarter of the CPUs, fleet.py's default; 0: HAProxy's own, a thread per "
+                        "CPU)")
+    p.add_argument("--haproxy-modes", default="http",
+                   help="http, tcp or both (http,tcp): a fleet row each with every thread count")
     p.add_argument("--per-gpu", action="store_true",
                    help="process i serves GPU i alone (--processes: the GPUs); the one process "
                         "serves them all")
@@ -146,12 +151,15 @@ def main() -> int:
     p.add_argument("--out")
     a = p.parse_args()
     try:
-        a.haproxy_threads = [int(t) for t in a.haproxy_threads.split(",")]
-        if any(t < 0 for t in a.haproxy_threads):
+        a.haproxy_threads = [None if t == "auto" else int(t) for t in a.haproxy_threads.split(",")]
+        if any(t is not None and t < 0 for t in a.haproxy_threads):
             raise ValueError
     except ValueError:
-        p.error(f"--haproxy-threads takes counts >= 0 separated by commas, like 0,4, not "
-                f"{a.haproxy_threads!r}")
+        p.error(f"--haproxy-threads takes auto or counts >= 0 separated by commas, like auto,0,8, "
+                f"not {a.haproxy_threads!r}")
+    a.haproxy_modes = a.haproxy_modes.split(",")
+    if not a.haproxy_modes or set(a.haproxy_modes) - {"http", "tcp"}:
+        p.error(f"--haproxy-modes takes http, tcp or http,tcp, not {','.join(a.haproxy_modes)!r}")
     for name in ("processes", "threads", "connections", "seconds", "rounds", "wrk_threads"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be at least 1, not {getattr(a, name)}")
@@ -164,31 +172,36 @@ def main() -> int:
                                                      tiny=a.device == "sim"))
     out = a.out or tempfile.mkdtemp(prefix="evr-fleet-bench.")
     os.makedirs(out, exist_ok=True)
-    def fleet_name(t):
-        return f"{a.processes} behind HAProxy" + (f" x{t}" if t else "")
+    def fleet_name(h):
+        mode, t = h
+        threads = f"{default_haproxy_threads()} thr" if t is None else \
+            ("a thr/CPU" if t == 0 else f"{t} thr")
+        return f"{a.processes} behind HAProxy {mode} {threads}"
+
+    haproxies = [(m, t) for m in a.haproxy_modes for t in a.haproxy_threads]
 
     pair_name = f"{a.processes} on one port"
     variants = [("one process", one_process, None)] + \
-        [(fleet_name(t), fleet_of, t) for t in a.haproxy_threads] + \
+        [(fleet_name(h), fleet_of, h) for h in haproxies] + \
         ([(pair_name, reuse_port_pair, None)] if a.processes > 1 else [])
     rows = {name: [] for name, _, _ in variants}
     for rnd in range(1, a.rounds + 1):
-        for name, run, threads in variants:
-            r = run(binary, a, wrk, out, threads)
+        for name, run, haproxy in variants:
+            r = run(binary, a, wrk, out, haproxy)
             r["round"] = rnd
             rows[name].append(r)
             n = r.get("requests") or 0
             hp_us = r["haproxy_cores"] * r["wall_s"] / n * 1e6 if n else float("nan")
             sv_us = r["server_cores"] * r["wall_s"] / n * 1e6 if n else float("nan")
-            print(f"round {rnd} {name:22} {r['rps'] or 0:9.0f} req/s  p50 "
+            print(f"round {rnd} {name:30} {r['rps'] or 0:9.0f} req/s  p50 "
                   f"{(r['p50_us'] or 0) / 1e3:6.2f} ms  p99 {(r['p99_us'] or 0) / 1e3:6.2f} ms  "
                   f"servers {r['server_cores']:.2f} cores ({sv_us:.1f} us/req)  HAProxy "
                   f"{r['haproxy_cores']:.2f} cores ({hp_us:.1f} us/req)  errors {r['non2xx'] + r['socket_errors']}  exit "
                   f"{r['exit']}", flush=True)
     single = rows["one process"]
     summary = {}
-    for t in a.haproxy_threads:
-        fleet_rows = rows[fleet_name(t)]
+    for h in haproxies:
+        fleet_rows = rows[fleet_name(h)]
         ratio = (mean([r["rps"] for r in fleet_rows]) or 0) / (mean([r["rps"] for r in single]) or 1)
         hp = mean([r["haproxy_cores"] * r["wall_s"] / r["requests"] * 1e6
                    for r in fleet_rows if r.get("requests")])
@@ -196,11 +209,11 @@ def main() -> int:
                    for r in fleet_rows if r.get("requests")])
         p99 = (mean([r["p99_us"] for r in fleet_rows]) or 0) / \
             (mean([r["p99_us"] for r in single]) or 1)
-        summary[fleet_name(t)] = {"ratio": ratio, "haproxy_us_per_request": hp,
+        summary[fleet_name(h)] = {"ratio": ratio, "haproxy_us_per_request": hp,
                                   "servers_us_per_request": sv, "p99_ratio": p99}
         print(f"fleet: {a.processes} processes x {a.threads // a.processes} io threads"
               f"{' (one GPU each)' if a.per_gpu else ''} behind HAProxy "
-              f"({f'nbthread {t}' if t else 'its default threads'}) reach {ratio:.2f}x the "
+              f"({fleet_name(h).split('HAProxy ', 1)[1]}) reach {ratio:.2f}x the "
               f"requests/s of one process with {a.threads} io threads on {a.route} at "
               f"{a.connections} connections, p99 {p99:.2f}x (means of {a.rounds} alternating "
               f"rounds); HAProxy costs {hp:.1f} us of CPU per request, {hp / sv:.2f}x the "
