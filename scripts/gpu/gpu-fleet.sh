@@ -15,7 +15,9 @@
 # sm_90).
 # EVR_FLEET_DEVICE (default cuda; sim: a test of this script without a GPU), EVR_FLEET_SECONDS
 # per fleet-bench point (default 6), EVR_FLEET_ROUNDS (default 2), EVR_FLEET_HAPROXY_THREADS
-# (HAProxy's nbthread per fleet row, default "0,4"; 0: its default), EVR_FLEET_SKIP_ROLLING=1 (the
+# (HAProxy's nbthread per fleet row, default "auto,0": a quarter of the CPUs, and HAProxy's own
+# default), EVR_FLEET_HAPROXY_MODES (http, tcp or http,tcp; default http), EVR_FLEET_ROLLING_MODES
+# (the rolling restarts' HAProxy modes, "http tcp"; default http), EVR_FLEET_SKIP_ROLLING=1 (the
 # bench only). EVR_FLEET_PER_GPU=1: a process per GPU (--devices i) against one process serving
 # every GPU, EVR_FLEET_THREADS io threads in all (default 2; per GPU: 4 a GPU), routes
 # EVR_FLEET_ROUTES (default "/busy?us=1000"; per GPU also /mlp), EVR_FLEET_CONNECTIONS (256; per
@@ -72,16 +74,19 @@ for route in $routes; do
   python3 scripts/study/fleet-bench.py --bin "$bin" --device "$device" --processes "$processes" \
     --threads "$threads" --route "$route" --connections "$connections" \
     --wrk-threads "$wrk_threads" --seconds "${EVR_FLEET_SECONDS:-6}" \
-    --rounds "${EVR_FLEET_ROUNDS:-2}" --haproxy-threads "${EVR_FLEET_HAPROXY_THREADS:-auto,0}" --haproxy-modes "${EVR_FLEET_HAPROXY_MODES:-http}" \
+    --rounds "${EVR_FLEET_ROUNDS:-2}" --haproxy-threads "${EVR_FLEET_HAPROXY_THREADS:-auto,0}" \
+    --haproxy-modes "${EVR_FLEET_HAPROXY_MODES:-http}" \
     "${per_gpu[@]}" --out "$out/fleet-$name" 2>&1 | tee "$out/fleet-$name.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 done
 [[ "${EVR_FLEET_SKIP_ROLLING:-0}" == 1 ]] && exit $rc
-echo "==> rolling restart under /busy?us=1000 at 256 connections"
-python3 examples/deploy/rolling_restart_test.py --bin "$bin" --device "$device" \
-  --route "/busy?us=1000" --connections 256 --seconds 20 --skip-reuse-port \
-  --out "$out/rolling" 2>&1 | tee "$out/rolling.log"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+for mode in ${EVR_FLEET_ROLLING_MODES:-http}; do
+  echo "==> rolling restart under /busy?us=1000 at 256 connections, HAProxy in mode $mode"
+  python3 examples/deploy/rolling_restart_test.py --bin "$bin" --device "$device" \
+    --route "/busy?us=1000" --connections 256 --seconds 20 --skip-reuse-port \
+    --haproxy-mode "$mode" --out "$out/rolling-$mode" 2>&1 | tee "$out/rolling-$mode.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+done
 echo "==> rolling restart on one port (--reuse-port, no balancer) under the same load"
 python3 examples/deploy/rolling_restart_test.py --bin "$bin" --device "$device" \
   --route "/busy?us=1000" --connections 256 --seconds 10 --only-reuse-port-rolling \
