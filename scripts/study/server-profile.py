@@ -183,12 +183,14 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
     requests = r.get("requests") or 0
     lanes = next((l for l in srv.lines if l.startswith("lanes:")), "")
     summary, rc = srv.stop()
+    reactor_line = next((line for line in srv.lines if line.startswith("reactor:")), "")
     rows = cpu_by_group(before, after, requests, seconds)
     doc = {"server": label, "route": args.route, "connections": args.connections,
            "seconds": seconds, "rps": r.get("rps"), "requests": requests,
            "p50_us": r.get("p50_us"), "p99_us": r.get("p99_us"),
            "errors": r.get("non2xx", 0) + r.get("socket_errors", 0), "lanes": lanes,
-           "server_summary": summary, "exit": rc, "threads": rows, "frames": {}}
+           "server_summary": summary, "reactor_summary": reactor_line, "exit": rc,
+           "threads": rows, "frames": {}}
     if perf and os.path.exists(data):
         cpu_by_comm = {}
         for tid, (comm, cpu) in after[0].items():
@@ -217,6 +219,8 @@ def text(doc):
                f"{study.fmt(study.ms(doc['p50_us']), 2)} ms, p99 {study.fmt(study.ms(doc['p99_us']), 2)}"
                f" ms, {doc['errors']} errors; {doc['lanes']}")
     out.append(f"   {doc['server_summary']}")
+    if doc.get("reactor_summary"):
+        out.append(f"   {doc['reactor_summary']}")
     out.append(f"   {'thread group':36} {'threads':>7} {'cores':>6} {'us/request':>10}  names")
     for row in doc["threads"]:
         out.append(f"   {row['group']:36} {'' if row['threads'] is None else row['threads']:>7} "
