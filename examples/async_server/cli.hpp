@@ -54,7 +54,7 @@ struct settings {
   std::string compare_path = "/busy?us=2000";
   int compare_connections = 256;
   double compare_seconds = 2;
-  int timeout_seconds = 30;  ///< idle / slow-client timeout per connection
+  int timeout_seconds = 30;                   ///< idle / slow-client timeout per connection
   std::uint32_t max_connection_requests = 0;  ///< server_config::max_connection_requests
   /// Open connections at most; 0 until settle_connection_limits derives it from the descriptor
   /// limit.
@@ -65,9 +65,9 @@ struct settings {
   std::size_t request_memory_mib = 512;  ///< server_config::request_memory, in MiB
   std::size_t large_n = std::size_t{1} << 18;
   std::size_t large_concurrency = 2;
-  double drain_seconds = 30;  ///< serve mode, SIGTERM: server_config::drain_timeout
+  double drain_seconds = 30;       ///< serve mode, SIGTERM: server_config::drain_timeout
   double drain_idle_grace = 0.25;  ///< server_config::drain_idle_grace, in seconds
-  bool reuse_port = false;    ///< server_config::reuse_port
+  bool reuse_port = false;         ///< server_config::reuse_port
 };
 
 /// Parses argv; prints a message and exits with status 2 on bad input (0 after --help).

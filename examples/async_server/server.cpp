@@ -640,9 +640,9 @@ asio::awaitable<void> server::serve(std::shared_ptr<connection> c) {
       break;
     }
 
-    const bool keep_alive = req.keep_alive && !r.close && !draining() &&
-                            (cfg_.max_connection_requests == 0 ||
-                             c->requests < cfg_.max_connection_requests);
+    const bool keep_alive =
+        req.keep_alive && !r.close && !draining() &&
+        (cfg_.max_connection_requests == 0 || c->requests < cfg_.max_connection_requests);
     c->wire.clear();
     http::append_response(c->wire, r.status, r.content_type, c->body, keep_alive, r.extra_headers);
     // At once when the socket takes it all, the usual case for a response this small (no Asio
