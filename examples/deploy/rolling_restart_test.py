@@ -586,9 +586,10 @@ def reuse_port_rolling_migrating(args, workdir, report) -> list[str]:
     if migrate_setting() == "1":
         return []  # the run in this namespace was that one
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip") or \
-            migrate_setting() == "absent":
-        print("rolling restart on one port with tcp_migrate_req=1: skipped (needs root, unshare, "
-              "ip and Linux >= 5.14)")
+            migrate_setting() == "absent" or \
+            subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode != 0:
+        print("rolling restart on one port with tcp_migrate_req=1: skipped (needs root allowed to "
+              "make a network namespace, unshare, ip and Linux >= 5.14)")
         return []
     sub_out = os.path.join(workdir, "migrate")
     inner = [sys.executable, os.path.abspath(__file__), "--only-reuse-port-rolling",
