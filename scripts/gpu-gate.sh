@@ -30,7 +30,7 @@ root=$PWD
 t0=$SECONDS
 command_line="scripts/gpu-gate.sh $*"
 
-sim=0 all_gpus=0 baseline="" tree_build="" rounds=3 budget=540 outdir=build/gate/out ctest=1 record=1 prepare=0
+sim=0 all_gpus=0 baseline="" tree_build="" rounds=3 budget=540 results_dir=build/gate/out ctest=1 record=1 prepare=0
 jobs=$(nproc 2>/dev/null || echo 2)
 need() { [[ $# -ge 2 && -n "$2" ]] || { echo "gpu-gate: $1 needs a value" >&2; exit 64; }; }
 while [[ $# -gt 0 ]]; do
@@ -40,7 +40,7 @@ while [[ $# -gt 0 ]]; do
     --baseline) need "$@"; baseline=$2; shift ;;
     --rounds) need "$@"; rounds=$2; shift ;;
     --budget-s) need "$@"; budget=$2; shift ;;
-    --out) need "$@"; outdir=$2; shift ;;
+    --out) need "$@"; results_dir=$2; shift ;;
     --tree-build) need "$@"; tree_build=$2; shift ;;
     --jobs) need "$@"; jobs=$2; shift ;;
     --no-ctest) ctest=0 ;;
@@ -69,8 +69,9 @@ last_record() {
 }
 [[ -z "$baseline" ]] && baseline=$(last_record)
 tree_label() {
-  # .gate/tree.rev (written by --prepare) names the tree where it travels without its history: a
-  # copy may hold a .git of another state. Run --prepare again after new commits.
+  # .gate/tree.rev (written by --prepare) names the tree on a machine that has the files without
+  # their history: a copy of the files may hold a .git of another state. Run --prepare again
+  # after new commits.
   if [[ -f .gate/tree.rev ]]; then cat .gate/tree.rev
   elif ((have_git)); then
     local rev; rev=$(git rev-parse --short=7 HEAD)
@@ -89,12 +90,12 @@ if ((prepare)); then
   label=$(tree_label) # before the redirection: it creates the file tree_label reads first
   echo "$label" >.gate/tree.rev
   echo "gpu-gate: .gate/ holds the tree of $(cat .gate/baseline.rev) and names this tree $(cat .gate/tree.rev);"
-  echo "gpu-gate: where the working tree travels without .git, take .gate (git-ignored) along and run scripts/gpu-gate.sh there"
+  echo "gpu-gate: on a machine with these files but not their git history, copy .gate (git-ignored) there too and run scripts/gpu-gate.sh"
   exit 0
 fi
 
-mkdir -p build/gate "$outdir" || exit 64
-outdir=$(cd "$outdir" && pwd)
+mkdir -p build/gate "$results_dir" || exit 64
+results_dir=$(cd "$results_dir" && pwd)
 base_src="" base_label=""
 case "$baseline" in
   "") echo "gpu-gate: no baseline: name one with --baseline (no record in docs/bench/gate/)" >&2; exit 64 ;;
@@ -112,7 +113,7 @@ case "$baseline" in
     elif [[ -f .gate/baseline.tgz ]]; then
       base_src=.gate/baseline.tgz; base_label=$(cat .gate/baseline.rev 2>/dev/null || echo "$baseline")
     else
-      echo "gpu-gate: no git here to fetch $baseline: run scripts/gpu-gate.sh --prepare $baseline where there is, and bring .gate along" >&2
+      echo "gpu-gate: no git here to fetch $baseline: run scripts/gpu-gate.sh --prepare $baseline where there is, and copy .gate here" >&2
       exit 64
     fi ;;
 esac
@@ -132,7 +133,7 @@ build() {  # SIDE SOURCE EXTRA_FLAGS...: configure and build into build/gate/SID
   local side=$1 src=$2
   shift 2
   { cmake -S "$src" -B "build/gate/$side" "${flags[@]}" "$@" &&
-    cmake --build "build/gate/$side" -j "$jobs"; } >"$outdir/build-$side.log" 2>&1
+    cmake --build "build/gate/$side" -j "$jobs"; } >"$results_dir/build-$side.log" 2>&1
 }
 tb=$SECONDS
 if [[ -n "$tree_build" ]]; then
@@ -153,9 +154,9 @@ if [[ -n "$base_src" ]]; then
   base_build=build/gate/base
 fi
 build_failed=0
-wait "$tree_pid" || { echo "gpu-gate: the tree's build failed:"; tail -n 30 "$outdir/build-tree.log"; build_failed=1; }
+wait "$tree_pid" || { echo "gpu-gate: the tree's build failed:"; tail -n 30 "$results_dir/build-tree.log"; build_failed=1; }
 if [[ -n "$base_src" ]]; then
-  wait "$base_pid" || { echo "gpu-gate: the baseline's build failed:"; tail -n 30 "$outdir/build-base.log"; build_failed=1; }
+  wait "$base_pid" || { echo "gpu-gate: the baseline's build failed:"; tail -n 30 "$results_dir/build-base.log"; build_failed=1; }
 fi
 ((build_failed)) && exit 4
 echo "gpu-gate: built in $((SECONDS - tb)) s"
@@ -168,10 +169,10 @@ if ((ctest)); then
   left=$((budget - (SECONDS - t0) - 150))
   ((left < 60)) && left=60
   timeout --kill-after=10 "$left" ctest --test-dir "$tree_build" -j "$(( (jobs + 1) / 2 ))" \
-    --timeout 300 --output-on-failure ${EVR_GATE_CTEST_ARGS:-} >"$outdir/ctest.log" 2>&1
+    --timeout 300 --output-on-failure ${EVR_GATE_CTEST_ARGS:-} >"$results_dir/ctest.log" 2>&1
   ctest_rc=$?
-  summary=$(grep -E "tests passed|tests failed" "$outdir/ctest.log" | tail -n 1)
-  skipped=$(grep -cE "\*\*\*Skipped|Not Run" "$outdir/ctest.log")
+  summary=$(grep -E "tests passed|tests failed" "$results_dir/ctest.log" | tail -n 1)
+  skipped=$(grep -cE "\*\*\*Skipped|Not Run" "$results_dir/ctest.log")
   if ((ctest_rc == 124 || ctest_rc == 137)); then
     summary="stopped after ${left} s (the gate's budget): ${summary:-no summary}"
   fi
@@ -182,19 +183,19 @@ if ((ctest)); then
   ctest_status="${summary:-no summary (exit $ctest_rc)} in $((SECONDS - tc)) s"
   echo "gpu-gate: ctest: $ctest_status"
   if ((ctest_rc != 0)); then
-    grep -E "\*\*\*Failed|\*\*\*Timeout|\*\*\*Skipped|Not Run|\(Failed\)|\(Timeout\)" "$outdir/ctest.log" | head -n 20
+    grep -E "\*\*\*Failed|\*\*\*Timeout|\*\*\*Skipped|Not Run|\(Failed\)|\(Timeout\)" "$results_dir/ctest.log" | head -n 20
   fi
 fi
 
 # --- rows ----------------------------------------------------------------------------------------
 gate_args=(--base "$base_build" --tree "$tree_build" --base-label "$base_label"
-  --tree-label "$tree_rev" --out "$outdir" --rounds "$rounds"
+  --tree-label "$tree_rev" --out "$results_dir" --rounds "$rounds"
   --budget-s "$((budget - (SECONDS - t0) - 5))" --ctest "$ctest_status")
 ((sim)) && gate_args+=(--sim)
 ((all_gpus)) && gate_args+=(--all-gpus)
 ((record && !sim)) && gate_args+=(--record docs/bench/gate)
 EVR_GATE_COMMAND="$command_line" python3 scripts/gate/gate.py "${gate_args[@]}"
 rows_rc=$?
-echo "gpu-gate: done in $((SECONDS - t0)) s; table in $outdir/gate.md"
+echo "gpu-gate: done in $((SECONDS - t0)) s; table in $results_dir/gate.md"
 ((ctest_rc != 0)) && exit 3
 exit "$rows_rc"

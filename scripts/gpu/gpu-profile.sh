@@ -4,24 +4,24 @@
 # reactor thread alone (it is named "evr-reactor").
 #
 #   scripts/gpu/stage-deps.sh; scripts/gpu/stage-perf.sh        # once: headers and perf
-#   bash scripts/gpu/gpu-profile.sh OUTDIR idle --device cuda --streams 64 --lengths-us 1000 ...
+#   bash scripts/gpu/gpu-profile.sh RESULTS_DIR idle --device cuda --streams 64 --lengths-us 1000 ...
 #
 # perf comes from .tools/perf (scripts/gpu/stage-perf.sh). On a GPU machine without a package
 # registry, run both staging scripts on a machine that has one and copy .deps and .tools along
 # (both git-ignored).
 #
 # Builds build/gpu (as scripts/gpu/gpu-run.sh does) when its evr-bench is missing. Writes
-# OUTDIR/profile.txt (flat, by symbol and library; then by library) and OUTDIR/bench.log.
+# RESULTS_DIR/profile.txt (flat, by symbol and library; then by library) and RESULTS_DIR/bench.log.
 # EVR_PROFILE_CALLERS=1 adds the callers (DWARF unwinding, bigger and slower).
 set -uo pipefail
 
 if [[ $# -lt 2 ]]; then
-  echo "usage: $0 OUTDIR SUBCOMMAND [evr-bench arguments...]" >&2
+  echo "usage: $0 RESULTS_DIR SUBCOMMAND [evr-bench arguments...]" >&2
   exit 2
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 mkdir -p "$1" || exit 2
-outdir="$(cd "$1" && pwd)"
+results_dir="$(cd "$1" && pwd)"
 shift
 perf_dir="$PWD/.tools/perf"
 if [[ ! -x "$perf_dir/perf" ]]; then
@@ -42,16 +42,16 @@ callers=()
 [[ "${EVR_PROFILE_CALLERS:-0}" == 1 ]] && callers=(--call-graph dwarf,16384)
 freq=10000
 [[ ${#callers[@]} -gt 0 ]] && freq=2000
-perf record -q -e cpu-clock -F "$freq" "${callers[@]}" -o "$outdir/perf.data" -- \
-  "$bench" "$@" >"$outdir/bench.log" 2>&1
+perf record -q -e cpu-clock -F "$freq" "${callers[@]}" -o "$results_dir/perf.data" -- \
+  "$bench" "$@" >"$results_dir/bench.log" 2>&1
 rc=$?
 {
   echo "# evr-bench $* (exit $rc); the reactor thread only (comm evr-reactor)"
-  perf report -i "$outdir/perf.data" --comms evr-reactor --no-children --sort dso --stdio 2>/dev/null |
+  perf report -i "$results_dir/perf.data" --comms evr-reactor --no-children --sort dso --stdio 2>/dev/null |
     grep -v '^$' | head -n 30
-  perf report -i "$outdir/perf.data" --comms evr-reactor --no-children --sort sym,dso --stdio \
+  perf report -i "$results_dir/perf.data" --comms evr-reactor --no-children --sort sym,dso --stdio \
     2>/dev/null | grep -v '^$' | head -n "${EVR_PROFILE_LINES:-120}"
-} >"$outdir/profile.txt"
-rm -f "$outdir/perf.data"
-cat "$outdir/profile.txt"
+} >"$results_dir/profile.txt"
+rm -f "$results_dir/perf.data"
+cat "$results_dir/profile.txt"
 exit "$rc"

@@ -16,15 +16,15 @@
 #   5. still hidden: the served model (examples/python/served_model.py) answering under wrk's load
 #      with this installed evr (--modes evr; EVR_WHEEL_SERVED_ARGS adds arguments).
 #
-#   bash scripts/gpu/gpu-wheel-as-user.sh OUTDIR
+#   bash scripts/gpu/gpu-wheel-as-user.sh RESULTS_DIR
 set -uo pipefail
 
 if [[ $# -ne 1 ]]; then
-  echo "usage: $0 OUTDIR" >&2
+  echo "usage: $0 RESULTS_DIR" >&2
   exit 2
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-mkdir -p "$1" && outdir="$(cd "$1" && pwd)" || exit 2
+mkdir -p "$1" && results_dir="$(cd "$1" && pwd)" || exit 2
 python="${EVR_PYTHON:-$(command -v python3)}"
 work="$(mktemp -d)"
 toolkit="$(readlink -f /usr/local/cuda 2>/dev/null || true)"
@@ -35,8 +35,8 @@ say "1. pip wheel --no-build-isolation ./python with $("$python" --version) ($py
 rm -rf python/build
 EVR_CMAKE_ARGS="-DEVR_THIRD_PARTY_INCLUDE_DIR=$PWD/.deps/include" \
   "$python" -m pip wheel --no-build-isolation --no-deps --disable-pip-version-check \
-  -w "$work/dist" ./python > "$outdir/pip-wheel.log" 2>&1 ||
-  { tail -n 40 "$outdir/pip-wheel.log"; echo "gpu-wheel-as-user: FAILED: pip wheel"; exit 1; }
+  -w "$work/dist" ./python > "$results_dir/pip-wheel.log" 2>&1 ||
+  { tail -n 40 "$results_dir/pip-wheel.log"; echo "gpu-wheel-as-user: FAILED: pip wheel"; exit 1; }
 wheel="$(ls "$work"/dist/evr-*.whl)"
 echo "built $(basename "$wheel")"
 
@@ -47,12 +47,12 @@ bash scripts/ci/check-python-module-deps.sh "$wheel" || failed=1
   { echo "gpu-wheel-as-user: FAILED: the staged auditwheel (.whl: scripts/gpu/stage-wheel-tools.sh)"; exit 1; }
 auditwheel() { PATH="$work/tools/bin:$PATH" PYTHONPATH="$work/tools" "$python" -m auditwheel "$@"; }
 auditwheel show "$wheel"
-auditwheel repair --exclude libcuda.so.1 -w "$work/repaired" "$wheel" > "$outdir/repair.log" 2>&1 ||
-  { cat "$outdir/repair.log"; echo "gpu-wheel-as-user: FAILED: auditwheel repair"; exit 1; }
+auditwheel repair --exclude libcuda.so.1 -w "$work/repaired" "$wheel" > "$results_dir/repair.log" 2>&1 ||
+  { cat "$results_dir/repair.log"; echo "gpu-wheel-as-user: FAILED: auditwheel repair"; exit 1; }
 repaired="$(ls "$work"/repaired/*.whl)"
 auditwheel show "$repaired"
 bash scripts/ci/check-python-module-deps.sh "$repaired" || failed=1
-cp "$repaired" "$outdir/"
+cp "$repaired" "$results_dir/"
 
 say "3. pip install $(basename "$repaired") into a folder of its own (PYTHONPATH)"
 "$python" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$work/site" \
@@ -66,8 +66,8 @@ say "5. toolkit hidden: the served model under load with the installed evr"
 # shellcheck disable=SC2086 # EVR_WHEEL_SERVED_ARGS is a list of arguments
 PYTHONPATH="$work/site" bash scripts/ci/without-cuda.sh "$python" examples/python/served_model_load.py \
   --device cuda --modes evr --connections 64,256 --duration "${EVR_WHEEL_SERVED_DURATION:-5}" \
-  --warmup 1 --out "$outdir/served" ${EVR_WHEEL_SERVED_ARGS:-} || failed=1
-grep -h "evr from\|evr .* from" "$outdir"/served/*.log 2>/dev/null | head -n 3
+  --warmup 1 --out "$results_dir/served" ${EVR_WHEEL_SERVED_ARGS:-} || failed=1
+grep -h "evr from\|evr .* from" "$results_dir"/served/*.log 2>/dev/null | head -n 3
 
 rm -rf "$work" python/build
 if ((failed)); then echo "gpu-wheel-as-user: FAILED"; else echo "gpu-wheel-as-user: all passed"; fi
