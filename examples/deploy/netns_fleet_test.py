@@ -43,7 +43,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fleet import DEFAULT_BIN, HAProxy, ServerProcess  # noqa: E402
-from rolling_restart_test import busy_reference, read_response  # noqa: E402
+from checked_load import busy_reference, read_response  # noqa: E402
 
 SKIP = 77
 PORT = 8080

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The fleet on a GPU machine (docs/deploy.md, "On the GPU"): two server processes sharing the GPU
 # (or a process per GPU) behind HAProxy and on one port, against one process with the same io
-# threads (scripts/study/fleet-bench.py), then the rolling-restart test under that load
-# (examples/deploy/rolling_restart_test.py).
+# threads (scripts/study/fleet-bench.py), then the rolling-restart tests under that load
+# (examples/deploy/rolling_restart_test.py, one_port_test.py).
 #
 #   scripts/gpu/stage-deps.sh && scripts/gpu/stage-tools.sh && scripts/gpu/stage-haproxy.sh  # once
 #   bash scripts/gpu/gpu-fleet.sh OUTDIR                                       # on the GPU machine
@@ -83,13 +83,13 @@ done
 for mode in ${EVR_FLEET_ROLLING_MODES:-http}; do
   echo "==> rolling restart under /busy?us=1000 at 256 connections, HAProxy in mode $mode"
   python3 examples/deploy/rolling_restart_test.py --bin "$bin" --device "$device" \
-    --route "/busy?us=1000" --connections 256 --seconds 20 --skip-reuse-port \
+    --route "/busy?us=1000" --connections 256 --seconds 20 \
     --haproxy-mode "$mode" --out "$out/rolling-$mode" 2>&1 | tee "$out/rolling-$mode.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 done
 echo "==> rolling restart on one port (--reuse-port, no balancer) under the same load"
-python3 examples/deploy/rolling_restart_test.py --bin "$bin" --device "$device" \
-  --route "/busy?us=1000" --connections 256 --seconds 10 --only-reuse-port-rolling \
+python3 examples/deploy/one_port_test.py --bin "$bin" --device "$device" \
+  --route "/busy?us=1000" --connections 256 --seconds 10 --only-ambient \
   --out "$out/rolling-one-port" 2>&1 | tee "$out/rolling-one-port.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 exit $rc
