@@ -1,6 +1,6 @@
 """Clients whose every answer is checked, and checks of a server's exit: what the deployment tests
 (rolling_restart_test.py, one_port_test.py, netns_fleet_test.py) drive their load and judge their
-servers with.
+servers with; also the command line and the report those tests share.
 
 A client keeps one keep-alive connection in a closed loop of `GET /busy?...&seed=S` and compares
 each answer with the hash computed here (`busy_reference`); a `Tally` counts what all of them saw.
@@ -8,13 +8,16 @@ each answer with the hash computed here (`busy_reference`); a `Tally` counts wha
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import os
 import re
 import socket
+import tempfile
 import time
 
-from fleet import ServerProcess
+from fleet import DEFAULT_BIN, ServerProcess
 
 M32 = 0xFFFFFFFF
 
@@ -36,6 +39,11 @@ def busy_reference(seed: int) -> int:
             h = mix((h + r) & M32)
         total = (total + h) & M32
     return total
+
+
+def busy_references() -> dict[int, int]:
+    """The answers for the seeds the checked clients send (1..256), computed once."""
+    return {s: busy_reference(s) for s in range(1, 257)}
 
 
 class Tally:
@@ -203,3 +211,47 @@ def gauge(port: int, name: str) -> float:
     if not m:
         raise RuntimeError(f"/metrics has no {name}")
     return float(m.group(1))
+
+
+def load_test_arguments(description: str) -> argparse.ArgumentParser:
+    """The options every test of a server under a checked load takes (more may be added)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--bin", default=DEFAULT_BIN)
+    p.add_argument("--device", default="sim", choices=["auto", "cuda", "sim"])
+    p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--route", default="/busy?us=2000")
+    p.add_argument("--drain-seconds", type=float, default=10)
+    p.add_argument("--server-args", default="")
+    p.add_argument("--out")
+    return p
+
+
+def parse_load_test_arguments(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parses and checks load_test_arguments' options (exits with a message naming a bad one)."""
+    a = p.parse_args()
+    if not os.access(a.bin, os.X_OK):
+        p.error(f"--bin {a.bin}: not an executable")
+    if not a.route.startswith("/busy"):
+        p.error(f"--route must be a /busy route (its answers are checked here), not {a.route}")
+    if a.connections < 1:
+        p.error(f"--connections takes 1 or more, not {a.connections}")
+    return a
+
+
+def results_folder(out: str | None, prefix: str) -> str:
+    """`out` (created if missing), or a new temporary folder named from `prefix`."""
+    folder = out or tempfile.mkdtemp(prefix=prefix)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def finish(test: str, workdir: str, report_name: str, report: dict, problems: list[str]) -> int:
+    """Writes the report as workdir/report_name, prints each problem and the verdict; the exit
+    status (0 passed, 1 failed)."""
+    with open(os.path.join(workdir, report_name), "w") as f:
+        json.dump(report, f, indent=1)
+    for problem in problems:
+        print(f"FAILED: {problem}")
+    print(f"{test}: {'FAILED' if problems else 'passed'} (logs in {workdir})")
+    return 1 if problems else 0

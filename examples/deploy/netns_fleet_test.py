@@ -38,12 +38,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fleet import DEFAULT_BIN, HAProxy, ServerProcess  # noqa: E402
-from checked_load import busy_reference, read_response  # noqa: E402
+from checked_load import busy_references, finish, read_response, results_folder  # noqa: E402
 
 SKIP = 77
 PORT = 8080
@@ -132,7 +131,7 @@ class Load:
 
     def __init__(self, host: str, connections: int):
         self.host, self.connections = host, connections
-        self.seeds = {s: busy_reference(s) for s in range(1, 257)}
+        self.seeds = busy_references()
         self.phase = Phase("warm-up")
         self.phases: list[Phase] = []
         self.stop = asyncio.Event()
@@ -283,8 +282,7 @@ def main() -> int:
     if why:
         print(f"netns-fleet-test: skipped: {why}")
         return SKIP
-    workdir = a.out or tempfile.mkdtemp(prefix="evr-netns-fleet.")
-    os.makedirs(workdir, exist_ok=True)
+    workdir = results_folder(a.out, "evr-netns-fleet.")
     net = Network(["lb", "a", "b"])
     problems: list[str] = []
     servers: dict[str, ServerProcess] = {}
@@ -332,12 +330,8 @@ def main() -> int:
         if ph.answered == 0:
             problems.append(f"{ph.name}: no request answered")
     print(f"  answered per server: {load.backends}")
-    with open(os.path.join(workdir, "netns-fleet.json"), "w") as f:
-        json.dump({"phases": report, "backends": load.backends, "problems": problems}, f, indent=1)
-    for problem in problems:
-        print(f"FAILED: {problem}")
-    print(f"netns-fleet-test: {'FAILED' if problems else 'passed'} (logs in {workdir})")
-    return 1 if problems else 0
+    return finish("netns-fleet-test", workdir, "netns-fleet.json",
+                  {"phases": report, "backends": load.backends, "problems": problems}, problems)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Exit status 0 when every assertion held; the figures go to stdout (and --out DIR
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -29,12 +28,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checked_load import busy_reference, drained_cleanly, load_while  # noqa: E402
-from fleet import DEFAULT_BIN, ServerProcess, free_port, http_status  # noqa: E402
+from checked_load import (busy_references, drained_cleanly, finish, load_test_arguments,  # noqa: E402
+                          load_while, parse_load_test_arguments, results_folder)
+from fleet import ServerProcess, free_port, http_status  # noqa: E402
 
 
 async def reuse_port(args, binary, workdir, report) -> list[str]:
@@ -192,37 +191,18 @@ def server_args(args) -> list[str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bin", default=DEFAULT_BIN)
-    p.add_argument("--device", default="sim", choices=["auto", "cuda", "sim"])
-    p.add_argument("--seconds", type=float, default=20)
-    p.add_argument("--connections", type=int, default=64)
-    p.add_argument("--route", default="/busy?us=2000")
-    p.add_argument("--drain-seconds", type=float, default=10)
-    p.add_argument("--server-args", default="")
+    p = load_test_arguments(__doc__.split("\n\n")[0])
     p.add_argument("--only-ambient", action="store_true",
                    help="only the rolling restart, with this namespace's tcp_migrate_req")
-    p.add_argument("--out")
-    a = p.parse_args()
-    if not os.access(a.bin, os.X_OK):
-        p.error(f"--bin {a.bin}: not an executable")
-    if not a.route.startswith("/busy"):
-        p.error(f"--route must be a /busy route (its answers are checked here), not {a.route}")
-    seeds = {s: busy_reference(s) for s in range(1, 257)}
-    workdir = a.out or tempfile.mkdtemp(prefix="evr-one-port.")
-    os.makedirs(workdir, exist_ok=True)
+    a = parse_load_test_arguments(p)
+    seeds = busy_references()
+    workdir = results_folder(a.out, "evr-one-port.")
     report: dict = {"args": vars(a)}
     problems = [] if a.only_ambient else asyncio.run(reuse_port(a, a.bin, workdir, report))
     problems += asyncio.run(reuse_port_rolling(a, a.bin, seeds, workdir, report))
     if not a.only_ambient:
         problems += reuse_port_rolling_migrating(a, workdir, report)
-    with open(os.path.join(workdir, "one-port.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    for problem in problems:
-        print(f"FAILED: {problem}")
-    print(f"one-port-test: {'FAILED' if problems else 'passed'} (logs in {workdir})")
-    return 1 if problems else 0
-
+    return finish("one-port-test", workdir, "one-port.json", report, problems)
 
 if __name__ == "__main__":
     sys.exit(main())

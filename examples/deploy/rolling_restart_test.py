@@ -34,7 +34,6 @@ Exit status 0 when every assertion held; the figures go to stdout (and --out DIR
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -42,13 +41,13 @@ import re
 import signal
 import socket
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checked_load import (busy_answered, busy_reference, drained_cleanly, gauge,  # noqa: E402
-                          load_while, request_on, request_on_sent)
-from fleet import DEFAULT_BIN, Fleet, ServerProcess, free_port  # noqa: E402
+from checked_load import (busy_answered, busy_reference, busy_references, drained_cleanly,  # noqa: E402
+                          finish, gauge, load_test_arguments, load_while,
+                          parse_load_test_arguments, request_on, request_on_sent, results_folder)
+from fleet import Fleet, ServerProcess, free_port  # noqa: E402
 
 def drain_direct(args, binary, workdir, report) -> list[str]:
     """SIGTERM with a request in flight and an idle keep-alive connection, no balancer: the idle
@@ -271,38 +270,19 @@ def server_args(args) -> list[str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bin", default=DEFAULT_BIN)
-    p.add_argument("--device", default="sim", choices=["auto", "cuda", "sim"])
-    p.add_argument("--seconds", type=float, default=20)
-    p.add_argument("--connections", type=int, default=64)
-    p.add_argument("--route", default="/busy?us=2000")
-    p.add_argument("--drain-seconds", type=float, default=10)
-    p.add_argument("--server-args", default="")
+    p = load_test_arguments(__doc__.split("\n\n")[0])
     p.add_argument("--skip-kill", action="store_true")
     p.add_argument("--haproxy-mode", default="http", choices=["http", "tcp"],
                    help="HAProxy per request (http) or per connection (tcp) in scenarios 1 and 2")
-    p.add_argument("--out")
-    a = p.parse_args()
-    if not os.access(a.bin, os.X_OK):
-        p.error(f"--bin {a.bin}: not an executable")
-    if not a.route.startswith("/busy"):
-        p.error(f"--route must be a /busy route (its answers are checked here), not {a.route}")
-    seeds = {s: busy_reference(s) for s in range(1, 257)}
-    workdir = a.out or tempfile.mkdtemp(prefix="evr-deploy.")
-    os.makedirs(workdir, exist_ok=True)
+    a = parse_load_test_arguments(p)
+    seeds = busy_references()
+    workdir = results_folder(a.out, "evr-deploy.")
     report: dict = {"args": vars(a)}
     problems = drain_direct(a, a.bin, workdir, report)
     problems += asyncio.run(rolling_restart(a, a.bin, seeds, workdir, report))
     if not a.skip_kill:
         problems += asyncio.run(sigkill(a, a.bin, seeds, workdir, report))
-    with open(os.path.join(workdir, "deploy.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    for problem in problems:
-        print(f"FAILED: {problem}")
-    print(f"rolling-restart-test: {'FAILED' if problems else 'passed'} (logs in {workdir})")
-    return 1 if problems else 0
-
+    return finish("rolling-restart-test", workdir, "deploy.json", report, problems)
 
 if __name__ == "__main__":
     sys.exit(main())
