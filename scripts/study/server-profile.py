@@ -14,6 +14,11 @@ evr-async-server, warms the route up with wrk, then runs wrk for --seconds while
     live threads');
   * samples the server with perf (cpu-clock, no hardware counters needed) and prints the top
     frames by self time, for the whole process and per thread group, in % and in us per request.
+  * with --callers (call graphs, DWARF unwinding), two more tables for the io threads, in us per
+    request: the CPU spent outside the server (the CUDA driver, the kernel, libc) by the
+    server's function that called out and the CUDA runtime call it made (which of evr's calls
+    the driver's time belongs to, although libcuda's frames have no symbols); and all their CPU
+    by the innermost evr function on the stack (what evr costs the io thread, callees included).
 Output goes to stdout and DIR/profile.txt; numbers to DIR/profile.json.
 
 On a GPU machine without a package registry: run scripts/gpu/stage-deps.sh,
@@ -139,6 +144,95 @@ def sum_samples(perf, data, comms):
     return n
 
 
+def short_dso(dso):
+    name = os.path.basename(dso.strip("()"))
+    if name.startswith("[kernel"):
+        return "kernel"
+    return re.sub(r"\.so[.0-9]*$", "", name) or "?"
+
+
+def call_chains(perf, data, comms):
+    """The samples of `comms` as call chains, innermost first: [[(symbol, library)]]. perf names
+    a frame it found inlined "(inlined)" instead of its library (in libc at times without the
+    real frame around it)."""
+    cmd = perf[0] + ["script", "-i", data, "--comms", ",".join(comms), "-F", "comm,ip,sym,dso"]
+    out = subprocess.run(cmd, env=perf[1], capture_output=True, text=True).stdout
+    chains, frames = [], []
+    for line in out.splitlines():
+        if not line.strip():
+            if frames:
+                chains.append(frames)
+            frames = []
+            continue
+        m = re.match(r"^\s+[0-9a-f]+\s+(.*?)\s+\((\S+)\)\s*$", line)
+        if m and line[0] in " \t":
+            frames.append((re.sub(r"\+0x[0-9a-f]+$", "", m.group(1)), m.group(2)))
+    if frames:
+        chains.append(frames)
+    return chains
+
+
+def cudart_internal(symbol):
+    return symbol.startswith("libcudart_static_")  # the static CUDA runtime's hidden functions
+
+
+def calling_out(chain, binary):
+    """(who called out, where the time went) for a sample outside `binary`, else None. Who: the
+    innermost frame of `binary` that is not the CUDA runtime's own, with the runtime's entry point
+    it called ("evr::...::query > cudaEventQuery")."""
+    mine = os.path.basename(binary)
+    leaf = next((short_dso(dso) for _, dso in chain if dso != "inlined"), "?")
+    if leaf == short_dso(mine):
+        return None
+    api, caller = None, None
+    for symbol, dso in chain:
+        if os.path.basename(dso) != mine or cudart_internal(symbol):
+            continue
+        if symbol.startswith("cu") and api is None:
+            api = symbol
+            continue
+        caller = symbol
+        break
+    who = caller or "(no frame of the server: a thread of its own, or unwinding stopped)"
+    return (f"{who} > {api}" if api else who), leaf
+
+
+def innermost_evr(chain, binary):
+    """The innermost evr function on the stack, unless the server's own code (a frame of `binary`
+    that is neither evr, Asio, the standard library nor the CUDA runtime) is nearer: evr's
+    inclusive share, with the handlers evr runs charged to the server, not to evr's operation."""
+    mine = os.path.basename(binary)
+    transparent = ("asio::", "std::", "cu", "libcudart_static_", "operator", "__", "void ")
+    for symbol, dso in chain:
+        if symbol.startswith("evr::"):
+            return symbol
+        if os.path.basename(dso) == mine and not symbol.startswith(transparent):
+            break
+    return "(no evr function: the server's own code, Asio and the kernel under it)"
+
+
+def caller_tables(perf, data, binary, requests, cpu_s, comms, lines=25):
+    """Two tables over the samples of `comms` (rows {key, samples, percent, us_per_request};
+    percent of all their samples): `calling_out`, the time outside the server by who called out;
+    `evr`, every sample by the innermost evr function on its stack (evr's inclusive share)."""
+    chains = call_chains(perf, data, comms)
+    out_counts, evr_counts = {}, {}
+    for chain in chains:
+        key = calling_out(chain, binary)
+        if key:
+            out_counts[key] = out_counts.get(key, 0) + 1
+        key = innermost_evr(chain, binary)
+        evr_counts[key] = evr_counts.get(key, 0) + 1
+
+    def rows(counts):
+        total = len(chains)
+        return [{"key": key, "samples": n, "percent": 100.0 * n / total,
+                 "us_per_request": n / total * cpu_s / requests * 1e6 if requests else None}
+                for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:lines]]
+
+    return {"calling_out": rows(out_counts), "evr": rows(evr_counts)}
+
+
 # --- the run ------------------------------------------------------------------------------------------
 
 def profile_one(args, binary, wrk, perf, label, out_dir, lines):
@@ -164,9 +258,10 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
     before = threads(srv.proc.pid)
     t0 = time.monotonic()
     if perf:
+        graph = ["--call-graph", "dwarf,16384"] if args.callers else []
         rec = subprocess.Popen(perf[0] + ["record", "-q", "-e", "cpu-clock", "-F",
                                           str(args.frequency), "-p", str(srv.proc.pid), "-o",
-                                          data], env=perf[1], stdout=subprocess.DEVNULL,
+                                          data] + graph, env=perf[1], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     out = subprocess.run(wrk_cmd[:3] + [f"-d{args.seconds}s"] + wrk_cmd[3:], env=wrk[1],
                          capture_output=True, text=True, timeout=args.seconds + 120)
@@ -205,6 +300,10 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
             if g in comms_of:
                 doc["frames"][g] = perf_report(perf, data, requests, cpu_by_comm, comms_of[g],
                                                lines)
+        io = comms_of.get("evr-io (io threads)")
+        if args.callers and io:
+            doc["callers"] = caller_tables(perf, data, binary, requests,
+                                           sum(cpu_by_comm[c] for c in io), io, lines)
         if not args.keep_perf_data:
             os.remove(data)
     elif perf:
@@ -232,6 +331,15 @@ def text(doc):
         for f in frames:
             out.append(f"   {f['percent']:6.2f} {study.fmt(f['us_per_request'], 2):>7}  "
                        f"{f['symbol'][:110]} [{os.path.basename(f['dso'])}]")
+    titles = {"calling_out": "the io threads' time outside the server, by who called out "
+                             "[where the time went]",
+              "evr": "the io threads' time by the innermost evr function on the stack"}
+    for table, rows in doc.get("callers", {}).items():
+        out.append(f"   {titles[table]}:")
+        out.append(f"   {'% io':>6} {'us/req':>7}  function")
+        for r in rows:
+            key = f"{r['key'][0][:110]} [{r['key'][1]}]" if table == "calling_out" else r["key"][:120]
+            out.append(f"   {r['percent']:6.2f} {study.fmt(r['us_per_request'], 2):>7}  {key}")
     if doc.get("perf_error"):
         out.append(f"   perf failed: {doc['perf_error']}")
     return "\n".join(out)
@@ -257,6 +365,9 @@ def main():
     ap.add_argument("--frequency", type=int, default=2999, help="perf samples per second")
     ap.add_argument("--lines", type=int, default=25, help="frames per table")
     ap.add_argument("--no-perf", action="store_true")
+    ap.add_argument("--callers", action="store_true",
+                    help="call graphs: the io threads' time in the driver, kernel and libc by "
+                         "the server's function that called out (use a lower --frequency, 499)")
     ap.add_argument("--keep-perf-data", action="store_true")
     ap.add_argument("--bin", help="an evr-async-server already built (skips the build)")
     ap.add_argument("--build-dir", default="build/study")
