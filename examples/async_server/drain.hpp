@@ -39,6 +39,8 @@ class graceful_drain {
 
   /// start() was called. Read without the lock (on every response); changed under it.
   bool draining() const noexcept { return draining_.load(std::memory_order_relaxed); }
+  /// (mutex held) The drain's end was posted: no connection may join the table any more.
+  bool ended() const noexcept { return ended_; }
   /// (mutex held; not draining yet) The drain is on from now. `done` runs on the control executor
   /// once it ended (end_if_done), after the deadline is cancelled.
   void start(std::function<void()> done);

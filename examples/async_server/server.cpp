@@ -297,7 +297,7 @@ asio::awaitable<void> server::accept_loop() {
       }
       a = admit(std::move(more), std::move(more_where));
     }
-    if (a == admission::stopping) co_return;
+    if (a == admission::stopping || a == admission::draining) co_return;
   }
 }
 
@@ -377,9 +377,15 @@ server::admission server::admit(asio::ip::tcp::socket socket, placement where) {
                                         next_device_ % lanes_.devices());
   std::vector<std::shared_ptr<connection>> evicted;
   connection_table::verdict verdict;
+  bool admitted_in_drain = false;
   {
     std::lock_guard lock(mutex_);
-    if (draining()) return admission::stopping;  // c closes
+    // drain() posts the close of the listening socket, and an accept's completion may run
+    // before it: a connection accepted after the drain began. Its client connected in time: it
+    // is served as those before it (the drain answers its first request with Connection:
+    // close). Only once the drain has ended, or the server stops, is it closed unserved.
+    if (stopping_.load(std::memory_order_relaxed) || drain_.ended()) return admission::stopping;
+    admitted_in_drain = drain_.draining();
     verdict = table_.admit(c, evicted);
     if (verdict == connection_table::verdict::admitted && where.own)
       conn_threads_.push_back(where.own);
@@ -391,6 +397,7 @@ server::admission server::admit(asio::ip::tcp::socket socket, placement where) {
     ++next_device_;
     start_serving(c, where.own);
   }
+  if (admitted_in_drain) return admission::draining;
   return evicted.empty() ? admission::next : admission::yield;
 }
 
@@ -467,7 +474,7 @@ asio::awaitable<void> server::sweep_deadlines() {
     if (ec || stopping_.load(std::memory_order_relaxed)) co_return;
     {
       std::lock_guard lock(mutex_);
-      if (drain_.draining() && table_.size() == 0) co_return;
+      if (drain_.ended()) co_return;  // (not "table empty": admit() may still take one in)
     }
     const std::int64_t now = to_ns(clock_type::now());
     {

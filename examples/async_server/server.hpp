@@ -210,8 +210,9 @@ class server {
   /// Where the next accepted connection goes (accept loop only: round-robin state).
   placement next_placement();
   /// What the accept loop does after admit(): go on, let the evicted connections close first,
-  /// or end (the server is stopping).
-  enum class admission { next, yield, stopping };
+  /// or end: the drain began (the connection was admitted; what is still in the backlog stays
+  /// with the kernel for the port's other listeners) or the server is stopping.
+  enum class admission { next, yield, draining, stopping };
   /// An accepted socket: registered and served, or refused (a limit: connection_table.hpp).
   admission admit(asio::ip::tcp::socket socket, placement where);
   /// After a failed accept: reports it (at most once a second) and, when out of descriptors,
