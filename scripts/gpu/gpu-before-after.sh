@@ -4,7 +4,7 @@
 #
 #   git archive -o .prev/before.tgz REV          # the tree before the change (git-ignored)
 #   scripts/gpu/stage-deps.sh                     # once: headers for the GPU machine
-#   bash scripts/gpu/gpu-before-after.sh OUTDIR   # on the GPU machine
+#   bash scripts/gpu/gpu-before-after.sh RESULTS_DIR   # on the GPU machine
 #
 # On a GPU machine without a package registry, stage the headers with scripts/gpu/stage-deps.sh on
 # a machine that has one; copy .deps and .prev along (both git-ignored).
@@ -13,19 +13,19 @@
 # examples), then the before tree's evr-bench alone (built from .prev/before.tgz), then the
 # benches alternately: idle before, idle after again, latency before, throughput before (the
 # after tree's latency and throughput come from gpu-run.sh). Everything is packed into
-# OUTDIR/before-after.tgz (one archive, to keep the output folder small). The idle rows of the
+# RESULTS_DIR/before-after.tgz (one archive, to keep the output folder small). The idle rows of the
 # three idle runs are printed at the end. Settings: EVR_BA_IDLE_ARGS, EVR_BA_LATENCY_ARGS,
 # EVR_BA_THROUGHPUT_ARGS (defaults below), EVR_GPU_BUDGET_S for gpu-run.sh (default 330).
 set -u
 if [[ $# -ne 1 || ! -f .prev/before.tgz ]]; then
-  echo "usage: $0 OUTDIR   (with .prev/before.tgz made by git archive)" >&2
+  echo "usage: $0 RESULTS_DIR   (with .prev/before.tgz made by git archive)" >&2
   exit 2
 fi
-out=$1; root=$PWD; work=$(mktemp -d); mkdir -p "$out"
+results_dir=$1; root=$PWD; work=$(mktemp -d); mkdir -p "$results_dir"
 idle_args=${EVR_BA_IDLE_ARGS:-"--lengths-us 200,1000,5000,20000 --streams 1,64 --methods default --no-idle-case --deliveries post,plain"}
 latency_args=${EVR_BA_LATENCY_ARGS:-"--samples 200"}
 throughput_args=${EVR_BA_THROUGHPUT_ARGS:-"--inflight-waits 5000"}
-trap 'tar czf "$out/before-after.tgz" -C "$work" .' EXIT
+trap 'tar czf "$results_dir/before-after.tgz" -C "$work" .' EXIT
 
 export EVR_SKIP_EXAMPLES=all EVR_GPU_BUDGET_S=${EVR_GPU_BUDGET_S:-330}
 export EVR_BENCH_SUBCOMMANDS="latency idle throughput"

@@ -4,7 +4,7 @@
 # compare). Both trees are this one; only the link differs:
 #
 #   scripts/gpu/stage-deps.sh                       # once (.deps: headers)
-#   bash scripts/gpu/gpu-cudart-compare.sh OUTDIR   # on the GPU machine
+#   bash scripts/gpu/gpu-cudart-compare.sh RESULTS_DIR   # on the GPU machine
 #
 # On a GPU machine without a package registry, stage the headers on a machine that has one and copy
 # the git-ignored .deps/ along.
@@ -16,14 +16,14 @@
 #   calls      evr-bench calls: shared, static, shared, static (host ns per device call / submit)
 #   idle       evr-bench idle (EVR_CMP_IDLE_ARGS): shared, then static
 #   python     bench/python/bench_await.py on torch (EVR_CMP_PY_ARGS): shared module, static module
-# Logs and JSON in OUTDIR (packed into OUTDIR/cudart-compare.tgz; the summary printed at the end).
+# Logs and JSON in RESULTS_DIR (packed into RESULTS_DIR/cudart-compare.tgz; the summary printed at the end).
 set -uo pipefail
 if [[ $# -ne 1 ]]; then
-  echo "usage: $0 OUTDIR" >&2
+  echo "usage: $0 RESULTS_DIR" >&2
   exit 2
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-mkdir -p "$1" && out="$(cd "$1" && pwd)" || exit 2
+mkdir -p "$1" && results_dir="$(cd "$1" && pwd)" || exit 2
 work="$(mktemp -d)"
 deadline=$((SECONDS + ${EVR_CMP_BUDGET_S:-560}))
 python="$(command -v python3)"
@@ -31,7 +31,7 @@ idle_args=${EVR_CMP_IDLE_ARGS:-"--streams 1 --lengths-us 200,1000,5000,20000 --n
 py_args=${EVR_CMP_PY_ARGS:-"--kernels-us 200,1000,5000 --samples 200 --many 2000"}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 [[ -x /usr/local/cuda/bin/nvcc ]] && export PATH="/usr/local/cuda/bin:$PATH"
-trap 'tar czf "$out/cudart-compare.tgz" -C "$work" . 2>/dev/null' EXIT
+trap 'tar czf "$results_dir/cudart-compare.tgz" -C "$work" . 2>/dev/null' EXIT
 status=()
 
 run() {  # NAME LIMIT COMMAND...: logs into $work/NAME.log

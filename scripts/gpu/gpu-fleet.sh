@@ -5,7 +5,7 @@
 # (examples/deploy/rolling_restart_test.py, one_port_test.py).
 #
 #   scripts/gpu/stage-deps.sh && scripts/gpu/stage-tools.sh && scripts/gpu/stage-haproxy.sh  # once
-#   bash scripts/gpu/gpu-fleet.sh OUTDIR                                       # on the GPU machine
+#   bash scripts/gpu/gpu-fleet.sh RESULTS_DIR                                       # on the GPU machine
 #
 # On a GPU machine without a package registry, stage the headers, wrk and HAProxy on a machine that
 # has one and copy .deps and .tools along (both git-ignored).
@@ -21,14 +21,14 @@
 # bench only). EVR_FLEET_PER_GPU=1: a process per GPU (--devices i) against one process serving
 # every GPU, EVR_FLEET_THREADS io threads in all (default 2; per GPU: 4 a GPU), routes
 # EVR_FLEET_ROUTES (default "/busy?us=1000"; per GPU also /mlp), EVR_FLEET_CONNECTIONS (256; per
-# GPU 1024), wrk threads EVR_FLEET_WRK_THREADS (4; per GPU 8). Logs and JSON under OUTDIR.
+# GPU 1024), wrk threads EVR_FLEET_WRK_THREADS (4; per GPU 8). Logs and JSON under RESULTS_DIR.
 set -uo pipefail
 if [[ $# -ne 1 ]]; then
-  echo "usage: $0 OUTDIR" >&2
+  echo "usage: $0 RESULTS_DIR" >&2
   exit 2
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-mkdir -p "$1" && out="$(cd "$1" && pwd)"
+mkdir -p "$1" && results_dir="$(cd "$1" && pwd)"
 device="${EVR_FLEET_DEVICE:-cuda}"
 if [[ -z "${EVR_HAPROXY:-}" ]]; then
   if [[ -x .tools/haproxy/haproxy ]]; then
@@ -48,8 +48,8 @@ if [[ -z "$bin" ]]; then
     flags+=(-DEVR_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
   fi
   { cmake -S . -B build/fleet -G Ninja "${flags[@]}" &&
-    cmake --build build/fleet --target evr-async-server -j "$(nproc)"; } >"$out/build.log" 2>&1 ||
-    { echo "gpu-fleet: the build failed"; tail -20 "$out/build.log"; exit 1; }
+    cmake --build build/fleet --target evr-async-server -j "$(nproc)"; } >"$results_dir/build.log" 2>&1 ||
+    { echo "gpu-fleet: the build failed"; tail -20 "$results_dir/build.log"; exit 1; }
   bin=build/fleet/examples/evr-async-server
 fi
 rc=0
@@ -76,7 +76,7 @@ for route in $routes; do
     --wrk-threads "$wrk_threads" --seconds "${EVR_FLEET_SECONDS:-6}" \
     --rounds "${EVR_FLEET_ROUNDS:-2}" --haproxy-threads "${EVR_FLEET_HAPROXY_THREADS:-auto,0}" \
     --haproxy-modes "${EVR_FLEET_HAPROXY_MODES:-http}" \
-    "${per_gpu[@]}" --out "$out/fleet-$name" 2>&1 | tee "$out/fleet-$name.log"
+    "${per_gpu[@]}" --out "$results_dir/fleet-$name" 2>&1 | tee "$results_dir/fleet-$name.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 done
 [[ "${EVR_FLEET_SKIP_ROLLING:-0}" == 1 ]] && exit $rc
@@ -84,12 +84,12 @@ for mode in ${EVR_FLEET_ROLLING_MODES:-http}; do
   echo "==> rolling restart under /busy?us=1000 at 256 connections, HAProxy in mode $mode"
   python3 examples/deploy/rolling_restart_test.py --bin "$bin" --device "$device" \
     --route "/busy?us=1000" --connections 256 --seconds 20 \
-    --haproxy-mode "$mode" --out "$out/rolling-$mode" 2>&1 | tee "$out/rolling-$mode.log"
+    --haproxy-mode "$mode" --out "$results_dir/rolling-$mode" 2>&1 | tee "$results_dir/rolling-$mode.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 done
 echo "==> rolling restart on one port (--reuse-port, no balancer) under the same load"
 python3 examples/deploy/one_port_test.py --bin "$bin" --device "$device" \
   --route "/busy?us=1000" --connections 256 --seconds 10 --only-ambient \
-  --out "$out/rolling-one-port" 2>&1 | tee "$out/rolling-one-port.log"
+  --out "$results_dir/rolling-one-port" 2>&1 | tee "$results_dir/rolling-one-port.log"
 [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 exit $rc
