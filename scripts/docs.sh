@@ -22,7 +22,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 src_dir="$PWD"
-out="$src_dir/build/docs"
+docs_dir="$src_dir/build/docs"
 jobs="${EVR_JOBS:-2}"
 step() { echo "==> [docs.sh] $*"; }
 
@@ -37,8 +37,8 @@ if ! command -v doxygen >/dev/null 2>&1; then
   fi
 fi
 
-rm -rf "$out"
-mkdir -p "$out/html/python"
+rm -rf "$docs_dir"
+mkdir -p "$docs_dir/html/python"
 
 # ---- Python: the built package, its docstrings (pydoc) and its stubs --------------------------
 python_dir=""
@@ -53,17 +53,17 @@ if [[ -z "$python_dir" ]]; then
   step "no built Python module: building it in build/docs-python (simulated device only)"
   cmake -S . -B build/docs-python -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVR_WITH_CUDA=OFF \
     -DEVR_BUILD_PYTHON=ON -DEVR_BUILD_TESTS=OFF -DEVR_BUILD_EXAMPLES=OFF -DEVR_BUILD_BENCH=OFF \
-    >"$out/python-configure.log"
+    >"$docs_dir/python-configure.log"
   cmake --build build/docs-python -j "$jobs" --target evr_python
   python_dir="build/docs-python/python"
   python_exe="$(sed -n 's/^Python3_EXECUTABLE:FILEPATH=//p' build/docs-python/CMakeCache.txt)"
 fi
 python_exe="${python_exe:-python3}"
 step "pydoc -w evr evr.sim (the package in $python_dir, $python_exe)"
-(cd "$out/html/python" && PYTHONPATH="$src_dir/$python_dir" PYTHONDONTWRITEBYTECODE=1 \
+(cd "$docs_dir/html/python" && PYTHONPATH="$src_dir/$python_dir" PYTHONDONTWRITEBYTECODE=1 \
   "$python_exe" -m pydoc -w evr evr.sim >/dev/null)
 for page in evr.html evr.sim.html; do
-  [[ -s "$out/html/python/$page" ]] || { echo "docs.sh: pydoc wrote no $page" >&2; exit 1; }
+  [[ -s "$docs_dir/html/python/$page" ]] || { echo "docs.sh: pydoc wrote no $page" >&2; exit 1; }
 done
 {
   echo "# Python API {#python_api}"
@@ -80,7 +80,7 @@ done
   echo '```{.py}'
   cat python/evr/__init__.pyi
   echo '```'
-} >"$out/python.md"
+} >"$docs_dir/python.md"
 
 # ---- C++: Doxygen ---------------------------------------------------------------------------
 known="$(grep -cv '^\(#\|$\)' docs/api/known-undocumented.txt || true)"
@@ -89,8 +89,8 @@ if [[ "$known" == 0 ]]; then
   warn_as_error=FAIL_ON_WARNINGS
 fi
 step "doxygen docs/api/Doxyfile ($(doxygen --version); WARN_AS_ERROR=$warn_as_error, $known known gaps)"
-EVR_DOCS_OUT="$out" EVR_SOURCE_DIR="$src_dir" EVR_DOCS_WARN_AS_ERROR="$warn_as_error" \
+EVR_DOCS_OUT="$docs_dir" EVR_SOURCE_DIR="$src_dir" EVR_DOCS_WARN_AS_ERROR="$warn_as_error" \
   doxygen docs/api/Doxyfile
 step "checks (docs/api/check_docs.py)"
-python3 docs/api/check_docs.py "$src_dir" "$out"
-step "done: $out/html/index.html"
+python3 docs/api/check_docs.py "$src_dir" "$docs_dir"
+step "done: $docs_dir/html/index.html"

@@ -4,7 +4,7 @@
 # git-ignored .deps/ along:
 #
 #   scripts/gpu/stage-deps.sh                       # once: fills the git-ignored .deps/include
-#   bash scripts/gpu/gpu-run.sh OUTDIR              # on the GPU machine, .deps/ beside the tree
+#   bash scripts/gpu/gpu-run.sh RESULTS_DIR              # on the GPU machine, .deps/ beside the tree
 #
 # Steps, each under `timeout` and inside one overall budget (EVR_GPU_BUDGET_S, default 500 s):
 #   info       nvidia-smi -L, the device line, nvcc/cmake versions
@@ -12,29 +12,29 @@
 #   build      all cores
 #   ctest      everything, GPU tests included; a skipped test counts as a failure here (there is a
 #              GPU), unless EVR_ALLOW_SKIP=1; EVR_SKIP_CTEST=1 skips the step
-#   bench-*    build/gpu/bench/evr-bench pool --json OUTDIR/pool.json, then latency, throughput and
+#   bench-*    build/gpu/bench/evr-bench pool --json RESULTS_DIR/pool.json, then latency, throughput and
 #              cpu when `evr-bench --help` names them (or as listed in EVR_BENCH_SUBCOMMANDS)
 #              (evr-bench idle, the work-length sweep, gets up to EVR_IDLE_TIMEOUT_S, default 420 s;
 #              throughput 150 s, the others 90 s each; EVR_BENCH_TIMEOUT_S_<sub> overrides one;
 #              EVR_BENCH_ARGS_<sub> adds arguments to one subcommand)
 #   example-*  every executable in build/gpu/examples, no arguments (EVR_SKIP_EXAMPLES="a b" skips
 #              some, EVR_SKIP_EXAMPLES=all every one)
-# Each step's output is tee'd into OUTDIR/<step>.log; a failing step is remembered and the run goes
+# Each step's output is tee'd into RESULTS_DIR/<step>.log; a failing step is remembered and the run goes
 # on (after a failed configure/build the rest is skipped). A summary table ends the output and is
-# written to OUTDIR/summary.txt. Exit status: 0 only if every step passed.
+# written to RESULTS_DIR/summary.txt. Exit status: 0 only if every step passed.
 #
-# To keep the output folder small, when OUTDIR holds more than EVR_OUT_MAX_FILES files (default 8)
-# the logs are packed into one archive, OUTDIR/logs.tar.gz, and only the failed steps' logs (as
+# To keep the output folder small, when RESULTS_DIR holds more than EVR_OUT_MAX_FILES files (default 8)
+# the logs are packed into one archive, RESULTS_DIR/logs.tar.gz, and only the failed steps' logs (as
 # many as fit) stay as plain files.
 set -uo pipefail
 
 if [[ $# -ne 1 ]]; then
-  echo "usage: $0 OUTDIR" >&2
+  echo "usage: $0 RESULTS_DIR" >&2
   exit 2
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 mkdir -p "$1" || exit 2
-outdir="$(cd "$1" && pwd)"
+results_dir="$(cd "$1" && pwd)"
 root="$PWD"
 build_dir="build/gpu"
 budget="${EVR_GPU_BUDGET_S:-500}"
@@ -54,11 +54,11 @@ record() {  # name state seconds
   names+=("$1") states+=("$2") times+=("$3")
   if [[ "$2" != ok && "$2" != "skipped (by request)" ]]; then
     any_failed=1
-    [[ -f "$outdir/$1.log" ]] && failed_logs+=("$1.log")
+    [[ -f "$results_dir/$1.log" ]] && failed_logs+=("$1.log")
   fi
 }
 
-# run_step NAME BUDGET_S COMMAND... : runs it under timeout, tees into OUTDIR/NAME.log.
+# run_step NAME BUDGET_S COMMAND... : runs it under timeout, tees into RESULTS_DIR/NAME.log.
 run_step() {
   local name="$1" limit="$2"
   shift 2
@@ -71,7 +71,7 @@ run_step() {
   ((limit > left)) && limit=$left
   echo "==> [gpu-run] $name: $* (timeout ${limit} s)"
   local t0=$SECONDS rc
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$outdir/$name.log"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$results_dir/$name.log"
   rc=${PIPESTATUS[0]}
   local took=$((SECONDS - t0))
   if ((rc == 0)); then
@@ -118,7 +118,7 @@ if ((built)) && [[ "${EVR_SKIP_CTEST:-0}" == 1 ]]; then
   skip_step ctest "by request"  # EVR_SKIP_CTEST=1: not a failure
 elif ((built)); then
   if run_step ctest 240 ctest --test-dir "$build_dir" --output-on-failure; then
-    if [[ "${EVR_ALLOW_SKIP:-0}" != 1 ]] && grep -qE '\*\*\*Skipped|Not Run|SKIPPED:' "$outdir/ctest.log"; then
+    if [[ "${EVR_ALLOW_SKIP:-0}" != 1 ]] && grep -qE '\*\*\*Skipped|Not Run|SKIPPED:' "$results_dir/ctest.log"; then
       echo "gpu-run: a test was skipped on the GPU machine (see ctest.log); counting that as a failure"
       states[${#states[@]} - 1]="FAIL (test skipped)"
       any_failed=1
@@ -152,7 +152,7 @@ if ((built)) && [[ -x "$bench" ]]; then
     # Extra arguments per subcommand: EVR_BENCH_ARGS_<sub>, e.g. EVR_BENCH_ARGS_idle="--variant ...".
     extra_var="EVR_BENCH_ARGS_${sub}"
     read -r -a extra <<<"${!extra_var:-}"
-    run_step "bench-$sub" "$limit" "$bench" "$sub" "${extra[@]}" --json "$outdir/$sub.json"
+    run_step "bench-$sub" "$limit" "$bench" "$sub" "${extra[@]}" --json "$results_dir/$sub.json"
   done
 elif ((built)); then
   echo "==> [gpu-run] bench: $bench not built, nothing to run"
@@ -182,21 +182,21 @@ fi
   else
     echo "gpu-run: all passed ($SECONDS s)"
   fi
-} | tee "$outdir/summary.txt"
+} | tee "$results_dir/summary.txt"
 
 # Keep the output folder small (at most EVR_OUT_MAX_FILES files): the logs go into one archive.
-file_count="$(find "$outdir" -type f | wc -l)"
+file_count="$(find "$results_dir" -type f | wc -l)"
 if ((file_count > max_files)); then
-  (cd "$outdir" && tar -czf logs.tar.gz ./*.log)
+  (cd "$results_dir" && tar -czf logs.tar.gz ./*.log)
   keep=()
-  room=$((max_files - $(find "$outdir" -type f ! -name '*.log' | wc -l)))
+  room=$((max_files - $(find "$results_dir" -type f ! -name '*.log' | wc -l)))
   for log in "${failed_logs[@]}"; do
     ((${#keep[@]} < room)) && keep+=("$log")
   done
-  for log in "$outdir"/*.log; do
+  for log in "$results_dir"/*.log; do
     [[ " ${keep[*]} " == *" $(basename "$log") "* ]] || rm -f "$log"
   done
-  echo "gpu-run: $file_count files in $outdir; logs packed into logs.tar.gz${keep[*]:+, kept ${keep[*]}}"
+  echo "gpu-run: $file_count files in $results_dir; logs packed into logs.tar.gz${keep[*]:+, kept ${keep[*]}}"
 fi
 
 exit "$any_failed"

@@ -4,7 +4,7 @@
 #
 #   git archive -o .prev/before.tgz REV                        # the tree before the change
 #   scripts/gpu/stage-deps.sh && scripts/gpu/stage-tools.sh    # once: headers and wrk
-#   bash scripts/gpu/gpu-server-before-after.sh OUTDIR         # on the GPU machine
+#   bash scripts/gpu/gpu-server-before-after.sh RESULTS_DIR         # on the GPU machine
 #
 # On a GPU machine without a package registry, stage the headers and wrk on a machine that has one
 # and copy .deps, .tools and .prev along (all git-ignored).
@@ -16,18 +16,18 @@
 # "/busy?us=1000 /mlp?seed=1"), EVR_SBA_CONNECTIONS (default "256 1024"), EVR_SBA_SECONDS per
 # point (default 2), EVR_SBA_ROUNDS (default 2). Prints one row per point: requests/s, p99 and server CPU per request of each
 # round, and after/before (the rounds' means), also into compare.txt. All of it goes into
-# OUTDIR/server-before-after.tgz (one archive, to keep the output folder small). EVR_SBA_DEVICE=sim
+# RESULTS_DIR/server-before-after.tgz (one archive, to keep the output folder small). EVR_SBA_DEVICE=sim
 # runs it on the simulated device (a test of this script, without CUDA).
 set -uo pipefail
 if [[ $# -ne 1 || ! -f .prev/before.tgz ]]; then
-  echo "usage: $0 OUTDIR   (with .prev/before.tgz made by git archive)" >&2
+  echo "usage: $0 RESULTS_DIR   (with .prev/before.tgz made by git archive)" >&2
   exit 2
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 root=$PWD
-mkdir -p "$1" && out="$(cd "$1" && pwd)"
+mkdir -p "$1" && results_dir="$(cd "$1" && pwd)"
 work="$(mktemp -d)"
-trap 'tar czf "$out/server-before-after.tgz" -C "$work" .' EXIT
+trap 'tar czf "$results_dir/server-before-after.tgz" -C "$work" .' EXIT
 device="${EVR_SBA_DEVICE:-auto}"
 IFS=';' read -r -a servers <<<"${EVR_SBA_SERVERS:-evr N=1;evr N=4;pool auto N=4}"
 read -r -a routes <<<"${EVR_SBA_ROUTES:-/busy?us=1000 /mlp?seed=1}"

@@ -187,22 +187,22 @@ run_with_wrk() {  # mode
   fi
   [[ -n "$device_line" ]] || device_line="$(head -n 1 "$log")"
   for c in $connections; do
-    local t=$((c < wrk_threads ? c : wrk_threads)) out="$logdir/wrk-$mode-$c.txt"
+    local t=$((c < wrk_threads ? c : wrk_threads)) run_out="$logdir/wrk-$mode-$c.txt"
     step "wrk -t$t -c$c -d${seconds}s --latency http://127.0.0.1:$port$path"
     if ! timeout $((seconds + 60)) "${wrk[@]}" -t"$t" -c"$c" -d"${seconds}s" --timeout 10s --latency \
-      "http://127.0.0.1:$port$path" >"$out" 2>&1; then
+      "http://127.0.0.1:$port$path" >"$run_out" 2>&1; then
       echo "load-server.sh: wrk failed:" >&2
-      cat "$out" >&2
+      cat "$run_out" >&2
       add_row "$mode" "$c" - - - - 1
       continue
     fi
     local rps p50 p90 p99 non2xx sock
-    rps="$(awk '/^Requests\/sec:/ {print $2}' "$out")"
-    p50="$(to_us "$(awk '$1 == "50%" {print $2}' "$out")")"
-    p90="$(to_us "$(awk '$1 == "90%" {print $2}' "$out")")"
-    p99="$(to_us "$(awk '$1 == "99%" {print $2}' "$out")")"
-    non2xx="$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$out")"
-    sock="$(awk '/Socket errors:/ {gsub(/,/, ""); print $4 + $6 + $8 + $10}' "$out")"
+    rps="$(awk '/^Requests\/sec:/ {print $2}' "$run_out")"
+    p50="$(to_us "$(awk '$1 == "50%" {print $2}' "$run_out")")"
+    p90="$(to_us "$(awk '$1 == "90%" {print $2}' "$run_out")")"
+    p99="$(to_us "$(awk '$1 == "99%" {print $2}' "$run_out")")"
+    non2xx="$(awk '/Non-2xx or 3xx responses:/ {print $NF}' "$run_out")"
+    sock="$(awk '/Socket errors:/ {gsub(/,/, ""); print $4 + $6 + $8 + $10}' "$run_out")"
     add_row "$mode" "$c" "${rps:-?}" "$p50" "$p90" "$p99" "$((${non2xx:-0} + ${sock:-0}))"
   done
   stop_server
@@ -218,29 +218,29 @@ run_with_wrk() {  # mode
 }
 
 run_builtin() {  # mode
-  local mode="$1" c out
+  local mode="$1" c run_out
   local margs
   read -r -a margs <<<"$(mode_args "$mode")"
   for c in $connections; do
-    out="$logdir/builtin-$mode-$c.txt"
+    run_out="$logdir/builtin-$mode-$c.txt"
     step "$bin ${margs[*]} --device $device --load-connections $c --load-seconds $seconds --load-path '$path' ${server_args[*]}"
     timeout $((seconds + 90)) "$bin" "${margs[@]}" --device "$device" --load-connections "$c" \
-      --load-seconds "$seconds" --load-path "$path" "${server_args[@]}" >"$out" 2>&1 || true
-    [[ -n "$device_line" ]] || device_line="$(head -n 1 "$out")"
+      --load-seconds "$seconds" --load-path "$path" "${server_args[@]}" >"$run_out" 2>&1 || true
+    [[ -n "$device_line" ]] || device_line="$(head -n 1 "$run_out")"
     local line
-    line="$(grep '^load-result ' "$out" || true)"
+    line="$(grep '^load-result ' "$run_out" || true)"
     if [[ -z "$line" ]]; then
       echo "load-server.sh: the built-in load run failed:" >&2
-      tail -n 20 "$out" >&2
+      tail -n 20 "$run_out" >&2
       add_row "$mode" "$c" - - - - 1
       continue
     fi
     field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$line"; }
     local errors
     errors="$(field errors)"
-    if ! grep -q '(0 failures' "$out"; then
+    if ! grep -q '(0 failures' "$run_out"; then
       errors=$((errors + 1))
-      grep '^server: .* respons' "$out" >&2 || true
+      grep '^server: .* respons' "$run_out" >&2 || true
     fi
     add_row "$mode" "$c" "$(field rps)" "$(field p50_us)" "$(field p90_us)" "$(field p99_us)" "$errors"
   done
