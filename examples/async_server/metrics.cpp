@@ -288,6 +288,7 @@ std::string reactor_summary(const evr::reactor_metrics& m) {
       out,
       "submitted %llu, completed %llu, cancelled %llu, failed %llu, in flight %llu, sweeps %llu, "
       "event queries %llu, stream queries %llu, doorbells %llu, parks %llu, wake-ups %llu, "
+      "prediction misses %llu, host passes %llu (completions found %llu), "
       "submit->deliver p50 <= %.1f us, p99 <= %.1f us",
       static_cast<unsigned long long>(m.submitted), static_cast<unsigned long long>(m.completed),
       static_cast<unsigned long long>(m.cancelled), static_cast<unsigned long long>(m.failed),
@@ -296,6 +297,9 @@ std::string reactor_summary(const evr::reactor_metrics& m) {
       static_cast<unsigned long long>(m.stream_queries),
       static_cast<unsigned long long>(m.doorbells), static_cast<unsigned long long>(m.parks),
       static_cast<unsigned long long>(m.wakeups),
+      static_cast<unsigned long long>(m.prediction_misses),
+      static_cast<unsigned long long>(m.host_passes),
+      static_cast<unsigned long long>(m.host_completions),
       static_cast<double>(m.submit_to_deliver.quantile_upper_ns(0.5)) / 1e3,
       static_cast<double>(m.submit_to_deliver.quantile_upper_ns(0.99)) / 1e3);
   return out;

@@ -14,11 +14,12 @@ evr-async-server, warms the route up with wrk, then runs wrk for --seconds while
     live threads');
   * samples the server with perf (cpu-clock, no hardware counters needed) and prints the top
     frames by self time, for the whole process and per thread group, in % and in us per request.
-  * with --callers (call graphs, DWARF unwinding), two more tables for the io threads, in us per
-    request: the CPU spent outside the server (the CUDA driver, the kernel, libc) by the
-    server's function that called out and the CUDA runtime call it made (which of evr's calls
-    the driver's time belongs to, although libcuda's frames have no symbols); and all their CPU
-    by the innermost evr function on the stack (what evr costs the io thread, callees included).
+  * with --callers (call graphs, DWARF unwinding), two more tables each for the io threads and
+    the reactor thread, in us per request: the CPU spent outside the server (the CUDA driver,
+    the kernel, libc) by the server's function that called out and the CUDA runtime call it made
+    (which of evr's calls the driver's time belongs to, although libcuda's frames have no
+    symbols); and all their CPU by the innermost evr function on the stack and the evr function
+    that called it (what evr costs the thread, callees included).
 Output goes to stdout and DIR/profile.txt; numbers to DIR/profile.json.
 
 On a GPU machine without a package registry: run scripts/gpu/stage-deps.sh,
@@ -198,16 +199,25 @@ def calling_out(chain, binary):
 
 
 def innermost_evr(chain, binary):
-    """The innermost evr function on the stack, unless the server's own code (a frame of `binary`
-    that is neither evr, Asio, the standard library nor the CUDA runtime) is nearer: evr's
-    inclusive share, with the handlers evr runs charged to the server, not to evr's operation."""
+    """The innermost evr function on the stack and the evr function that called it ("inner <
+    caller"), unless the server's own code (a frame of `binary` that is neither evr, Asio, the
+    standard library nor the CUDA runtime) is nearer: evr's inclusive share, with the handlers evr
+    runs charged to the server, not to evr's operation."""
     mine = os.path.basename(binary)
     transparent = ("asio::", "std::", "cu", "libcudart_static_", "operator", "__", "void ")
+    found = []
     for symbol, dso in chain:
         if symbol.startswith("evr::"):
-            return symbol
+            name = re.sub(r"^evr::(detail::|device::\(anonymous namespace\)::)?", "", symbol)
+            if not found or found[-1] != name:
+                found.append(name)
+            if len(found) == 2:
+                break
+            continue
         if os.path.basename(dso) == mine and not symbol.startswith(transparent):
             break
+    if found:
+        return " < ".join(found)
     return "(no evr function: the server's own code, Asio and the kernel under it)"
 
 
@@ -300,10 +310,14 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
             if g in comms_of:
                 doc["frames"][g] = perf_report(perf, data, requests, cpu_by_comm, comms_of[g],
                                                lines)
-        io = comms_of.get("evr-io (io threads)")
-        if args.callers and io:
-            doc["callers"] = caller_tables(perf, data, binary, requests,
-                                           sum(cpu_by_comm[c] for c in io), io, lines)
+        if args.callers:
+            doc["callers"] = {}
+            for g, short in (("evr-io (io threads)", "io"), ("evr-reactor", "reactor")):
+                comms = comms_of.get(g)
+                if comms:
+                    doc["callers"][short] = caller_tables(
+                        perf, data, binary, requests, sum(cpu_by_comm[c] for c in comms), comms,
+                        lines)
         if not args.keep_perf_data:
             os.remove(data)
     elif perf:
@@ -331,15 +345,18 @@ def text(doc):
         for f in frames:
             out.append(f"   {f['percent']:6.2f} {study.fmt(f['us_per_request'], 2):>7}  "
                        f"{f['symbol'][:110]} [{os.path.basename(f['dso'])}]")
-    titles = {"calling_out": "the io threads' time outside the server, by who called out "
-                             "[where the time went]",
-              "evr": "the io threads' time by the innermost evr function on the stack"}
-    for table, rows in doc.get("callers", {}).items():
-        out.append(f"   {titles[table]}:")
-        out.append(f"   {'% io':>6} {'us/req':>7}  function")
-        for r in rows:
-            key = f"{r['key'][0][:110]} [{r['key'][1]}]" if table == "calling_out" else r["key"][:120]
-            out.append(f"   {r['percent']:6.2f} {study.fmt(r['us_per_request'], 2):>7}  {key}")
+    titles = {"calling_out": "time outside the server, by who called out [where the time went]",
+              "evr": "time by the innermost evr function on the stack < the evr function that "
+                     "called it"}
+    for group, tables in doc.get("callers", {}).items():
+        who = {"io": "the io threads'", "reactor": "the reactor thread's"}[group]
+        for table, rows in tables.items():
+            out.append(f"   {who} {titles[table]}:")
+            out.append(f"   {'% ' + group:>9} {'us/req':>7}  function")
+            for r in rows:
+                key = (f"{r['key'][0][:110]} [{r['key'][1]}]" if table == "calling_out"
+                       else r["key"][:140])
+                out.append(f"   {r['percent']:9.2f} {study.fmt(r['us_per_request'], 2):>7}  {key}")
     if doc.get("perf_error"):
         out.append(f"   perf failed: {doc['perf_error']}")
     return "\n".join(out)
