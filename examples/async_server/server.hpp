@@ -37,8 +37,10 @@
 //     io_context per thread a connection would wait behind the blocked thread it was pinned to).
 //   * thread: each accepted connection gets a thread of its own running a private io_context for
 //     that one socket, so its reads, writes and waits block only that thread.
-// Files: connections, limits, the sweep and abandoned requests here and in server.cpp; what each
-// route does in routes.cpp; the drain's state and deadline in drain.cpp.
+// Files: a connection's requests (read, route, answer), start, stop and drain in server.cpp; the
+// accept loop, placement and admission against the limits in accept.cpp; the deadline sweep and
+// abandoned requests in deadlines.cpp; what each route does in routes.cpp; the drain's state and
+// deadline in drain.cpp.
 // GPUs: the lanes of every device used (lane_set.hpp); each connection prefers one device,
 // round-robin at accept, and /mlp has a batcher per device.
 // Deadlines (idle and slow clients): a connection stores when it must next make progress; one
