@@ -90,7 +90,6 @@ TEST_CASE("signal: a wait completes when the kernel signals; evr puts nothing on
     const auto c1 = sim.counters();
     CHECK(c1.fence_writes_enqueued == c0.fence_writes_enqueued);  // no marker of evr's
     CHECK(c1.event_records == c0.event_records);
-    CHECK(c1.host_funcs_launched == c0.host_funcs_launched);
     REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
     CHECK(out.count() == 0);  // nothing signalled yet
     sim.step(st.native(), n / 2);
@@ -105,6 +104,12 @@ TEST_CASE("signal: a wait completes when the kernel signals; evr puts nothing on
     const auto m = r.metrics();
     CHECK(m.completed == static_cast<std::uint64_t>(n));
     CHECK(m.event_queries == 0);
+    // No host function as a marker either. adaptive may arm a doorbell (a host function that
+    // wakes the reactor) for a wait that got old while this loop submitted, on a loaded machine:
+    // every host function launched meanwhile must be one of the doorbells counted.
+    CAPTURE(m.doorbells);
+    CHECK(c1.host_funcs_launched - c0.host_funcs_launched <= m.doorbells);
+    if (s == evr::strategy::fence) CHECK(c1.host_funcs_launched == c0.host_funcs_launched);
   }
 }
 
