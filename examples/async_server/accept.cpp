@@ -15,15 +15,8 @@
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <evr/callbacks/asio_compat.hpp>
-
-namespace {
-
-constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
-
-}  // namespace
+#include "use_tuple.hpp"
 
 struct server::conn_thread {
   asio::io_context io{1};

@@ -6,12 +6,10 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <evr/callbacks/asio_compat.hpp>
+#include "use_tuple.hpp"
 
 namespace {
-constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
 using clock_type = std::chrono::steady_clock;
 }  // namespace
 

@@ -8,16 +8,12 @@
 
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
 
-#include <evr/callbacks/asio_compat.hpp>
+#include "use_tuple.hpp"
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
-
-std::int64_t to_ns(clock_type::time_point t) {
+std::int64_t to_ns(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 

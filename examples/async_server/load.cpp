@@ -14,20 +14,17 @@
 #include <asio/read.hpp>
 #include <asio/read_until.hpp>
 #include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
-
-#include <evr/callbacks/asio_compat.hpp>
 
 #include "busy_math.hpp"
 #include "http.hpp"
 #include "job.hpp"
+#include "use_tuple.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 using asio::ip::tcp;
-constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
 
 struct reply {
   int status = 0;

@@ -14,14 +14,12 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/use_awaitable.hpp>
 
-#include <evr/callbacks/asio_compat.hpp>
-
 #include "busy_math.hpp"
+#include "use_tuple.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
 
 std::string json_number(double v) {
   char buf[48];

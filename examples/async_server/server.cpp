@@ -10,19 +10,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <optional>
 #include <utility>
 
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/post.hpp>
 #include <asio/read.hpp>
 #include <asio/read_until.hpp>
-#include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
-#include <evr/callbacks/asio_compat.hpp>
+#include "use_tuple.hpp"
 
 namespace {
 
@@ -59,9 +56,6 @@ template <>
 struct asio::is_match_condition<head_end> : std::true_type {};
 
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-constexpr auto use_tuple = evr::compat::as_tuple(asio::use_awaitable);
 
 /// The label requests are counted under (a closed set: see server_metrics::paths).
 std::string_view metrics_path(std::string_view path) {
