@@ -54,8 +54,10 @@ class Tally:
         self.by_backend: dict[str, int] = {}
         self.errors_at: list[float] = []  # monotonic time of each non-2xx / socket error
         # requests sent again (client(retries=...)) because their connection failed first: on a
-        # connection that had answered before ("reused") or on a new one ("fresh")
+        # connection that had answered before ("reused"), on a new one ("fresh"), or before a new
+        # one was open ("connect": refused or reset during the handshake); the first error of each
         self.retried: dict[str, int] = {}
+        self.first_retry: dict[str, str] = {}
         self.first_problem = ""
 
     def problem(self, what: str) -> None:
@@ -88,13 +90,16 @@ async def client(port: int, route: str, seeds: dict, stop: asyncio.Event, tally:
     keys = list(seeds)
     n = idx
     writer = None
+    connecting = False
     attempt = 0
     answered_on_connection = 0
     while not stop.is_set():
         try:
             if writer is None:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 answered_on_connection = 0
+                connecting = True
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                connecting = False
             seed = keys[n % len(keys)]
             sep = "&" if "?" in route else "?"
             writer.write(f"GET {route}{sep}seed={seed} HTTP/1.1\r\nHost: fleet\r\n{close}\r\n"
@@ -124,8 +129,10 @@ async def client(port: int, route: str, seeds: dict, stop: asyncio.Event, tally:
             writer = None
             if attempt < retries and not isinstance(e, ValueError):
                 attempt += 1
-                where = "reused" if answered_on_connection else "fresh"
+                where = ("connect" if connecting else
+                         "reused" if answered_on_connection else "fresh")
                 tally.retried[where] = tally.retried.get(where, 0) + 1
+                tally.first_retry.setdefault(where, f"{type(e).__name__}: {e}")
                 continue
             attempt = 0
             n += 7

@@ -83,7 +83,9 @@ async def reuse_port_rolling(args, binary, seeds, workdir, report) -> list[str]:
     server in turn: its replacement starts on the port first, then it gets SIGTERM and drains.
     What the kernel does with the connections still in the draining server's accept queue when it
     closes its listening socket decides what the clients see: with net.ipv4.tcp_migrate_req=1 they
-    move to another listener of the port; with 0 they are reset (the clients here resend them).
+    move to another listener of the port; with 0 they are reset, and so is a connect() whose SYN
+    reached that socket just before it closed (the clients here resend both: "fresh" and
+    "connect").
     Asserted: 0 wrong, 0 lost, both replacements answered, no request failed on a kept-alive
     connection (the drain answers each connection's last request with Connection: close), and with
     tcp_migrate_req=1 none on a new connection either."""
@@ -134,6 +136,7 @@ async def reuse_port_rolling(args, binary, seeds, workdir, report) -> list[str]:
     report.setdefault("reuse_port_rolling", []).append({
         "tcp_migrate_req": migrate, "seconds": elapsed, "ok": tally.ok, "wrong": tally.wrong,
         "non2xx": tally.non2xx, "lost": tally.socket_errors, "retried": tally.retried,
+        "first_retry": tally.first_retry,
         "drain_s": drains, "answered_by_replacements": answered_by_new,
         "first_problem": tally.first_problem})
     retried = ", ".join(f"{n} on {where} connections" for where, n in sorted(tally.retried.items()))
@@ -150,10 +153,12 @@ async def reuse_port_rolling(args, binary, seeds, workdir, report) -> list[str]:
                         f"({answered_by_new})")
     if tally.retried.get("reused", 0):
         problems.append(f"reuse-port rolling restart: {tally.retried['reused']} requests failed on "
-                        f"kept-alive connections that the drain closed before their last answer")
-    if migrate == "1" and tally.retried.get("fresh", 0):
-        problems.append(f"reuse-port rolling restart: {tally.retried['fresh']} new connections "
-                        f"failed although tcp_migrate_req=1 moves the accept queue")
+                        f"kept-alive connections that the drain closed before their last answer "
+                        f"(first: {tally.first_retry['reused']})")
+    new_failed = tally.retried.get("fresh", 0) + tally.retried.get("connect", 0)
+    if migrate == "1" and new_failed:
+        problems.append(f"reuse-port rolling restart: {new_failed} new connections failed although "
+                        f"tcp_migrate_req=1 moves the accept queue (first: {tally.first_retry})")
     return problems
 
 
