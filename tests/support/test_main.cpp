@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <iostream>
 #include <string>
 #include <string_view>
 
@@ -48,6 +49,10 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
+  // doctest reports on std::cout, which a pipe (ctest) buffers: flushed at every write, a failed
+  // assertion's report reaches the log even when the test then hangs in its teardown (a reactor
+  // joining its thread while that thread is stuck) and is killed at its timeout.
+  std::cout << std::unitbuf;
   doctest::Context context(argc, argv);
   return context.run();
 }
