@@ -35,6 +35,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "examples", "deploy"))
 from fleet import Fleet, ServerProcess, default_haproxy_threads, free_port  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernel_net  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("server_study",
                                                os.path.join(ROOT, "scripts", "study", "server-study.py"))
@@ -47,12 +49,15 @@ def wrk_point(wrk, port, route, connections, seconds, pids, threads=4):
     cmd = [wrk[0], f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "--timeout", "10s",
            f"http://127.0.0.1:{port}{route}"]
     before = {p: study.cpu_seconds(p) for p in pids}
+    counters = kernel_net.snapshot()
     t0 = time.monotonic()
     out = subprocess.run(cmd, env=wrk[1], capture_output=True, text=True, timeout=seconds + 60)
     wall = time.monotonic() - t0
     cpu = {p: study.cpu_seconds(p) - before[p] for p in pids}
     r = study.parse_wrk(out.stdout)
     r["wall_s"] = wall
+    # A p99 of a second under a closed loop is a stall, not a queue: these say which kind.
+    r["kernel"] = kernel_net.since(counters)
     r["cores"] = {str(p): c / wall for p, c in cpu.items()}
     return r
 
@@ -198,6 +203,7 @@ def main() -> int:
                   f"servers {r['server_cores']:.2f} cores ({sv_us:.1f} us/req)  HAProxy "
                   f"{r['haproxy_cores']:.2f} cores ({hp_us:.1f} us/req)  errors {r['non2xx'] + r['socket_errors']}  exit "
                   f"{r['exit']}", flush=True)
+            print(f"round {rnd} {name:30} kernel: {kernel_net.describe(r['kernel'])}", flush=True)
     single = rows["one process"]
     summary = {}
     for h in haproxies:
