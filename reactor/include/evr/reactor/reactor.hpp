@@ -17,8 +17,10 @@
 //
 // Thread safety: every member may be called from any thread (submit, cancel and cancel_owner
 // too).
-// Lifetime: destroying the reactor stops it (see stop()). Destroying it from one of its own inline
-// handlers is allowed: the thread then finishes the shutdown by itself and frees what it holds.
+// Lifetime: destroying the reactor stops it (see stop()), which completes every wait still
+// pending: whatever a wait's completion touches (a callback's captures) must outlive the reactor.
+// Destroying it from one of its own inline handlers is allowed: the thread then finishes the
+// shutdown by itself and frees what it holds.
 #pragma once
 
 #include <chrono>
