@@ -199,11 +199,11 @@ TEST_CASE("deferred + make_parallel_group: a GPU wait raced against a timer") {
 TEST_CASE("per-operation cancellation: exactly once, twice is harmless, the GPU work goes on") {
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
+    asio::cancellation_signal sig;  // outlives the wait: its operation clears the slot when freed
     fixture f(s);
     evr::stream st(dut().backend(), 0);
     auto gate = dut().make_gate();
     gate->launch(st.native());
-    asio::cancellation_signal sig;
     int calls = 0;
     evr::asio_error_code got;
     f.waiter.async_wait(st, asio::bind_cancellation_slot(sig.slot(), [&](evr::asio_error_code ec) {
@@ -234,11 +234,11 @@ TEST_CASE("per-operation cancellation: exactly once, twice is harmless, the GPU 
 }
 
 TEST_CASE("cancel racing completion: every wait completes exactly once") {
+  constexpr int n = evr::test::sanitized() ? 300 : 2000;
+  std::vector<asio::cancellation_signal> sigs(n);  // outlive the waits (their slots are cleared)
   fixture f(evr::strategy::poll);
   evr::stream st(dut().backend(), 0);
-  constexpr int n = evr::test::sanitized() ? 300 : 2000;
   std::vector<int> calls(n, 0);
-  std::vector<asio::cancellation_signal> sigs(n);
   int finished = 0, aborted = 0, ok = 0;
   for (int i = 0; i < n; ++i) {
     dut().launch_busy(st.native(), 1);
@@ -345,10 +345,11 @@ TEST_CASE("release_after with an executor keeps it busy until the resource is fr
 }
 
 TEST_CASE("plain callbacks (on_complete) run once on the reactor thread") {
-  evr::reactor r(dut().backend(), quick_options(evr::strategy::adaptive));
-  evr::stream st(dut().backend(), 0);
+  // Before the reactor: its destructor completes pending waits into these.
   std::atomic<int> calls{0};
   std::atomic<bool> on_reactor{false};
+  evr::reactor r(dut().backend(), quick_options(evr::strategy::adaptive));
+  evr::stream st(dut().backend(), 0);
   CHECK_FALSE(evr::on_complete(r, st, [&](std::error_code ec) {
     on_reactor = r.running_in_this_thread();
     calls += ec ? 100 : 1;
@@ -362,11 +363,12 @@ TEST_CASE("stop(): pending waits are aborted exactly once; later waits are refus
     CAPTURE(std::string(evr::to_string(s)));
     auto opts = quick_options(s);
     opts.shutdown_drain = 20ms;
+    // Before the reactor: its destructor completes pending waits into these.
+    std::atomic<int> aborted{0}, other{0};
     evr::reactor r(dut().backend(), opts);
     evr::stream st(dut().backend(), 0);
     auto gate = dut().make_gate();
     gate->launch(st.native());
-    std::atomic<int> aborted{0}, other{0};
     constexpr int n = 500;
     for (int i = 0; i < n; ++i) {
       REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) {
@@ -512,11 +514,12 @@ TEST_CASE("soak (device under test): none lost, none duplicated") {
   long grand_total = 0;
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
+    // Before the reactor: its destructor completes pending waits into these.
+    std::vector<std::atomic<std::uint8_t>> seen(per_strategy);
+    std::atomic<long> ok{0}, aborted{0}, failed{0};
     evr::reactor r(dut().backend(), quick_options(s));
     std::vector<evr::stream> ss;
     for (int i = 0; i < streams; ++i) ss.emplace_back(dut().backend(), 0);
-    std::vector<std::atomic<std::uint8_t>> seen(per_strategy);
-    std::atomic<long> ok{0}, aborted{0}, failed{0};
     asio::io_context io;
     auto work = asio::make_work_guard(io);
     std::thread io_thread([&] { io.run(); });
@@ -585,13 +588,13 @@ TEST_CASE("soak (device under test): none lost, none duplicated") {
 TEST_CASE("fence: thousands of waits behind unfinished work never block the submitter") {
   for (evr::strategy s : {evr::strategy::fence, evr::strategy::adaptive}) {
     CAPTURE(std::string(evr::to_string(s)));
+    std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
     evr::reactor r(dut().backend(), quick_options(s));
     std::vector<evr::stream> ss;
     for (int i = 0; i < 4; ++i) ss.emplace_back(dut().backend(), 0);
     auto gate = dut().make_gate();
     for (auto& st : ss) gate->launch(st.native());
     constexpr int n = 3000;
-    std::atomic<int> done{0};
     std::atomic<bool> submitted{false}, rescued{false};
     std::thread watchdog([&] {
       for (int i = 0; i < 1000 && !submitted.load(); ++i) std::this_thread::sleep_for(10ms);

@@ -26,12 +26,12 @@ TEST_CASE("signal (device): kernels of one and of many blocks signal their slot,
   evr::device::backend& be = dut().backend();
   for (evr::strategy s : {evr::strategy::fence, evr::strategy::adaptive}) {
     CAPTURE(std::string(evr::to_string(s)));
+    std::atomic<int> ok{0}, bad{0};  // before the reactor: its destructor completes pending waits
     evr::reactor r(be, quick_options(s));
     evr::stream st(be, 0);
     evr::signal_slot slot = r.pools().signals(0).acquire();
     asio::io_context io;
     evr::gpu_waiter waiter(io.get_executor(), r);
-    std::atomic<int> ok{0}, bad{0};
     int posted_ok = 0;
     constexpr int n = 60;
     for (int i = 0; i < n; ++i) {
@@ -57,11 +57,12 @@ TEST_CASE("signal (device): kernels of one and of many blocks signal their slot,
 
 TEST_CASE("signal (device): a kernel that returns without signalling fails its wait") {
   evr::device::backend& be = dut().backend();
+  // Before the reactor: its destructor completes a pending wait into these.
+  std::atomic<int> calls{0};
+  std::error_code seen;
   evr::reactor r(be, quick_options(evr::strategy::adaptive));
   evr::stream st(be, 0);
   evr::signal_slot slot = r.pools().signals(0).acquire();
-  std::atomic<int> calls{0};
-  std::error_code seen;
   dut().launch_busy(st.native(), 50);  // never signals
   REQUIRE_FALSE(evr::on_complete(r, evr::wait_target(st, slot.arm()), [&](std::error_code ec) {
     seen = ec;

@@ -19,11 +19,13 @@ TEST_CASE("graph capture on another thread is not invalidated by the reactor's p
   evr::device::backend& be = evr::test::dut().backend();
   auto opts = evr::test::quick_options(evr::strategy::poll);
   opts.spin_window = std::chrono::seconds(5);  // poll continuously during the capture
+  // Before the reactor: its destructor completes pending waits into these.
+  std::atomic<int> done{0};
+  std::atomic<bool> graph_done{false};
   evr::reactor r(be, opts);
   evr::stream polled(be, 0), captured(be, 0);
   auto gate = evr::test::dut().make_gate();
   gate->launch(polled.native());
-  std::atomic<int> done{0};
   for (int i = 0; i < 50; ++i)
     REQUIRE_FALSE(evr::on_complete(r, polled, [&](std::error_code ec) { done += !ec; }));
   // The reactor is now querying pending events on `polled` in a loop.
@@ -49,7 +51,6 @@ TEST_CASE("graph capture on another thread is not invalidated by the reactor's p
   cudaGraphExec_t exec = nullptr;
   REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
   REQUIRE(cudaGraphLaunch(exec, cs) == cudaSuccess);
-  std::atomic<bool> graph_done{false};
   REQUIRE_FALSE(evr::on_complete(r, captured, [&](std::error_code ec) { graph_done = !ec; }));
   CHECK(evr::test::wait_until([&] { return graph_done.load(); }));
   gate->open();
@@ -64,6 +65,7 @@ TEST_CASE("a kernel captured in a CUDA graph signals its slot on every replay") 
   // What the kernel is given (signal_ref) never changes, so the graph is captured once and each
   // replay is one more signal: arm() once per launch of the graph.
   evr::device::backend& be = evr::test::dut().backend();
+  std::atomic<int> ok{0}, bad{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(be, evr::test::quick_options(evr::strategy::adaptive));
   evr::stream st(be, 0);
   evr::signal_slot slot = r.pools().signals(0).acquire();
@@ -75,7 +77,6 @@ TEST_CASE("a kernel captured in a CUDA graph signals its slot on every replay") 
   REQUIRE(cudaStreamEndCapture(cs, &graph) == cudaSuccess);
   cudaGraphExec_t exec = nullptr;
   REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-  std::atomic<int> ok{0}, bad{0};
   constexpr int replays = 40;
   for (int i = 0; i < replays; ++i) {
     const evr::signal_ticket t = slot.arm();

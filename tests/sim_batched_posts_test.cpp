@@ -73,12 +73,13 @@ evr::stream instant_stream(evr::test::instant_backend& device) {
 TEST_CASE(
     "batched posts: an inline handler runs after the batch's earlier completions were posted") {
   evr::test::instant_backend device;
-  evr::reactor r(device, quick_options(evr::strategy::poll));
-  evr::stream st = instant_stream(device);
+  // Before the reactor: its destructor runs a pending inline handler, which uses these.
   asio::io_context io;
-  evr::gpu_waiter waiter(io.get_executor(), r);
   std::vector<std::string> log;  // the reactor thread appends, then (after) this thread reads
   std::atomic<bool> inline_ran{false};
+  evr::reactor r(device, quick_options(evr::strategy::poll));
+  evr::stream st = instant_stream(device);
+  evr::gpu_waiter waiter(io.get_executor(), r);
   {
     reactor_hold hold(r, st);
     waiter.async_wait(st, [&](evr::asio_error_code ec) { log.push_back(ec ? "A failed" : "A"); });
@@ -172,6 +173,7 @@ TEST_CASE("batched posts: an inline handler destroys a context whose completions
   // bound for `lives`. The first were posted into `doomed` before the inline handler ran and are
   // destroyed with it, unrun; nothing is posted into it afterwards (ASan: no use after free).
   evr::test::instant_backend device;
+  std::atomic<bool> destroyed{false};  // before the reactor: its destructor may run the handler
   evr::reactor r(device, quick_options(evr::strategy::poll));
   evr::stream st = instant_stream(device);
   auto doomed = std::make_unique<asio::io_context>();
@@ -180,17 +182,19 @@ TEST_CASE("batched posts: an inline handler destroys a context whose completions
   evr::gpu_waiter waiter(lives.get_executor(), r);
   auto token = std::make_shared<int>(0);
   std::atomic<int> doomed_ran{0}, lived{0};
-  std::atomic<bool> destroyed{false};
   constexpr int n = 16;
   {
     reactor_hold hold(r, st);
     for (int i = 0; i < n; ++i)
       doomed_waiter->async_wait(st, [&, token](evr::asio_error_code) { ++doomed_ran; });
-    REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code) {
-      doomed_waiter.reset();
-      doomed.reset();
-      destroyed = true;
-    }));
+    // The handler owns the doomed waiter and context (it may run in the reactor's destructor).
+    REQUIRE_FALSE(evr::on_complete(r, st,
+                                   [&destroyed, doomed_waiter = std::move(doomed_waiter),
+                                    doomed = std::move(doomed)](std::error_code) mutable {
+                                     doomed_waiter.reset();
+                                     doomed.reset();
+                                     destroyed = true;
+                                   }));
     for (int i = 0; i < n; ++i)
       waiter.async_wait(st, [&](evr::asio_error_code ec) { lived += !ec; });
   }

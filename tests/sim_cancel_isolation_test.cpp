@@ -147,15 +147,17 @@ TEST_CASE("cancel isolation: a waiter's cancel() leaves on_complete and sender w
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
     asio::io_context io;
+    // Before the reactor: its destructor completes pending waits into these (and the senders'
+    // operation states).
+    std::atomic<int> callbacks_ok{0}, callbacks_bad{0};
+    std::stop_source stop;  // never requested: the senders are stoppable, and left alone
+    std::vector<evr::test::outcome> outcomes(waits_each);
+    std::vector<evr::test::op_slot<stoppable>> ops(waits_each);
     evr::reactor r(sim, quick_options(s));
     evr::stream st(sim, 0);
     REQUIRE(sim.launch_kernel(st.native()) == std::error_code{});
     tally waited;
-    std::atomic<int> callbacks_ok{0}, callbacks_bad{0};
     std::vector<evr::wait_handle> handles(waits_each);
-    std::stop_source stop;  // never requested: the senders are stoppable, and left alone
-    std::vector<evr::test::outcome> outcomes(waits_each);
-    std::vector<evr::test::op_slot<stoppable>> ops(waits_each);
     {
       evr::gpu_waiter waiter(io.get_executor(), r);
       for (int i = 0; i < waits_each; ++i) {

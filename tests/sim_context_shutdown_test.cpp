@@ -184,6 +184,7 @@ TEST_CASE("context shutdown: coroutines, the waiter outliving its context") {
 
 TEST_CASE("context shutdown: on the reactor thread (an inline handler destroys the context)") {
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+  std::atomic<bool> destroyed{false};  // before the reactor: its destructor may run the handler
   evr::reactor r(sim, quick_options(evr::strategy::poll));
   evr::stream trigger(sim, 0), busy(sim, 0);
   REQUIRE(sim.launch_kernel(busy.native()) == std::error_code{});
@@ -191,12 +192,14 @@ TEST_CASE("context shutdown: on the reactor thread (an inline handler destroys t
   auto io = std::make_unique<asio::io_context>();
   auto waiter = std::make_unique<evr::gpu_waiter>(io->get_executor(), r);
   for (int i = 0; i < 16; ++i) waiter->async_wait(busy, f.handler());
-  std::atomic<bool> destroyed{false};
-  REQUIRE_FALSE(evr::on_complete(r, trigger, [&](std::error_code) {
-    waiter.reset();
-    io.reset();  // shutdown() on the reactor thread: detached directly
-    destroyed = true;
-  }));
+  // The handler owns the waiter and the context (it may run in the reactor's destructor).
+  REQUIRE_FALSE(evr::on_complete(
+      r, trigger,
+      [&destroyed, waiter = std::move(waiter), io = std::move(io)](std::error_code) mutable {
+        waiter.reset();
+        io.reset();  // shutdown() on the reactor thread: detached directly
+        destroyed = true;
+      }));
   sim.step(trigger.native());
   REQUIRE(wait_until([&] { return destroyed.load(); }));
   CHECK(f.alive_handlers() == 0);

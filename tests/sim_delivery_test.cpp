@@ -175,11 +175,11 @@ TEST_CASE("gpu_waiter: handlers on another context run there, the waiter's conte
   // reactor thread may still be inside the post that woke `runs` (Asio signals after unlocking),
   // and `runs` is not a context evr serves (nothing of evr's waits for it in its destructor).
   asio::io_context never_run, runs;
+  std::atomic<int> ran{0};  // before the pool: it may still run a handler (aborted) until destroyed
   asio::thread_pool pool(1);
   evr::reactor r(device, quick_options(evr::strategy::poll));
   evr::stream st = evr::stream::wrap(device, reinterpret_cast<void*>(0x1000));
   evr::basic_gpu_waiter<asio::io_context::executor_type> waiter(never_run.get_executor(), r);
-  std::atomic<int> ran{0};
   auto strand = asio::make_strand(runs);
   waiter.async_wait(st, asio::bind_executor(runs, [&](evr::asio_error_code ec) { ran += !ec; }));
   waiter.async_wait(st, asio::bind_executor(strand, [&](evr::asio_error_code ec) {

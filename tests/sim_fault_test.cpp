@@ -86,12 +86,15 @@ TEST_CASE(
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 2, .mode = evr::sim::run_mode::threaded});
-    evr::reactor r(sim, quick_options(s));  // fault probe every 2 ms
-    evr::stream a(sim, 0), b(sim, 0), c(sim, 1);
+    // Before the reactor: its destructor completes pending waits into these.
     constexpr int on_a = 30, on_b = 10, on_c = 20;
     std::vector<outcome> wa(on_a), wb(on_b), wc(on_c);
     outcome loose;  // a wait on a user's event recorded on `a`
     std::atomic<int> finished{0};
+    outcome later_c, later_a;  // waits after the fault
+    std::atomic<int> later{0};
+    evr::reactor r(sim, quick_options(s));  // fault probe every 2 ms
+    evr::stream a(sim, 0), b(sim, 0), c(sim, 1);
 
     // Everything is enqueued while device 0's streams are stalled, then the fault is armed.
     sim.stall(a.native());
@@ -186,8 +189,6 @@ TEST_CASE(
 
     // The reactor keeps serving: device 1 as before; device 0 fails at once (refused: the marker
     // cannot go onto a dead device, or accepted and failed).
-    outcome later_c, later_a;
-    std::atomic<int> later{0};
     REQUIRE_FALSE(evr::on_complete(r, c, record_into(later_c, later)));
     if (std::error_code refused = evr::on_complete(r, a, record_into(later_a, later))) {
       CHECK(refused == illegal);
@@ -208,11 +209,12 @@ TEST_CASE(
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
   auto opts = evr::test::quick_options(evr::strategy::host_func);
   opts.fault_probe_interval = 30ms;  // the only way to learn of the fault: the reactor sleeps
-  evr::reactor r(sim, opts);
-  evr::stream st(sim, 0);
+  // Before the reactor: its destructor completes pending waits into these.
   constexpr int n = 25;
   std::vector<outcome> w(n);
   std::atomic<int> finished{0};
+  evr::reactor r(sim, opts);
+  evr::stream st(sim, 0);
   sim.launch_kernel(st.native(), 5ms);
   sim.launch_faulting_kernel(st.native(), fault);
   for (auto& o : w) REQUIRE_FALSE(evr::on_complete(r, st, record_into(o, finished)));
@@ -242,11 +244,12 @@ TEST_CASE(
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 2, .mode = evr::sim::run_mode::threaded});
-    evr::reactor r(sim, quick_options(s));
-    evr::stream held(sim, 0), busy0(sim, 0), busy1(sim, 1);
+    // Before the reactor: its destructor completes pending waits into these.
     std::atomic<int> held_done{0}, others_done{0}, errors{0};
     std::mutex order_mutex;
     std::vector<int> held_order;
+    evr::reactor r(sim, quick_options(s));
+    evr::stream held(sim, 0), busy0(sim, 0), busy1(sim, 1);
 
     sim.launch_kernel(held.native(), 50us);
     sim.stall(held.native());

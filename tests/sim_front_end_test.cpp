@@ -154,6 +154,9 @@ TEST_CASE("gpu_waiter hands its handlers the flavour's operation_aborted; on_com
   asio::io_context io;
   auto opts = quick_options(evr::strategy::poll);
   opts.shutdown_drain = 1ms;
+  // Before the reactor: its destructor completes the pending on_complete wait into these.
+  std::error_code plain;
+  std::atomic<bool> plain_done{false};
   evr::reactor r(sim, opts);
   evr::gpu_waiter waiter(io.get_executor(), r);
   evr::stream st(sim, 0);  // manual mode: nothing on it runs until the test steps it
@@ -166,7 +169,6 @@ TEST_CASE("gpu_waiter hands its handlers the flavour's operation_aborted; on_com
 #endif
 
   evr::asio_error_code cancelled, stopped;
-  std::error_code plain;
   int calls = 0;
   waiter.async_wait(st, [&](evr::asio_error_code ec) {
     cancelled = ec;
@@ -177,7 +179,6 @@ TEST_CASE("gpu_waiter hands its handlers the flavour's operation_aborted; on_com
     stopped = ec;
     ++calls;
   });
-  std::atomic<bool> plain_done{false};
   REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) {
     plain = ec;
     plain_done = true;
@@ -268,14 +269,17 @@ TEST_CASE("reactor_service: with none attached and no CUDA, making a waiter thro
 TEST_CASE(
     "allocator: each wait's operation comes from the handler's allocator, freed before it runs") {
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+  // Before the context and the reactor: a pending wait's operation (allocated from `counts`, its
+  // slot `sig`'s) is freed, or its handler run into `rec`, as they are destroyed.
+  allocation_counts counts;
+  handler_record rec;
+  asio::cancellation_signal sig;
   asio::io_context io;
   evr::reactor r(sim, quick_options(evr::strategy::poll));
   evr::gpu_waiter waiter(io.get_executor(), r);
   evr::stream st(sim, 0);
-  allocation_counts counts;
 
   SUBCASE("completion (posted)") {
-    handler_record rec;
     waiter.async_wait(st, tracked_handler{&counts, &rec});
     CHECK(counts.allocations.load() == 1);  // the operation, from the handler's allocator
     CHECK(counts.live_bytes.load() > 0);
@@ -286,7 +290,6 @@ TEST_CASE(
   }
   SUBCASE("completion inline on the reactor thread") {
     waiter.set_delivery(evr::delivery::inline_on_reactor);
-    handler_record rec;
     waiter.async_wait(st, tracked_handler{&counts, &rec});
     CHECK(counts.allocations.load() == 1);
     sim.run_until_blocked();
@@ -295,8 +298,6 @@ TEST_CASE(
     CHECK(rec.live_bytes_at_call == 0);
   }
   SUBCASE("per-operation cancellation") {
-    asio::cancellation_signal sig;
-    handler_record rec;
     waiter.async_wait(st, tracked_handler{&counts, &rec, sig.slot()});
     CHECK(counts.allocations.load() == 1);
     io.poll();
@@ -307,7 +308,6 @@ TEST_CASE(
     sim.run_until_blocked();  // the GPU passes the cancelled wait's marker
   }
   SUBCASE("waiter.cancel()") {
-    handler_record rec;
     waiter.async_wait(st, tracked_handler{&counts, &rec});
     waiter.cancel();
     REQUIRE(run_until(io, [&] { return rec.calls.load() == 1; }));
@@ -361,9 +361,9 @@ TEST_CASE(
 
 TEST_CASE("an on_complete callback that throws: reported on stderr, dropped; the reactor goes on") {
   evr::sim::device sim;
+  std::atomic<int> after{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, quick_options(evr::strategy::adaptive));
   evr::stream st(sim, 0);
-  std::atomic<int> after{0};
   std::string report;
   {
     stderr_capture capture;
@@ -386,11 +386,11 @@ TEST_CASE("an on_complete callback that throws: reported on stderr, dropped; the
 TEST_CASE("a gpu_waiter handler delivered inline that throws: reported, dropped; others go on") {
   evr::sim::device sim;
   asio::io_context io;
+  std::atomic<int> after{0};  // before the reactor: pending inline handlers run until it goes
   evr::reactor r(sim, quick_options(evr::strategy::poll));
   evr::gpu_waiter waiter(io.get_executor(), r);
   waiter.set_delivery(evr::delivery::inline_on_reactor);
   evr::stream st(sim, 0);
-  std::atomic<int> after{0};
   std::string report;
   {
     stderr_capture capture;

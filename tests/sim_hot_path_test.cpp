@@ -99,8 +99,8 @@ TEST_CASE("hot path: heap in use per in-flight wait (poll, simulated device)") {
     for (auto e : evs) sim.destroy_event(e);
   }
 
+  std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, quick_options(evr::strategy::poll));
-  std::atomic<int> done{0};
   auto round = [&](int k) {
     const std::size_t h0 = heap_in_use();
     for (int i = 0; i < n; ++i)

@@ -146,6 +146,8 @@ TEST_CASE("last hop: run() returns once the hosted waits are done (the timer hol
 
 TEST_CASE("last hop: cancellation racing the host's window completes each wait exactly once") {
   evr::sim::device sim(threaded);
+  // Outlives the context, which frees a pending wait's operation (clearing its slot) as it goes.
+  asio::cancellation_signal signal;
   evr::reactor r(sim, predictive());
   asio::io_context io(1);
   evr::gpu_waiter waiter(io.get_executor(), r);
@@ -156,7 +158,6 @@ TEST_CASE("last hop: cancellation racing the host's window completes each wait e
   int round = 0;
   // Each round: a 1 ms job (learned: the host polls through its window) and a cancellation
   // signal emitted on the context's thread at a random moment around the job's end.
-  asio::cancellation_signal signal;
   asio::steady_timer timer(io);
   std::function<void()> next = [&] {
     if (round++ == rounds) return;

@@ -31,14 +31,21 @@ namespace {
 const std::error_code invalid_handle =
     evr::make_cuda_error(evr::cuda_value::invalid_resource_handle);
 
-/// A callback's outcome, written on whichever thread completes it.
+/// A callback's outcome, written on whichever thread completes it. The handler shares the state,
+/// so that it outlives a reactor declared before it: should a test stop half-way, the reactor's
+/// destructor completes the waits still pending (with operation_aborted) on its thread.
 struct result {
-  std::atomic<int> calls{0};
-  std::error_code ec;
+  struct state {
+    std::atomic<int> calls{0};
+    std::error_code ec;
+  };
+  std::shared_ptr<state> s = std::make_shared<state>();
+  std::atomic<int>& calls = s->calls;
+  std::error_code& ec = s->ec;
   auto handler() {
-    return [this](std::error_code e) {
-      ec = e;
-      calls.fetch_add(1, std::memory_order_release);
+    return [s = s](std::error_code e) {
+      s->ec = e;
+      s->calls.fetch_add(1, std::memory_order_release);
     };
   }
   bool done() const { return calls.load(std::memory_order_acquire) > 0; }
@@ -95,17 +102,10 @@ struct scene {
 };
 
 /// A cancellable plain-callback wait the test owns (on_complete with a wait_handle), so that it
-/// may be cancelled at any time while it lives.
-struct owned_op {
-  std::atomic<int> calls{0};
-  std::error_code ec;
+/// may be cancelled at any time while it lives. Its outcome is shared with the callback (result).
+struct owned_op : result {
   evr::wait_handle handle;
-  auto callback() {
-    return [this](std::error_code e) {
-      ec = e;
-      calls.fetch_add(1, std::memory_order_release);
-    };
-  }
+  auto callback() { return handler(); }
 };
 
 }  // namespace
@@ -455,6 +455,8 @@ TEST_CASE("misuse: a null, per-thread default or empty stream, an empty event or
 TEST_CASE("misuse: cancelling twice, and after completion") {
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
+    // Outlive the scene's context, which frees a pending wait's operation (clearing its slot).
+    asio::cancellation_signal sig_pending, sig_done;
     scene sc(s);
     // wait_handle: a pending wait cancelled twice completes once, with operation_aborted.
     owned_op pending, finished;
@@ -469,7 +471,6 @@ TEST_CASE("misuse: cancelling twice, and after completion") {
     CHECK_FALSE(finished.handle.cancel());
     CHECK_FALSE(finished.handle.cancel());
     // Asio: a slot emitted twice while pending, and a slot emitted after completion.
-    asio::cancellation_signal sig_pending, sig_done;
     result slot_pending, slot_done;
     sc.waiter.async_wait(sc.s0,
                          asio::bind_cancellation_slot(sig_pending.slot(), slot_pending.handler()));
@@ -569,11 +570,11 @@ TEST_CASE(
   });
   auto opts = quick_options(evr::strategy::poll);
   opts.shutdown_drain = 30ms;
+  std::atomic<bool> stopped{false};  // before the reactor: its destructor may run the handler
   auto r = std::make_unique<evr::reactor>(sim, opts);
   constexpr int pending = 20;
   std::vector<result> held(pending);
   for (auto& w : held) REQUIRE_FALSE(evr::on_complete(*r, gated, w.handler()));
-  std::atomic<bool> stopped{false};
   evr::reactor* raw = r.get();
   REQUIRE_FALSE(evr::on_complete(*r, free_stream, [&, raw](std::error_code) {
     raw->stop();  // cannot join itself: the thread goes on shutting down after this handler

@@ -36,13 +36,14 @@ using evr::test::wait_until;
 namespace {
 
 /// Launches a kernel of `d` on `st` and waits for it through `r` (inline callback); returns when
-/// the wait completed.
+/// the wait completed. The count is shared with the callback: should a REQUIRE fail, the reactor's
+/// destructor completes the wait after this frame is gone.
 void run_one(evr::sim::device& sim, evr::reactor& r, evr::stream& st, std::chrono::nanoseconds d) {
-  std::atomic<int> done{0};
+  auto done = std::make_shared<std::atomic<int>>(0);
   sim.launch_kernel(st.native(), d);
-  REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += ec ? 100 : 1; }));
-  REQUIRE(wait_until([&] { return done.load() != 0; }, 10s));
-  REQUIRE(done.load() == 1);
+  REQUIRE_FALSE(evr::on_complete(r, st, [done](std::error_code ec) { *done += ec ? 100 : 1; }));
+  REQUIRE(wait_until([&] { return done->load() != 0; }, 10s));
+  REQUIRE(done->load() == 1);
 }
 
 /// Runs `attempt` (which measures once and says whether the property held) up to three times,
@@ -68,12 +69,16 @@ evr::reactor_options predictive_fence() {
 
 TEST_CASE("predictive: the reactor never sleeps past a submission that could finish first") {
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  // Before the reactor: its destructor completes pending waits into these.
+  std::atomic<int> a_done{0};
+  std::atomic<bool> b_done{false};
+  std::atomic<int> a_done_at_b{-1};
+  std::atomic<std::int64_t> latency_ns{0};
   evr::reactor r(sim, predictive_fence());
   evr::stream a(sim, 0), b(sim, 0);
   // Teach stream a that its waits take ~200 ms, then start one more: the reactor sleeps until
   // shortly before its predicted end.
   for (int i = 0; i < 3; ++i) run_one(sim, r, a, 200ms);
-  std::atomic<int> a_done{0};
   sim.launch_kernel(a.native(), 200ms);
   REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code) { ++a_done; }));
   std::this_thread::sleep_for(20ms);
@@ -92,11 +97,8 @@ TEST_CASE("predictive: the reactor never sleeps past a submission that could fin
   // callback: the test thread may be scheduled late on a loaded machine (it once saw b done only
   // after a's 200 ms kernel had ended, though b took under 100 ms). The time b took is reported;
   // it is the machine's scheduling as much as evr's.
-  std::atomic<bool> b_done{false};
-  std::atomic<int> a_done_at_b{-1};
   const auto t0 = std::chrono::steady_clock::now();
-  std::atomic<std::int64_t> latency_ns{0};
-  REQUIRE_FALSE(evr::on_complete(r, b, [&](std::error_code) {
+  REQUIRE_FALSE(evr::on_complete(r, b, [&, t0](std::error_code) {
     latency_ns = (std::chrono::steady_clock::now() - t0).count();
     a_done_at_b = a_done.load();
     b_done = true;
@@ -260,6 +262,8 @@ TEST_CASE("predictive: another stream's windows do not make the reactor query a 
     auto opts = quick_options(evr::strategy::poll);
     opts.idle = evr::idle_mode::predictive;
     opts.fault_probe_interval = 10s;
+    // Before the reactor: its destructor completes pending waits into these.
+    std::atomic<int> done{0}, a_done{0};
     evr::reactor r(dev, opts);
     evr::stream a(dev, 0), b(dev, 0);
     constexpr auto length = 100ms;
@@ -267,7 +271,7 @@ TEST_CASE("predictive: another stream's windows do not make the reactor query a 
     // is at least `length` less the launch-to-submission gap, and at most the round trip.
     clock::duration gap{0}, round_trip{0};
     for (int i = 0; i < 8; ++i) {
-      std::atomic<int> done{0};
+      done = 0;
       const auto launched = clock::now();
       sim.launch_kernel(a.native(), length);
       REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code ec) { done += ec ? 100 : 1; }));
@@ -276,7 +280,6 @@ TEST_CASE("predictive: another stream's windows do not make the reactor query a 
       round_trip = std::max(round_trip, clock::now() - launched);
       REQUIRE(done.load() == 1);
     }
-    std::atomic<int> a_done{0};
     const auto a_submitted = clock::now();  // before: the wait's own submission time is later
     sim.launch_kernel(a.native(), length);
     REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code ec) { a_done += ec ? 100 : 1; }));
@@ -309,10 +312,10 @@ TEST_CASE("predictive: irregular work in its window is looked at on the poll tic
   // The helpers' 2 ms fault_probe_interval stays: poll has no fault probe, and a wait older than
   // the interval must still be skipped between ticks.
   opts.poll_period = 1ms;
+  std::atomic<int> a_done{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, opts);
   evr::stream a(sim, 0), b(sim, 0);
   for (auto d : {5ms, 300ms, 5ms}) run_one(sim, r, a, d);  // spread 295 ms: irregular
-  std::atomic<int> a_done{0};
   sim.launch_kernel(a.native(), 300ms);
   REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code ec) { a_done += ec ? 100 : 1; }));
   constexpr int n = 200;
@@ -349,10 +352,10 @@ TEST_CASE("predictive: poll_looks_per_second spaces the poll tick when many stre
       opts.idle = evr::idle_mode::predictive;
       opts.fault_probe_interval = 10s;
       opts.poll_looks_per_second = limit;
+      std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
       evr::reactor r(sim, opts);
       std::vector<evr::stream> streams;
       for (int i = 0; i < 8; ++i) streams.emplace_back(sim, 0);
-      std::atomic<int> done{0};
       auto round = [&](std::chrono::nanoseconds d) {  // one wait of length d on every stream
         const int target = done.load() + 8;
         for (auto& st : streams) {

@@ -38,10 +38,10 @@ TEST_CASE("poll: one query of the newest event retires every older wait of the s
   opts.spin_window = 0ns;  // sweep rarely, so that the queries of one sweep can be counted
   opts.yield_window = 0ns;
   opts.max_sleep = 20ms;
+  std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, opts);
   evr::stream st(sim, 0);
   constexpr int n = 1000;
-  std::atomic<int> done{0};
   for (int i = 0; i < n; ++i)
     REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; }));
   REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
@@ -72,10 +72,10 @@ TEST_CASE("poll: a partly done stream is bisected, not walked") {
   opts.spin_window = 0ns;
   opts.yield_window = 0ns;
   opts.max_sleep = 20ms;
+  std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, opts);
   evr::stream st(sim, 0);
   constexpr int n = 1024;
-  std::atomic<int> done{0};
   for (int i = 0; i < n; ++i)
     REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code) { ++done; }));
   REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
@@ -113,10 +113,10 @@ TEST_CASE("fence: a run of event markers is queried as poll queries a stream, no
     // manual device, and the reactor would sleep on it until the probe (a slow machine, TSan,
     // reached doorbell_after while the waits were submitted).
     opts.doorbell_after = std::chrono::hours(1);
+    std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
     evr::reactor r(sim, opts);
     evr::stream other(sim, 0);
     evr::stream st(sim, 0);
-    std::atomic<int> done{0};
     REQUIRE_FALSE(evr::on_complete(r, other, [&](std::error_code ec) { done += !ec; }));
     constexpr int n = 1000;
     for (int i = 0; i < n; ++i)
@@ -146,10 +146,10 @@ TEST_CASE("busy_time counts the passes that deliver, not the polling between the
   auto opts = quick_options(evr::strategy::poll);
   opts.idle = evr::idle_mode::spin;  // sweeps back to back: all polling until the GPU moves
   const auto started = std::chrono::steady_clock::now();
+  std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, opts);
   evr::stream st(sim, 0);
   constexpr int n = 200;
-  std::atomic<int> done{0};
   for (int i = 0; i < n; ++i)
     REQUIRE_FALSE(evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; }));
   REQUIRE(wait_until([&] { return r.metrics().submitted == n; }));
@@ -176,10 +176,11 @@ TEST_CASE("coalesce: under a trickle of completions the reactor delivers in batc
     evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
     auto opts = quick_options(evr::strategy::poll);
     opts.coalesce = coalesce;
+    constexpr int n = 100;
+    // Before the reactor: its destructor completes pending waits into these.
+    std::vector<std::atomic<int>> seen(n);
     evr::reactor r(sim, opts);
     evr::stream st(sim, 0);
-    constexpr int n = 100;
-    std::vector<std::atomic<int>> seen(n);
     for (int i = 0; i < n; ++i)
       REQUIRE_FALSE(evr::on_complete(r, st, [&, i](std::error_code ec) {
         if (!ec) seen[i].fetch_add(1);
@@ -214,9 +215,9 @@ TEST_CASE("fence: the sweep makes no event query and no driver call but the slow
       evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
   auto opts = quick_options(evr::strategy::fence);
   opts.fault_probe_interval = 1s;
+  std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(*sim, opts);
   evr::stream st(*sim, 0);
-  std::atomic<int> done{0};
   for (int i = 0; i < 100; ++i) {
     sim->launch_kernel(st.native(), 10us);
     evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; });
@@ -239,11 +240,12 @@ TEST_CASE("fence: beyond max_pending_fences, waits record events instead, in ord
     // between a's markers and sim.step(a, 5) below runs it instead of a fifth marker, so only
     // four waits complete and the fifth never does on this manual device (seen under load).
     opts.doorbell_after = std::chrono::hours(1);
-    evr::reactor r(sim, opts);
-    evr::stream a(sim, 0), b(sim, 0);
+    // Before the reactor: its destructor completes pending waits into these.
     std::vector<int> order;
     std::mutex m;
     std::atomic<int> done{0};
+    evr::reactor r(sim, opts);
+    evr::stream a(sim, 0), b(sim, 0);
     constexpr int n = 40;
     for (int i = 0; i < n; ++i) {
       REQUIRE_FALSE(evr::on_complete(r, i % 2 ? b : a, [&, i](std::error_code ec) {
@@ -278,10 +280,10 @@ TEST_CASE("fence: once a device has more streams with waits than max_fence_strea
     evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
     auto opts = quick_options(s);
     opts.max_fence_streams = 2;
+    std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
     evr::reactor r(sim, opts);
     std::vector<std::unique_ptr<evr::stream>> streams;
     for (int i = 0; i < 4; ++i) streams.push_back(std::make_unique<evr::stream>(sim, 0));
-    std::atomic<int> done{0};
     auto wait_on = [&](int i) {
       REQUIRE_FALSE(evr::on_complete(r, *streams[static_cast<std::size_t>(i)],
                                      [&](std::error_code ec) { done += ec ? 1000 : 1; }));
@@ -316,9 +318,9 @@ TEST_CASE("host_func: one host function per wait; the reactor sleeps until one r
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
   auto opts = quick_options(evr::strategy::host_func);
   opts.fault_probe_interval = 1s;  // so that completions can only come from host functions
+  std::atomic<int> done{0};        // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, opts);
   evr::stream st(sim, 0);
-  std::atomic<int> done{0};
   for (int i = 0; i < 50; ++i) {
     sim.launch_kernel(st.native(), 100us);
     evr::on_complete(r, st, [&](std::error_code ec) { done += !ec; });
@@ -334,12 +336,13 @@ TEST_CASE("adaptive: an old wait arms one doorbell, and the reactor sleeps until
   auto opts = quick_options(evr::strategy::adaptive);
   opts.doorbell_after = 2ms;
   opts.fault_probe_interval = 500ms;
-  evr::reactor r(sim, opts);
-  evr::stream st(sim, 0);
+  // Before the reactor: its destructor completes pending waits into these.
   std::atomic<int> done{0};
   // Read on the reactor thread as the last wait completes (the test thread may be scheduled late
   // on a loaded machine: it used to sample at 50 and 90 ms into the 100 ms kernel).
   std::atomic<std::int64_t> sweeps_at_done{-1}, doorbells_at_done{-1};
+  evr::reactor r(sim, opts);
+  evr::stream st(sim, 0);
   sim.launch_kernel(st.native(), 100ms);
   for (int i = 0; i < 10; ++i) {
     evr::on_complete(r, st, [&](std::error_code ec) {
@@ -376,10 +379,11 @@ TEST_CASE("a doorbell that rings after its wait was found is spent: the reactor 
     opts.idle = mode;
     opts.doorbell_after = 1ms;
     opts.fault_probe_interval = 1s;
-    evr::reactor r(sim, opts);
-    evr::stream st(sim, 0);
+    // Before the reactor: its destructor completes pending waits into these.
     std::atomic<int> a_done{0};
     std::atomic<std::int64_t> sweeps_at_b{-1};
+    evr::reactor r(sim, opts);
+    evr::stream st(sim, 0);
     sim.launch_kernel(st.native(), 20ms);
     evr::on_complete(r, st, [&](std::error_code ec) { a_done = ec ? -1 : 1; });
     sim.launch_kernel(st.native(), 60ms);
@@ -405,9 +409,9 @@ TEST_CASE("a doorbell that rings after its wait was found is spent: the reactor 
 
 TEST_CASE("idle: with nothing pending the reactor thread is parked (no wake-ups)") {
   evr::sim::device sim;
+  std::atomic<int> done{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, quick_options(evr::strategy::adaptive));
   evr::stream st(sim, 0);
-  std::atomic<int> done{0};
   evr::on_complete(r, st, [&](std::error_code) { ++done; });
   REQUIRE(wait_until([&] { return done.load() == 1; }));
   // The pass that delivered the wait (its callback set `done`) parks the thread right after its
@@ -429,10 +433,14 @@ TEST_CASE("a sticky fault fails every wait of that device; other devices go on")
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 2, .mode = evr::sim::run_mode::threaded});
-    evr::reactor r(sim, quick_options(s));
-    evr::stream a(sim, 0), b(sim, 0), c(sim, 1);
+    // Before the reactor: its destructor completes pending waits into these.
     std::atomic<int> failed{0}, ok_other{0}, wrong{0};
     const std::error_code illegal = evr::make_cuda_error(evr::cuda_value::illegal_address);
+    std::atomic<int> after_ok{0};
+    std::error_code after_fail;
+    std::atomic<bool> after_fail_done{false};
+    evr::reactor r(sim, quick_options(s));
+    evr::stream a(sim, 0), b(sim, 0), c(sim, 1);
     auto expect_fault = [&](std::error_code ec) { ec == illegal ? ++failed : ++wrong; };
     // Stream b (device 0) is busy for long: its waits are pending when the fault hits.
     sim.launch_kernel(b.native(), 300ms);
@@ -456,9 +464,6 @@ TEST_CASE("a sticky fault fails every wait of that device; other devices go on")
     CHECK(wrong.load() == 0);
     CHECK(r.metrics().device_faults == 1);
     // The reactor keeps serving: a new wait on device 1 completes, one on device 0 fails.
-    std::atomic<int> after_ok{0};
-    std::error_code after_fail;
-    std::atomic<bool> after_fail_done{false};
     evr::on_complete(r, c, [&](std::error_code ec) { after_ok += !ec; });
     std::error_code refused = evr::on_complete(r, a, [&](std::error_code ec) {
       after_fail = ec;
@@ -525,6 +530,7 @@ TEST_CASE("options that cannot work are refused, naming the option") {
 
 TEST_CASE("refusals name the problem and never lose other waits") {
   evr::sim::device sim, other;
+  std::atomic<int> ok{0};  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, quick_options(evr::strategy::poll));
   evr::stream mine(sim, 0), theirs(other, 0);
   auto noop = [](std::error_code) {};
@@ -553,7 +559,6 @@ TEST_CASE("refusals name the problem and never lose other waits") {
       &c));
   REQUIRE(wait_until([&] { return sim.query_stream(mine.native()) == std::error_code{}; }));
   CHECK(in_host.load() == 1);
-  std::atomic<int> ok{0};
   evr::on_complete(r, mine, [&](std::error_code ec) { ok += !ec; });
   CHECK(wait_until([&] { return ok.load() == 1; }));
   CHECK(r.metrics().rejected >= 5);
@@ -594,11 +599,12 @@ TEST_CASE("stress: 16 threads x 64 streams, none lost or duplicated") {
   constexpr int per_thread = total / threads;
   for (evr::strategy s : {evr::strategy::poll, evr::strategy::adaptive}) {
     CAPTURE(std::string(evr::to_string(s)));
+    // Before the reactor: its destructor completes pending waits into these.
+    std::vector<std::atomic<std::uint8_t>> seen(total);
+    std::atomic<int> errors{0};
     evr::reactor r(sim, quick_options(s));
     std::vector<evr::stream> ss;
     for (int i = 0; i < streams; ++i) ss.emplace_back(sim, i % 2);
-    std::vector<std::atomic<std::uint8_t>> seen(total);
-    std::atomic<int> errors{0};
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {

@@ -83,12 +83,14 @@ TEST_CASE("sender: set_value on the reactor thread, for the work queued when sta
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+    // Before the reactor: its destructor completes a pending wait (the operation state) into o.
+    outcome o;
+    evr::test::op_slot<plain_op> op;
     evr::reactor r(sim, quick_options(s));
+    o.reactor = &r;
     evr::stream st(sim, 0);
-    outcome o(&r);
     auto sndr = evr::async_wait(r, st);  // lazy: no marker yet
     REQUIRE(sim.launch_kernel(st.native()) == std::error_code{});
-    evr::test::op_slot<plain_op> op;
     op.construct([&] { return ex::connect(sndr, plain_receiver{&o}); });
     ex::start(op.get());  // the marker goes behind the kernel
     std::this_thread::sleep_for(5ms);
@@ -103,11 +105,12 @@ TEST_CASE("sender: set_value on the reactor thread, for the work queued when sta
 
 TEST_CASE("sender: the sender is a value; each connection is a wait of its own") {
   evr::sim::device sim;
+  // Before the reactor: its destructor completes pending waits (the operation states) into these.
+  outcome a, b;
+  evr::test::op_slot<plain_op> op1, op2;
   evr::reactor r(sim, quick_options(evr::strategy::poll));
   evr::stream st(sim, 0);
   const evr::gpu_sender sndr = evr::async_wait(r, st);
-  outcome a, b;
-  evr::test::op_slot<plain_op> op1, op2;
   op1.construct([&] { return ex::connect(sndr, plain_receiver{&a}); });
   op2.construct([&] { return sndr.connect(plain_receiver{&b}); });
   ex::start(op1.get());
@@ -177,12 +180,14 @@ TEST_CASE("sender: stop while pending cancels the wait: set_stopped on the react
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+    // Before the reactor: its destructor completes pending waits (the operation states) into these.
+    std::stop_source source, other;
+    outcome o, bystander;
+    evr::test::op_slot<stoppable_op> op, op2;
     evr::reactor r(sim, quick_options(s));
+    o.reactor = bystander.reactor = &r;
     evr::stream st(sim, 0);
     REQUIRE(sim.launch_kernel(st.native()) == std::error_code{});  // holds the stream (manual)
-    std::stop_source source, other;
-    outcome o(&r), bystander(&r);
-    evr::test::op_slot<stoppable_op> op, op2;
     op.construct([&] {
       return ex::connect(evr::async_wait(r, st),
                          stoppable_receiver{&o, stop_env{source.get_token()}});
@@ -232,14 +237,16 @@ TEST_CASE("sender: a stop requested on the reactor thread by another completion 
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
-    evr::reactor r(sim, quick_options(s));
-    evr::stream held(sim, 0), quick(sim, 0);
-    REQUIRE(sim.launch_kernel(held.native()) == std::error_code{});
+    // Before the reactor: its destructor completes pending waits (the operation states) into these.
     std::stop_source source;
-    outcome o(&r);
+    outcome o;
     std::atomic<int> done{0};
     evr::test::op_slot<stoppable_op> pending;
     evr::test::op_slot<ex::connect_result_t<evr::gpu_sender, stopping_receiver>> stopper;
+    evr::reactor r(sim, quick_options(s));
+    o.reactor = &r;
+    evr::stream held(sim, 0), quick(sim, 0);
+    REQUIRE(sim.launch_kernel(held.native()) == std::error_code{});
     pending.construct([&] {
       return ex::connect(evr::async_wait(r, held),
                          stoppable_receiver{&o, stop_env{source.get_token()}});
@@ -288,11 +295,12 @@ TEST_CASE("sender: a reactor shutting down aborts a pending wait with set_error,
 
 TEST_CASE("fault: sender: a device fault fails the wait with the CUDA error") {
   evr::sim::device sim;
+  // Before the reactor: its destructor completes a pending wait (the operation state) into o.
+  outcome o;
+  evr::test::op_slot<plain_op> op;
   evr::reactor r(sim, quick_options(evr::strategy::fence));
   evr::stream st(sim, 0);
   REQUIRE(sim.launch_faulting_kernel(st.native()) == std::error_code{});
-  outcome o;
-  evr::test::op_slot<plain_op> op;
   op.construct([&] { return ex::connect(evr::async_wait(r, st), plain_receiver{&o}); });
   ex::start(op.get());
   REQUIRE(wait_until([&] { return o.calls() == 1; }));
@@ -358,6 +366,9 @@ TEST_CASE(
   for (evr::strategy s : strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim;
+    // Before the reactor: its destructor completes pending waits into these (refilled per batch).
+    std::vector<race_slot> slots;
+    std::vector<void*> ops;
     evr::reactor r(sim, quick_options(s));
     std::vector<evr::stream> streams;
     for (int i = 0; i < 8; ++i) streams.emplace_back(sim, 0);
@@ -365,8 +376,8 @@ TEST_CASE(
     int stopped = 0, values = 0, lost = 0;
     std::mt19937 rng(static_cast<unsigned>(s) + 1);
     for (int base = 0; base < waits; base += batch) {
-      std::vector<race_slot> slots(batch);
-      std::vector<void*> ops(batch, nullptr);
+      slots = std::vector<race_slot>(batch);
+      ops.assign(batch, nullptr);
       std::atomic<int> started{0}, stopped_upto{0};
       // Two stoppers per batch, each stopping every slot (one of them may find it stopped).
       auto stopper = [&](unsigned seed, bool paces) {

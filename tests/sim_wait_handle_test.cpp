@@ -59,10 +59,10 @@ TEST_CASE("wait_handle: cancel before completion aborts the wait exactly once") 
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+    outcome o, bystander;  // before the reactor: its destructor completes pending waits
     evr::reactor r(sim, quick_options(s));
     evr::stream st(sim, 0);
     REQUIRE(sim.launch_kernel(st.native()) == std::error_code{});  // holds the stream (manual)
-    outcome o, bystander;
     evr::wait_handle h, other;
     REQUIRE_FALSE(evr::on_complete(r, st, record_into(o), h));
     REQUIRE_FALSE(evr::on_complete(r, st, record_into(bystander), other));
@@ -87,9 +87,9 @@ TEST_CASE("wait_handle: cancel before completion aborts the wait exactly once") 
 
 TEST_CASE("wait_handle: cancel after completion returns false and calls nothing again") {
   evr::sim::device sim;
+  outcome o;  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, quick_options(evr::strategy::poll));
   evr::stream st(sim, 0);
-  outcome o;
   evr::wait_handle h;
   REQUIRE_FALSE(evr::on_complete(r, st, record_into(o), h));
   REQUIRE(wait_until([&] { return o.calls.load() == 1; }));
@@ -103,10 +103,11 @@ TEST_CASE("wait_handle: cancel after completion returns false and calls nothing 
 
 TEST_CASE("wait_handle: cancel from inside the callback itself returns false") {
   evr::sim::device sim;
-  evr::reactor r(sim, quick_options(evr::strategy::poll));
-  evr::stream st(sim, 0);
+  // Before the reactor: its destructor completes a pending wait into these.
   evr::wait_handle h;
   std::atomic<int> calls{0}, cancel_result{-1};
+  evr::reactor r(sim, quick_options(evr::strategy::poll));
+  evr::stream st(sim, 0);
   REQUIRE_FALSE(evr::on_complete(
       r, st,
       [&](std::error_code) {
@@ -134,10 +135,10 @@ TEST_CASE("wait_handle: a refused wait leaves the handle empty") {
 
 TEST_CASE("wait_handle: destroying or moving over the handle never cancels") {
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+  outcome a, b, c;  // before the reactor: its destructor completes pending waits
   evr::reactor r(sim, quick_options(evr::strategy::poll));
   evr::stream st(sim, 0);
   REQUIRE(sim.launch_kernel(st.native()) == std::error_code{});
-  outcome a, b, c;
   {
     evr::wait_handle h;
     REQUIRE_FALSE(evr::on_complete(r, st, record_into(a), h));
@@ -188,11 +189,12 @@ TEST_CASE("wait_handle: cancel racing completion from many threads, exactly one 
   for (evr::strategy s : evr::test::all_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim;
+    // Before the reactor: its destructor completes pending waits into these.
+    std::vector<outcome> outcomes(static_cast<std::size_t>(waits));
     auto reactor = std::make_unique<evr::reactor>(sim, quick_options(s));
     evr::reactor& r = *reactor;
     std::vector<evr::stream> streams;
     for (int i = 0; i < 8; ++i) streams.emplace_back(sim, 0);
-    std::vector<outcome> outcomes(static_cast<std::size_t>(waits));
     std::vector<evr::wait_handle> handles(static_cast<std::size_t>(waits));
     std::vector<std::atomic<int>> wins(static_cast<std::size_t>(waits));
     std::atomic<int> submitted{0};

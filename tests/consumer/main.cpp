@@ -20,6 +20,9 @@
 int main() {
   evr::sim::device sim;
   evr::asio::io_context io;
+  // Before the reactor: should the wait still be pending at the end, its destructor completes it.
+  std::atomic<bool> called{false};
+  std::error_code plain_ec = evr::errc::invalid_argument;
   evr::reactor reactor(sim);
   evr::gpu_waiter waiter(io.get_executor(), reactor);
   evr::stream stream(sim, 0);
@@ -28,8 +31,6 @@ int main() {
   waiter.async_wait(stream, [&](evr::asio_error_code ec) { asio_ec = ec; });
   io.run();  // returns once the wait completed
 
-  std::atomic<bool> called{false};
-  std::error_code plain_ec = evr::errc::invalid_argument;
   const std::error_code refused = evr::on_complete(reactor, stream, [&](std::error_code ec) {
     plain_ec = ec;
     called = true;
