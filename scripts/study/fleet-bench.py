@@ -51,13 +51,22 @@ def wrk_point(wrk, port, route, connections, seconds, pids, threads=4):
     before = {p: study.cpu_seconds(p) for p in pids}
     counters = kernel_net.snapshot()
     t0 = time.monotonic()
-    out = subprocess.run(cmd, env=wrk[1], capture_output=True, text=True, timeout=seconds + 60)
+    proc = subprocess.Popen(cmd, env=wrk[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    # Each connection's answers between a fifth and four fifths of the point (all open by then).
+    time.sleep(seconds * 0.2)
+    first = kernel_net.received_per_connection(port)
+    time.sleep(seconds * 0.6)
+    fair = kernel_net.fairness(first, kernel_net.received_per_connection(port))
+    stdout, _ = proc.communicate(timeout=seconds + 60)
+    out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, "")
     wall = time.monotonic() - t0
     cpu = {p: study.cpu_seconds(p) - before[p] for p in pids}
     r = study.parse_wrk(out.stdout)
     r["wall_s"] = wall
     # A p99 of a second under a closed loop is a stall, not a queue: these say which kind.
     r["kernel"] = kernel_net.since(counters)
+    r["fairness"] = fair
     r["cores"] = {str(p): c / wall for p, c in cpu.items()}
     return r
 
@@ -203,7 +212,8 @@ def main() -> int:
                   f"servers {r['server_cores']:.2f} cores ({sv_us:.1f} us/req)  HAProxy "
                   f"{r['haproxy_cores']:.2f} cores ({hp_us:.1f} us/req)  errors {r['non2xx'] + r['socket_errors']}  exit "
                   f"{r['exit']}", flush=True)
-            print(f"round {rnd} {name:30} kernel: {kernel_net.describe(r['kernel'])}", flush=True)
+            print(f"round {rnd} {name:30} kernel: {kernel_net.describe(r['kernel'])}; "
+                  f"{kernel_net.describe_fairness(r['fairness'])}", flush=True)
     single = rows["one process"]
     summary = {}
     for h in haproxies:

@@ -10,9 +10,18 @@ of a benchmark; the difference says which of them happened during it.
 
 TcpExt and Tcp are the network namespace's (/proc/net/netstat, /proc/net/snmp); the backlog
 drops (softnet) are the machine's, summed over its CPUs. A counter the kernel lacks is left out.
+
+And whether a load's connections were served alike (ss's byte counts per socket, twice):
+
+    a = kernel_net.received_per_connection(port)   # the clients' sockets to 127.0.0.1:port
+    ... later ...
+    kernel_net.fairness(a, kernel_net.received_per_connection(port))
 """
 
 from __future__ import annotations
+
+import re
+import subprocess
 
 # The counters that explain a stall, and nothing else (the files hold about 150).
 WATCHED = {
@@ -78,3 +87,48 @@ def describe(delta: dict[str, int]) -> str:
     """The counters that moved, by short name, or "none"."""
     moved = [f"{k.split('.', 1)[1]} {v}" for k, v in delta.items() if v]
     return ", ".join(moved) if moved else "none"
+
+
+def received_per_connection(port: int) -> dict[str, int]:
+    """The bytes each established client socket to 127.0.0.1:`port` has received (`ss -ti`), by its
+    own address and port; {} without ss."""
+    try:
+        out = subprocess.run(["ss", "-tinH", "state", "established", f"( dport = :{port} )"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    counts: dict[str, int] = {}
+    local = None
+    for line in out.splitlines():
+        if not line.startswith(("\t", " ")):  # the socket's line: recv-q send-q local peer
+            cols = line.split()
+            local = cols[2] if len(cols) >= 4 else None
+        elif local is not None:
+            m = re.search(r"\bbytes_received:(\d+)", line)
+            counts[local] = int(m.group(1)) if m else 0
+            local = None
+    return counts
+
+
+def fairness(before: dict[str, int], after: dict[str, int]) -> dict:
+    """How evenly the connections open at both reads were answered between them (answers of one
+    size, so bytes are answers): their count, the slowest tenth's and the median's bytes, and the
+    busiest tenth's share of all. In a closed loop, a p99 far above the mean latency comes from
+    connections left waiting while others are served: a slowest tenth near 0."""
+    moved = sorted(after[k] - before[k] for k in after if k in before)
+    if not moved:
+        return {"connections": 0}
+    n = len(moved)
+    median = moved[n // 2]
+    total = sum(moved) or 1
+    tenth = max(1, n // 10)
+    return {"connections": n, "slowest_tenth_bytes": moved[tenth - 1], "median_bytes": median,
+            "busiest_tenth_share": sum(moved[-tenth:]) / total}
+
+
+def describe_fairness(f: dict) -> str:
+    if not f.get("connections"):
+        return "connections: not read (ss missing, or none open at both reads)"
+    ratio = f["slowest_tenth_bytes"] / f["median_bytes"] if f["median_bytes"] else float("nan")
+    return (f"{f['connections']} connections: the slowest tenth got {ratio:.2f}x the median's "
+            f"answers, the busiest tenth {f['busiest_tenth_share']:.0%} of all")
