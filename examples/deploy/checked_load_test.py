@@ -40,8 +40,9 @@ async def answer(reader, writer, keep_alive: bool) -> bool:
 
 
 async def run_case(name: str, serve, expected: dict, done) -> list[str]:
-    """One client against a server whose connection handler is `serve(reader, writer, index)`,
-    until `done(tally, server)` holds (10 s at most); the resends counted must be `expected`."""
+    """One client against a server whose connection handler is `serve(reader, writer, index,
+    server)` (index: 1 for the first connection), until `done(tally)` holds (10 s at most); the
+    resends counted must be `expected`."""
     accepted = 0
     handlers = set()
 

@@ -59,12 +59,11 @@ def wrk_point(wrk, port, route, connections, seconds, pids, threads=4):
     time.sleep(seconds * 0.6)
     fair = kernel_net.fairness(first, kernel_net.received_per_connection(port))
     stdout, _ = proc.communicate(timeout=seconds + 60)
-    out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, "")
     wall = time.monotonic() - t0
     cpu = {p: study.cpu_seconds(p) - before[p] for p in pids}
-    r = study.parse_wrk(out.stdout)
+    r = study.parse_wrk(stdout)
     r["wall_s"] = wall
-    # A p99 of a second under a closed loop is a stall, not a queue: these say which kind.
+    # What gives a p99 of a second (docs/deploy.md): TCP's timers, or connections left waiting.
     r["kernel"] = kernel_net.since(counters)
     r["fairness"] = fair
     r["cores"] = {str(p): c / wall for p, c in cpu.items()}

@@ -113,8 +113,8 @@ def received_per_connection(port: int) -> dict[str, int]:
 def fairness(before: dict[str, int], after: dict[str, int]) -> dict:
     """How evenly the connections open at both reads were answered between them (answers of one
     size, so bytes are answers): their count, the slowest tenth's and the median's bytes, and the
-    busiest tenth's share of all. In a closed loop, a p99 far above the mean latency comes from
-    connections left waiting while others are served: a slowest tenth near 0."""
+    busiest tenth's share of all. A slowest tenth well under the median: some connections were
+    left waiting while others were served."""
     moved = sorted(after[k] - before[k] for k in after if k in before)
     if not moved:
         return {"connections": 0}
