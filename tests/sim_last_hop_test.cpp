@@ -69,11 +69,11 @@ struct closed_loop {
   std::thread::id runner = std::this_thread::get_id();  // the thread that runs the context
 };
 
-}  // namespace
-
-TEST_CASE("last hop: the context's own thread finds its waits' completions (delivery::post)") {
+/// A closed loop with delivery::post under strategy `how`, until the host found `wanted`
+/// completions (the last hop's first case).
+void check_host_finds_completions(evr::strategy how) {
   evr::sim::device sim(threaded);
-  evr::reactor r(sim, predictive());
+  evr::reactor r(sim, predictive(how));
   asio::io_context io(1);
   evr::gpu_waiter waiter(io.get_executor(), r);
   REQUIRE(waiter.get_delivery() == evr::delivery::post);
@@ -103,6 +103,25 @@ TEST_CASE("last hop: the context's own thread finds its waits' completions (deli
   CHECK(m.host_passes > 0);
   CHECK(m.host_completions >= wanted);
   CHECK(m.completed == static_cast<std::uint64_t>(lane.launched.load()));
+  CAPTURE(m.event_queries);
+  CAPTURE(m.host_event_queries);
+  CHECK(m.host_event_queries <= m.event_queries);
+  if (how == evr::strategy::fence) {
+    CHECK(m.host_event_queries == 0);  // fence words: no driver query anywhere
+  } else {
+    CHECK(m.host_event_queries > 0);  // the host's finds were its own queries
+  }
+}
+
+}  // namespace
+
+TEST_CASE("last hop: the context's own thread finds its waits' completions (delivery::post)") {
+  // fence: the host's look is a memory read; poll: every marker is an event, and the host's look
+  // a driver query, which the metrics count apart from the reactor thread's.
+  for (evr::strategy how : {evr::strategy::fence, evr::strategy::poll}) {
+    CAPTURE(static_cast<int>(how));
+    check_host_finds_completions(how);
+  }
 }
 
 TEST_CASE("last hop: delivery::post_plain and post_woken deliver every wait, and only post hosts") {

@@ -251,7 +251,7 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
     header(out, "evr_reactor_in_flight", "gauge", "Waits submitted and not yet completed.");
     append(out, "evr_reactor_in_flight %llu\n", static_cast<unsigned long long>(m.in_flight));
     counter(out, "evr_reactor_sweeps_total", "Passes over the pending streams.", m.sweeps);
-    counter(out, "evr_reactor_event_queries_total", "Event queries (poll strategy).",
+    counter(out, "evr_reactor_event_queries_total", "Event queries (driver calls), on any thread.",
             m.event_queries);
     counter(out, "evr_reactor_stream_queries_total", "Stream queries (fault probes).",
             m.stream_queries);
@@ -264,6 +264,9 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
             "Passes run by the io threads themselves (the last hop).", m.host_passes);
     counter(out, "evr_reactor_host_completions_total",
             "Completions the io threads' own passes found.", m.host_completions);
+    counter(out, "evr_reactor_host_event_queries_total",
+            "Event queries the io threads' own passes made (part of event_queries).",
+            m.host_event_queries);
     counter(out, "evr_reactor_host_intakes_total", "io threads' passes that took submitted waits.",
             m.host_intakes);
     counter(out, "evr_reactor_wakeups_total", "Times a submission or host function woke it.",
@@ -287,13 +290,14 @@ std::string reactor_summary(const evr::reactor_metrics& m) {
   append(
       out,
       "submitted %llu, completed %llu, cancelled %llu, failed %llu, in flight %llu, sweeps %llu, "
-      "event queries %llu, stream queries %llu, doorbells %llu, parks %llu, wake-ups %llu, "
+      "event queries %llu (io threads %llu), stream queries %llu, doorbells %llu, parks %llu, wake-ups %llu, "
       "prediction misses %llu, host passes %llu (completions found %llu), "
       "submit->deliver p50 <= %.1f us, p99 <= %.1f us",
       static_cast<unsigned long long>(m.submitted), static_cast<unsigned long long>(m.completed),
       static_cast<unsigned long long>(m.cancelled), static_cast<unsigned long long>(m.failed),
       static_cast<unsigned long long>(m.in_flight), static_cast<unsigned long long>(m.sweeps),
       static_cast<unsigned long long>(m.event_queries),
+      static_cast<unsigned long long>(m.host_event_queries),
       static_cast<unsigned long long>(m.stream_queries),
       static_cast<unsigned long long>(m.doorbells), static_cast<unsigned long long>(m.parks),
       static_cast<unsigned long long>(m.wakeups),

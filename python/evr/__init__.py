@@ -128,7 +128,8 @@ class Reactor:
     def metrics(self) -> dict:
         """What the reactor did since it started: waits ``submitted``, ``completed``,
         ``cancelled``, ``failed``, ``rejected``, ``in_flight``; its work: ``sweeps``,
-        ``event_queries``, ``stream_queries`` (fault probes), ``doorbells``, ``parks`` (sleeps),
+        ``event_queries`` (``host_event_queries`` of them made on the io threads that host
+        waits), ``stream_queries`` (fault probes), ``doorbells``, ``parks`` (sleeps),
         ``wakeups`` (a submission or doorbell woke it), ``prediction_misses``; time:
         ``reactor_cpu_seconds`` (its thread's CPU), ``busy_seconds`` (passes that delivered);
         log2 histograms (bucket i: [2**i, 2**(i+1)) ns) ``nap_overshoot_log2_ns`` (how late its

@@ -297,6 +297,7 @@ class py_reactor {
     d["in_flight"] = m.in_flight;
     d["sweeps"] = m.sweeps;
     d["event_queries"] = m.event_queries;
+    d["host_event_queries"] = m.host_event_queries;
     d["stream_queries"] = m.stream_queries;
     d["doorbells"] = m.doorbells;
     d["parks"] = m.parks;

@@ -27,6 +27,7 @@ poll_result host_pass::run(poll_host& host) noexcept {
   host.due.clear();
   host.schedule.take_due(now.time_since_epoch().count(), current, host.due);
   bool replan = false;
+  const std::uint64_t queries_before = p_.counters.event_queries.load(std::memory_order_relaxed);
   for (stream_state* st : host.due) {
     if (p_.registry.device_fault(st->device)) continue;  // the reactor fails its waits
     if (now >= st->plan.host_look) {
@@ -35,6 +36,8 @@ poll_result host_pass::run(poll_host& host) noexcept {
     }
     replan = p_.idle.plan_for_host(*st, host, now, out) || replan;
   }
+  bump(p_.counters.host_event_queries,
+       p_.counters.event_queries.load(std::memory_order_relaxed) - queries_before);
   p_.sweep.drop_idle_streams();
   if (!out.spin) out.next_look_ns = host.schedule.next_ns(current);
   if (!p_.batch.empty()) deliver(now, out);

@@ -725,7 +725,8 @@ def reactor_text(per_s):
         return ""
     names = [("wakeups", "woken"), ("parks", "naps"), ("sweeps", "sweeps"),
              ("prediction_misses", "misses"), ("doorbells", "doorbells"),
-             ("host_completions", "host-found"), ("completed", "done")]
+             ("host_completions", "host-found"), ("event_queries", "queries"),
+             ("host_event_queries", "host-queries"), ("completed", "done")]
     return "  reactor/s: " + " ".join(f"{short} {per_s[k] / 1e3:.1f}k" for k, short in names
                                       if k in per_s)
 

@@ -29,7 +29,7 @@ struct reactor_metrics {
   std::uint64_t detached = 0;
   std::uint64_t in_flight = 0;       ///< submitted - (completed + cancelled + failed + detached)
   std::uint64_t sweeps = 0;          ///< passes over the pending streams
-  std::uint64_t event_queries = 0;   ///< event queries (driver calls) made by the reactor
+  std::uint64_t event_queries = 0;   ///< event queries (driver calls), on any thread
   std::uint64_t stream_queries = 0;  ///< fault probes
   std::uint64_t doorbells = 0;       ///< host-function doorbells armed (adaptive)
   std::uint64_t parks = 0;           ///< times the thread slept (timed or indefinite)
@@ -53,6 +53,9 @@ struct reactor_metrics {
   /// Those passes that took submitted waits into the reactor's timelines (waits submitted on a
   /// host's thread are taken by its next look, without waking the reactor thread).
   std::uint64_t host_intakes = 0;
+  /// The part of event_queries those passes made (the rest are the reactor thread's): who pays
+  /// for the driver queries of event markers.
+  std::uint64_t host_event_queries = 0;
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;
   /// Time from submission to the handler being posted / run inline (includes GPU time).

@@ -10,9 +10,10 @@
 //     reactor_access::submit_hosted); the host arms a timerfd for that time less its margin (how
 //     late its timer has fired lately), from one of the context's threads (a timer armed on
 //     another core wakes this one as slowly as a post would: that case posts the arming);
-//   * when the timer fires (an Asio wait on the timerfd), the host polls: each poll is a pass of
-//     the reactor on this thread (detail::poll_here), which takes the waits submitted since the
-//     last one (those of this thread: the reactor thread is not woken for them), retires the
+//   * when the timer fires (an Asio wait on the timerfd), the host polls in the timer's handler
+//     (not posted: a post would queue behind the handlers that came meanwhile); each poll is a
+//     pass of the reactor on this thread (detail::poll_here), which takes the waits submitted
+//     since the last one (those of this thread: the reactor thread is not woken for them), retires the
 //     host's waits that are done and posts their completions to this thread's private queue (run
 //     right after the poll); the poll re-posts itself (a continuation: no lock, no wake-up, run
 //     after the handlers queued meanwhile) while a window of its waits is open, and, while the
@@ -296,20 +297,29 @@ class io_context_host final : public poll_host {
   }
 
   void timer_fired(const asio_error_code& ec) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    waiting_ = false;
-    if (ec || !timer_) return;  // cancelled (no hosted wait left) or closed
-    std::uint64_t expirations = 0;
-    if (::read(timer_->native_handle(), &expirations, sizeof expirations) < 0) expirations = 0;
-    const std::int64_t now = now_ns();
-    if (expirations > 0 && armed_for_ != never) {
-      margin_.add(now - armed_for_);
-      timer_margin_ns.store(margin_.high(), std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      waiting_ = false;
+      if (ec || !timer_) return;  // cancelled (no hosted wait left) or closed
+      std::uint64_t expirations = 0;
+      if (::read(timer_->native_handle(), &expirations, sizeof expirations) < 0) expirations = 0;
+      const std::int64_t now = now_ns();
+      if (expirations > 0 && armed_for_ != never) {
+        margin_.add(now - armed_for_);
+        timer_margin_ns.store(margin_.high(), std::memory_order_relaxed);
+      }
+      armed_for_ = never;
+      // A poll chain may have started since the timer was armed (a look came due sooner): one
+      // chain at a time (a second would double the looks and take the heap for its posts).
+      if (pending_ == 0 || polling_ || closed_) return;
+      // The timer's handler runs on the context's thread at the time asked for: it is the
+      // chain's first poll. Posting it instead would run it after every handler queued on this
+      // thread meanwhile, which under load is later than the window it was armed for.
+      polling_ = true;
+      poll_posted_ns_ = now;
+      looks_at_ns.store(now, std::memory_order_relaxed);
     }
-    armed_for_ = never;
-    // A poll chain may have started since the timer was armed (a look came due sooner): one
-    // chain at a time (a second would double the looks and take the heap for its posts).
-    if (pending_ > 0 && !polling_) start_polling();
+    poll(/*posted=*/false);
   }
 #endif
 
@@ -319,7 +329,7 @@ class io_context_host final : public poll_host {
   /// (mutex_) Posts a poll; false when posting failed (out of memory: the reactor's look after
   /// the window finds the waits instead).
   bool post_poll(std::int64_t now = now_ns()) noexcept {
-    if (!post(poll_slot_, /*continuation=*/true, [this] { poll(); })) {
+    if (!post(poll_slot_, /*continuation=*/true, [this] { poll(/*posted=*/true); })) {
       looks_at_ns.store(never, std::memory_order_relaxed);
       return false;
     }
@@ -328,7 +338,10 @@ class io_context_host final : public poll_host {
     return true;
   }
 
-  void poll() {
+  /// One pass of the reactor here, then the chain's next step. `posted`: this poll waited in the
+  /// context's queue (its delay is the host's queue delay, which the reactor's grace follows);
+  /// false: run by the timer's handler itself.
+  void poll(bool posted) {
     poll_result r;
     r.what = poll_result::outcome::stopped;
     if (std::shared_ptr<reactor_core> core = core_.lock()) r = poll_here(*core, *this);
@@ -337,8 +350,10 @@ class io_context_host final : public poll_host {
     // Whether this poll waited behind other handlers (the thread is awake anyway).
     // poll_posted_ns_ is written only by post_poll, which cannot run before this poll ends.
     const bool awake = now - poll_posted_ns_ > busy_after_ns;
-    queue_delay_.add(now - poll_posted_ns_);
-    queue_delay_ns.store(queue_delay_.high(), std::memory_order_relaxed);
+    if (posted) {
+      queue_delay_.add(now - poll_posted_ns_);
+      queue_delay_ns.store(queue_delay_.high(), std::memory_order_relaxed);
+    }
     const std::int64_t next = r.next_look_ns;
     const bool swept = r.what == poll_result::outcome::swept;
     // Look again after the handlers queued meanwhile: through an open window, when the reactor
