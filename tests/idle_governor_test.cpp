@@ -72,3 +72,41 @@ TEST_CASE("idle governor: a covered stream is left to its host only by a reactor
     CHECK(idle.wants_look(st, now + 2s, tick));
   }
 }
+
+TEST_CASE("idle governor: a polling host's new wait is planned as covered before a sweep looks") {
+  // A wait that makes its stream active is its host's, but is planned only at the host's next
+  // pass; a sweep of the reactor in between saw it unplanned and queried it (an event marker:
+  // a driver query) in the host's place. plan_unplanned_hosted plans it first.
+  for (const bool learned : {true, false}) {
+    CAPTURE(learned);
+    evr::sim::device sim;
+    evr::reactor_options o = evr::test::quick_options(evr::strategy::poll);
+    o.idle = evr::idle_mode::predictive;
+    const evr::detail::strategy_traits traits = evr::detail::strategy_traits::of(o.strategy);
+    evr::detail::reactor_counters counters;
+    evr::detail::delivery_batch batch(counters);
+    evr::detail::marker_budget markers(sim, o);
+    evr::detail::wait_registry registry(traits, batch, markers, counters);
+    evr::detail::idle_governor idle(o, traits, sim, registry, counters);
+
+    const auto now = std::chrono::steady_clock::now();
+    promising_host host;
+    host.looks_at_ns.store((now + 1s).time_since_epoch().count());
+    evr::detail::wait_op op(&never_completes);
+    op.host_ = &host;
+    op.submitted_at_ = now;
+    evr::detail::stream_state st;
+    // A model of steady 3 ms work (learned), or none yet (the reactor's to learn).
+    for (int i = 0; learned && i < 8; ++i) st.plan.model.add(3ms);
+    st.entries.insert({1, nullptr, &op});
+    idle.new_wait(st, op, now, /*activated=*/true);
+    evr::detail::poll_tick tick{true, 0};
+    const auto in_window = now + 3ms;  // the work is expected done: a look would be due
+    REQUIRE(idle.wants_look(st, in_window, tick));  // unplanned: nothing covers it yet
+    idle.plan_unplanned_hosted(st, in_window);
+    // Learned: the host covers it; the reactor looks only once the host's promise and its grace
+    // have passed. Learning: the reactor's own plan, which looks.
+    CHECK(idle.wants_look(st, in_window, tick) == !learned);
+    CHECK(idle.wants_look(st, now + 2s, tick));
+  }
+}

@@ -104,6 +104,10 @@ class idle_governor {
 
   // --- the sweep and the registry ------------------------------------------------------------
   poll_tick begin_sweep(clock::time_point now) const noexcept { return {now >= poll_tick_, 0}; }
+  /// Before the sweep decides on `st`: a stream whose oldest wait is a polling host's and was not
+  /// planned since it came (the host plans it at its next pass) is planned now, so that the
+  /// sweep sees it covered by its host rather than unplanned (and looked at).
+  void plan_unplanned_hosted(stream_state& st, clock::time_point now);
   /// Whether this sweep looks at `st` (before its window it is skipped; irregular work in its
   /// window only on the tick, or when its fault probe is due).
   bool wants_look(const stream_state& st, clock::time_point now, poll_tick& tick) const noexcept;
