@@ -21,7 +21,9 @@
 # bench only). EVR_FLEET_PER_GPU=1: a process per GPU (--devices i) against one process serving
 # every GPU, EVR_FLEET_THREADS io threads in all (default 2; per GPU: 4 a GPU), routes
 # EVR_FLEET_ROUTES (default "/busy?us=1000"; per GPU also /mlp), EVR_FLEET_CONNECTIONS (256; per
-# GPU 1024), wrk threads EVR_FLEET_WRK_THREADS (4; per GPU 8). Logs and JSON under RESULTS_DIR.
+# GPU 1024), wrk threads EVR_FLEET_WRK_THREADS (4; per GPU 8), EVR_FLEET_WARM_CONNECTIONS (the
+# warm-up's connections, 32: every process behind the port gets some). Logs and JSON under
+# RESULTS_DIR.
 set -uo pipefail
 if [[ $# -ne 1 ]]; then
   echo "usage: $0 RESULTS_DIR" >&2
@@ -76,6 +78,7 @@ for route in $routes; do
     --wrk-threads "$wrk_threads" --seconds "${EVR_FLEET_SECONDS:-6}" \
     --rounds "${EVR_FLEET_ROUNDS:-2}" --haproxy-threads "${EVR_FLEET_HAPROXY_THREADS:-auto,0}" \
     --haproxy-modes "${EVR_FLEET_HAPROXY_MODES:-http}" \
+    --warm-connections "${EVR_FLEET_WARM_CONNECTIONS:-32}" \
     "${per_gpu[@]}" --out "$results_dir/fleet-$name" 2>&1 | tee "$results_dir/fleet-$name.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
 done

@@ -75,7 +75,7 @@ def one_process(binary, args, wrk, workdir, _haproxy=None):
     s = ServerProcess("single", binary, port, server_args(args, args.threads), workdir)
     s.start()
     s.wait_listening()
-    study.warm_up(port, args.route)
+    study.warm_up(port, args.route, connections=args.warm_connections)
     r = wrk_point(wrk, port, args.route, args.connections, args.seconds, [s.proc.pid],
                   args.wrk_threads)
     s.signal(signal.SIGTERM)
@@ -92,7 +92,7 @@ def fleet_of(binary, args, wrk, workdir, haproxy):
                   per_server_args=per_gpu_args(args), haproxy_threads=haproxy_threads,
                   haproxy_mode=mode)
     fleet.start()
-    study.warm_up(fleet.haproxy.port, args.route)
+    study.warm_up(fleet.haproxy.port, args.route, connections=args.warm_connections)
     pids = [s.proc.pid for s in fleet.servers] + [fleet.haproxy.proc.pid]
     r = wrk_point(wrk, fleet.haproxy.port, args.route, args.connections, args.seconds, pids,
                   args.wrk_threads)
@@ -115,7 +115,7 @@ def reuse_port_pair(binary, args, wrk, workdir, _haproxy=None):
     for s in servers:
         s.start()
         s.wait_output("listening on")
-    study.warm_up(port, args.route)
+    study.warm_up(port, args.route, connections=args.warm_connections)
     r = wrk_point(wrk, port, args.route, args.connections, args.seconds,
                   [s.proc.pid for s in servers], args.wrk_threads)
     for s in servers:
@@ -161,6 +161,10 @@ def main() -> int:
                    help="process i serves GPU i alone (--processes: the GPUs); the one process "
                         "serves them all")
     p.add_argument("--wrk-threads", type=int, default=4)
+    p.add_argument("--warm-connections", type=int, default=32,
+                   help="connections the warm-up opens one after another, 20 requests each: the "
+                        "kernel (--reuse-port) or the balancer (mode tcp) picks a process per "
+                        "connection, and each process must be warmed")
     p.add_argument("--out")
     a = p.parse_args()
     try:
@@ -208,6 +212,7 @@ def main() -> int:
             sv_us = r["server_cores"] * r["wall_s"] / n * 1e6 if n else float("nan")
             print(f"round {rnd} {name:30} {r['rps'] or 0:9.0f} req/s  p50 "
                   f"{(r['p50_us'] or 0) / 1e3:6.2f} ms  p99 {(r['p99_us'] or 0) / 1e3:6.2f} ms  "
+                  f"max {(r.get('max_us') or 0) / 1e3:7.1f} ms  "
                   f"servers {r['server_cores']:.2f} cores ({sv_us:.1f} us/req)  HAProxy "
                   f"{r['haproxy_cores']:.2f} cores ({hp_us:.1f} us/req)  errors {r['non2xx'] + r['socket_errors']}  exit "
                   f"{r['exit']}", flush=True)

@@ -255,6 +255,9 @@ def parse_wrk(text):
     for q in ("50", "75", "90", "99"):
         m = re.search(rf"^\s+{q}%\s+(\S+)", text, re.M)
         r[f"p{q}_us"] = to_us(m.group(1)) if m else None
+    # The thread stats' Latency line: avg, stdev, max (wrk's own figures, not corrected).
+    m = re.search(r"^\s+Latency\s+\S+\s+\S+\s+(\S+)", text, re.M)
+    r["max_us"] = to_us(m.group(1)) if m else None
     m = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     r["non2xx"] = int(m.group(1)) if m else 0
     m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
@@ -425,18 +428,23 @@ class server:
         return summary, self.proc.returncode
 
 
-def warm_up(port, route, requests=20):
-    """A few requests on one connection before a route's first point (first-use costs)."""
+def warm_up(port, route, requests=20, connections=1):
+    """A few requests on each of `connections` connections, one after another, before a route's
+    first point (first-use costs). Several connections when the port has several processes
+    behind it (--reuse-port, a balancer that spreads connections): each must be warmed, and the
+    kernel or the balancer picks the process by connection."""
     import http.client
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        for _ in range(requests):
-            conn.request("GET", route)
-            conn.getresponse().read()
-    except OSError as e:
-        log(f"warm-up of {route} failed: {e}")
-    finally:
-        conn.close()
+    for _ in range(connections):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            for _ in range(requests):
+                conn.request("GET", route)
+                conn.getresponse().read()
+        except OSError as e:
+            log(f"warm-up of {route} failed: {e}")
+            return
+        finally:
+            conn.close()
 
 
 def wait_idle(port, limit=90):
