@@ -35,6 +35,39 @@ struct promising_host final : poll_host {
 
 void never_completes(evr::detail::wait_op*, std::error_code) noexcept {}
 
+/// A stream with one wait, submitted at `now`, whose host polls and has promised to look a second
+/// from now.
+struct hosted_stream {
+  explicit hosted_stream(std::chrono::steady_clock::time_point now) {
+    host.looks_at_ns.store((now + 1s).time_since_epoch().count());
+    op.host_ = &host;
+    op.submitted_at_ = now;
+    st.entries.insert({1, nullptr, &op});
+  }
+  promising_host host;
+  evr::detail::wait_op op{&never_completes};
+  evr::detail::stream_state st;
+};
+
+/// An idle governor with what it needs and nothing else: no reactor, no thread; the test drives
+/// its plans and asks what a sweep would look at.
+struct governor_alone {
+  governor_alone(evr::strategy how, evr::idle_mode mode) : options(options_for(how, mode)) {}
+  static evr::reactor_options options_for(evr::strategy how, evr::idle_mode mode) {
+    evr::reactor_options o = evr::test::quick_options(how);
+    o.idle = mode;
+    return o;
+  }
+  evr::sim::device sim;
+  const evr::reactor_options options;
+  const evr::detail::strategy_traits traits = evr::detail::strategy_traits::of(options.strategy);
+  evr::detail::reactor_counters counters;
+  evr::detail::delivery_batch batch{counters};
+  evr::detail::marker_budget markers{sim, options};
+  evr::detail::wait_registry registry{traits, batch, markers, counters};
+  evr::detail::idle_governor idle{options, traits, sim, registry, counters};
+};
+
 }  // namespace
 
 TEST_CASE("idle governor: a covered stream is left to its host only by a reactor that sleeps") {
@@ -46,23 +79,12 @@ TEST_CASE("idle governor: a covered stream is left to its host only by a reactor
        {mode_case{evr::idle_mode::predictive, true}, mode_case{evr::idle_mode::ladder, false},
         mode_case{evr::idle_mode::spin, false}}) {
     CAPTURE(std::string(evr::to_string(c.mode)));
-    evr::sim::device sim;
-    evr::reactor_options o = evr::test::quick_options(evr::strategy::fence);
-    o.idle = c.mode;
-    const evr::detail::strategy_traits traits = evr::detail::strategy_traits::of(o.strategy);
-    evr::detail::reactor_counters counters;
-    evr::detail::delivery_batch batch(counters);
-    evr::detail::marker_budget markers(sim, o);
-    evr::detail::wait_registry registry(traits, batch, markers, counters);
-    evr::detail::idle_governor idle(o, traits, sim, registry, counters);
+    governor_alone g(evr::strategy::fence, c.mode);
+    evr::detail::idle_governor& idle = g.idle;
 
     const auto now = std::chrono::steady_clock::now();
-    promising_host host;
-    host.looks_at_ns.store((now + 1s).time_since_epoch().count());
-    evr::detail::wait_op op(&never_completes);
-    op.host_ = &host;
-    evr::detail::stream_state st;
-    st.entries.insert({1, nullptr, &op});
+    hosted_stream h(now);
+    evr::detail::stream_state& st = h.st;
     st.plan.host_look = now;  // planned for the host: its look is due
     evr::detail::poll_tick tick{true, 0};
     // Covered: the host promised a look within its grace. A sleeping (predictive) reactor leaves
@@ -79,27 +101,15 @@ TEST_CASE("idle governor: a polling host's new wait is planned as covered before
   // a driver query) in the host's place. plan_unplanned_hosted plans it first.
   for (const bool learned : {true, false}) {
     CAPTURE(learned);
-    evr::sim::device sim;
-    evr::reactor_options o = evr::test::quick_options(evr::strategy::poll);
-    o.idle = evr::idle_mode::predictive;
-    const evr::detail::strategy_traits traits = evr::detail::strategy_traits::of(o.strategy);
-    evr::detail::reactor_counters counters;
-    evr::detail::delivery_batch batch(counters);
-    evr::detail::marker_budget markers(sim, o);
-    evr::detail::wait_registry registry(traits, batch, markers, counters);
-    evr::detail::idle_governor idle(o, traits, sim, registry, counters);
+    governor_alone g(evr::strategy::poll, evr::idle_mode::predictive);
+    evr::detail::idle_governor& idle = g.idle;
 
     const auto now = std::chrono::steady_clock::now();
-    promising_host host;
-    host.looks_at_ns.store((now + 1s).time_since_epoch().count());
-    evr::detail::wait_op op(&never_completes);
-    op.host_ = &host;
-    op.submitted_at_ = now;
-    evr::detail::stream_state st;
+    hosted_stream h(now);
+    evr::detail::stream_state& st = h.st;
     // A model of steady 3 ms work (learned), or none yet (the reactor's to learn).
     for (int i = 0; learned && i < 8; ++i) st.plan.model.add(3ms);
-    st.entries.insert({1, nullptr, &op});
-    idle.new_wait(st, op, now, /*activated=*/true);
+    idle.new_wait(st, h.op, now, /*activated=*/true);
     evr::detail::poll_tick tick{true, 0};
     const auto in_window = now + 3ms;  // the work is expected done: a look would be due
     REQUIRE(idle.wants_look(st, in_window, tick));  // unplanned: nothing covers it yet

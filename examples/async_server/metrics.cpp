@@ -4,12 +4,15 @@
 
 namespace {
 
+/// Appends printf-formatted text, however long (the reactor's summary line is over 300
+/// characters: a fixed buffer cut its latencies off).
 void append(std::string& out, const char* fmt, auto... args) {
-  char line[256];
-  const int n = std::snprintf(line, sizeof line, fmt, args...);
-  if (n > 0)
-    out.append(line, static_cast<std::size_t>(n) < sizeof line ? static_cast<std::size_t>(n)
-                                                               : sizeof line - 1);
+  const int n = std::snprintf(nullptr, 0, fmt, args...);
+  if (n <= 0) return;
+  const std::size_t at = out.size();
+  out.resize(at + static_cast<std::size_t>(n) + 1);  // snprintf writes the terminating NUL too
+  std::snprintf(out.data() + at, static_cast<std::size_t>(n) + 1, fmt, args...);
+  out.resize(at + static_cast<std::size_t>(n));
 }
 
 /// Label values are ours (mode, device description): escape what the format requires anyway.

@@ -348,7 +348,9 @@ class io_context_host final : public poll_host {
     const std::int64_t now = r.at_ns != 0 ? r.at_ns : now_ns();  // one clock read per poll
     std::lock_guard<std::mutex> lock(mutex_);
     // Whether this poll waited behind other handlers (the thread is awake anyway).
-    // poll_posted_ns_ is written only by post_poll, which cannot run before this poll ends.
+    // poll_posted_ns_ is written by post_poll and timer_fired, neither of which runs while a poll
+    // does (polling_). A poll the timer's handler runs counts as not awake (it was asked for by
+    // the timer, not queued) and adds no queue-delay sample: the grace follows the posted polls.
     const bool awake = now - poll_posted_ns_ > busy_after_ns;
     if (posted) {
       queue_delay_.add(now - poll_posted_ns_);
