@@ -293,7 +293,8 @@ std::string reactor_summary(const evr::reactor_metrics& m) {
   append(
       out,
       "submitted %llu, completed %llu, cancelled %llu, failed %llu, in flight %llu, sweeps %llu, "
-      "event queries %llu (io threads %llu), stream queries %llu, doorbells %llu, parks %llu, wake-ups %llu, "
+      "event queries %llu (io threads %llu), stream queries %llu, doorbells %llu, parks %llu, "
+      "wake-ups %llu, "
       "prediction misses %llu, host passes %llu (completions found %llu), "
       "submit->deliver p50 <= %.1f us, p99 <= %.1f us",
       static_cast<unsigned long long>(m.submitted), static_cast<unsigned long long>(m.completed),
