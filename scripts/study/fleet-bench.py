@@ -167,6 +167,8 @@ def main() -> int:
                         "connection, and each process must be warmed")
     p.add_argument("--out")
     a = p.parse_args()
+    if a.warm_connections < 0:
+        p.error(f"--warm-connections takes a count >= 0 (0: no warm-up), not {a.warm_connections}")
     try:
         a.haproxy_threads = [None if t == "auto" else int(t) for t in a.haproxy_threads.split(",")]
         if any(t is not None and t < 0 for t in a.haproxy_threads):
