@@ -48,8 +48,8 @@ class SimDevice:
     def new_stream(self):
         return self.dev.stream()
 
-    def query(self):
-        return self.stream.query()
+    def query(self, stream=None):
+        return (stream or self.stream).query()
 
     def synchronize(self):
         self.stream.synchronize()
@@ -80,8 +80,8 @@ class TorchDevice:
     def new_stream(self):
         return self.torch.cuda.Stream()
 
-    def query(self):
-        return self.stream.query()
+    def query(self, stream=None):
+        return (stream or self.stream).query()
 
     def synchronize(self):
         self.stream.synchronize()
@@ -240,27 +240,61 @@ async def many(d, n, kernel):
             "resume_span_ms": (last - first) * 1e3, "rss_growth_mb": m1 - m0}
 
 
-async def tasks(d, n, kernel_s, seconds):
-    """n tasks, each on its own stream: launch, await evr.wait, again, for `seconds`."""
+async def tasks(d, n, kernel_s, seconds, method="evr"):
+    """n tasks, each on its own stream: launch, await evr.wait (or poll s.query() between
+    asyncio.sleep(0): method "query0"), again, for `seconds`."""
     streams = [d.new_stream() for _ in range(n)]
     done = [0] * n
     stop = False
 
+    cycles = []  # launch -> resumed, seconds (recorded while `record` is set)
+    record = False
+
     async def worker(i):
+        s = streams[i]
         while not stop:
-            d.launch(kernel_s, streams[i])
-            await evr.wait(streams[i], reactor=d.reactor)
+            t0 = time.perf_counter()
+            d.launch(kernel_s, s)
+            if method == "query0":
+                while not d.query(s):
+                    await asyncio.sleep(0)
+            else:
+                await evr.wait(s, reactor=d.reactor)
+            if record:
+                cycles.append(time.perf_counter() - t0)
             done[i] += 1
 
     workers = [asyncio.ensure_future(worker(i)) for i in range(n)]
     await asyncio.sleep(min(0.5, seconds / 2))  # warm-up: every stream's model learned
+    s0, m0, t0 = evr.loop_stats(), reactor_of(d).metrics(), thread_cpu_s()
     n0, c0, w0 = sum(done), time.process_time(), time.perf_counter()
+    record = True
     await asyncio.sleep(seconds)
+    record = False
     n1, c1, w1 = sum(done), time.process_time(), time.perf_counter()
+    s1, m1, t1 = evr.loop_stats(), reactor_of(d).metrics(), thread_cpu_s()
     stop = True
     await asyncio.gather(*workers)
-    return {"n": n, "kernel_us": kernel_s * 1e6, "seconds": w1 - w0, "rps": (n1 - n0) / (w1 - w0),
-            "cpu_cores": (c1 - c0) / (w1 - w0)}
+    wall, completed = w1 - w0, n1 - n0
+    cycles.sort()
+    row = {"n": n, "method": method, "kernel_us": kernel_s * 1e6, "seconds": wall,
+           "rps": completed / wall, "cpu_cores": (c1 - c0) / wall,
+           "cycle_p50_us": cycles[len(cycles) // 2] * 1e6 if cycles else float("nan"),
+           "cycle_p99_us": cycles[int(len(cycles) * 0.99)] * 1e6 if cycles else float("nan"),
+           "threads_cores": {k: (v - t0.get(k, 0.0)) / wall for k, v in t1.items()
+                             if (v - t0.get(k, 0.0)) / wall >= 0.002}}
+    if s0 is None or s1 is None:  # query0: evr never waited
+        return row
+    loop = delta_stats(s0, s1)
+    per_wait = {k: (m1[k] - m0[k]) / max(1, completed)
+                for k in ("event_queries", "parks", "sweeps", "prediction_misses", "doorbells",
+                          "wakeups")}
+    row.update({"reactor_cores": (m1["reactor_cpu_seconds"] - m0["reactor_cpu_seconds"]) / wall,
+                "reactor_per_wait": per_wait,
+                "loop": {k: loop[k] for k in ("predicted", "timer_fires", "spins", "spin_hits",
+                                              "spin_misses", "not_polled", "spin_seconds")},
+                "loop_spin_share": loop["spin_seconds"] / wall})
+    return row
 
 
 METHODS = ["sync", "evr", "evr-nospin", "executor", "query0", "sleep100"]
@@ -324,6 +358,11 @@ def main():
     ap.add_argument("--tasks", type=int, default=0, help="also N tasks on N streams (0: not)")
     ap.add_argument("--task-kernel-us", type=float, default=2000)
     ap.add_argument("--task-seconds", type=float, default=2)
+    ap.add_argument("--task-method", choices=["evr", "query0"], default="evr",
+                    help="how --tasks wait: await evr.wait, or poll s.query() between sleep(0)")
+    ap.add_argument("--reactor-options", default="", metavar="K=V,...",
+                    help="CUDA only: wait on an evr.Reactor made with these options (numbers; "
+                         "durations in seconds), e.g. poll_looks_per_second=100000,prespin=0")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--smoke", action="store_true", help="short run, goals reported not enforced")
     args = ap.parse_args()
@@ -336,6 +375,18 @@ def main():
     if args.smoke:
         args.samples, args.many = 30, 2000
     d = pick_device(args.device)
+    if args.reactor_options:
+        if d.reactor is not None:
+            ap.error("--reactor-options: for the CUDA device only")
+        opts = {}
+        for kv in args.reactor_options.split(","):
+            k, _, v = kv.partition("=")
+            try:
+                opts[k.strip()] = int(v) if v.strip().isdigit() else float(v)
+            except ValueError:
+                ap.error(f"--reactor-options: {kv!r} is not K=NUMBER")
+        d.reactor = evr.Reactor(**opts)
+        print(f"reactor options: {opts}")
     sim = isinstance(d, SimDevice)
     if args.kernels_us:
         kernels = [float(k) for k in args.kernels_us.split(",")]
@@ -356,7 +407,8 @@ def main():
         for k in kernels:
             out["kernels"][str(k)] = {m: await latency(m, d, k / 1e6, args.samples, spin) for m in methods}
         if args.tasks:
-            out["tasks"] = await tasks(d, args.tasks, args.task_kernel_us / 1e6, args.task_seconds)
+            out["tasks"] = await tasks(d, args.tasks, args.task_kernel_us / 1e6, args.task_seconds,
+                                       args.task_method)
         if not args.many:
             return
         out["many_gc_default"] = await many(d, args.many, 0.05 if not args.smoke else 0.01)
@@ -376,6 +428,16 @@ def main():
         t = out["tasks"]
         print(f"\ntasks: {t['n']} tasks on {t['n']} streams, {t['kernel_us']:.0f} us kernels: "
               f"{t['rps']:.0f} completions/s, {t['cpu_cores']:.3f} cores")
+        print(f"  launch -> resumed p50 {t['cycle_p50_us']:.0f} us, p99 {t['cycle_p99_us']:.0f} us; "
+              "CPU by thread (cores): " + ", ".join(
+                  f"{k} {v:.3f}" for k, v in sorted(t["threads_cores"].items(), key=lambda kv: -kv[1])[:6]))
+        if "reactor_cores" in t:
+            lp, pw = t["loop"], t["reactor_per_wait"]
+            print(f"  reactor {t['reactor_cores']:.3f} cores; a wait: " +
+                  ", ".join(f"{v:.2f} {k}" for k, v in pw.items()) +
+                  f"; the loop polled {t['loop_spin_share'] * 100:.0f} % of the time: "
+                  f"{lp['spins']} windows, {lp['spin_hits']} hits, {lp['spin_misses']} misses, "
+                  f"{lp['predicted']} predicted, {lp['not_polled']} not polled")
     if not args.many:
         if args.json:
             with open(args.json, "w") as f:

@@ -119,6 +119,31 @@ def test_bad_input_values(dev, reactor):
     run(main())
 
 
+def test_instances_of_one_class_are_read_each_as_it_is(reactor):
+    # evr remembers how a class's targets are read; an instance that lacks that attribute is read
+    # the slow way, and bad values are named as before.
+    class Mixed:
+        pass
+
+    async def main():
+        bad = Mixed()
+        bad.cuda_stream = "x"
+        with pytest.raises(TypeError, match=r"Mixed\.cuda_stream must be an int handle"):
+            evr.wait(bad, reactor=reactor)
+        event = Mixed()
+        event.cuda_event = 0
+        with pytest.raises(ValueError, match="never recorded"):
+            evr.wait(event, reactor=reactor)
+        negative = Mixed()
+        negative.cuda_stream = -3
+        with pytest.raises(ValueError, match=r"Mixed\.cuda_stream is negative"):
+            evr.wait(negative, reactor=reactor)
+        with pytest.raises(TypeError, match=re.escape(BAD + "Mixed")):
+            evr.wait(Mixed(), reactor=reactor)
+
+    run(main())
+
+
 def test_wait_outside_a_loop(dev):
     with pytest.raises(RuntimeError, match="no running event loop"):
         evr.wait(dev.stream())
