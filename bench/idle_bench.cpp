@@ -56,9 +56,9 @@ namespace {
 /// "NAME:key=value,key=value": the default's options with some changed, as an extra method named
 /// "evr default, NAME" (tuning runs compare them with the default in one run). Keys: strategy,
 /// idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, spin_fraction, poll_budget,
-/// spin_budget, poll_looks (per second), spin_window_us, max_sleep_us, doorbell_after_us,
-/// fence_streams (a number, or "unlimited"), host_events (0 or 1:
-/// reactor_options::host_event_waits). Throws std::invalid_argument naming what is wrong.
+/// poll_looks (per second), spin_window_us, max_sleep_us, doorbell_after_us, fence_streams (a
+/// number, or "unlimited"), host_events (0 or 1: reactor_options::host_event_waits).
+/// Throws std::invalid_argument naming what is wrong.
 evr_method parse_variant(const std::string& spec) {
   const std::size_t colon = spec.find(':');
   if (colon == 0 || colon == std::string::npos || colon + 1 == spec.size())
@@ -115,8 +115,6 @@ evr_method parse_variant(const std::string& spec) {
       o.spin_fraction = number();
     } else if (key == "poll_budget") {
       o.poll_budget = number();
-    } else if (key == "spin_budget") {
-      o.spin_budget = number();
     } else if (key == "poll_looks") {
       o.poll_looks_per_second = static_cast<std::size_t>(number());
     } else if (key == "host_events") {
@@ -268,7 +266,7 @@ int idle_main(int argc, char** argv) {
   app.add_option("--variant", variants,
                  "NAME:key=value[,key=value]: also the default with these options changed (keys: "
                  "strategy, idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, "
-                 "spin_fraction, poll_budget, spin_budget, poll_looks, spin_window_us, "
+                 "spin_fraction, poll_budget, poll_looks, spin_window_us, "
                  "max_sleep_us, doorbell_after_us, fence_streams, host_events); repeatable");
   app.add_option("--json", cfg.json, "write the results here");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;

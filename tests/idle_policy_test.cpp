@@ -15,7 +15,6 @@ using evr::detail::look_cost;
 using evr::detail::predict;
 using evr::detail::service_time_model;
 using evr::detail::sleep_overshoot;
-using evr::detail::spin_allowance;
 using evr::detail::stream_outlook;
 using phase = stream_outlook::phase;
 using std::chrono::nanoseconds;
@@ -342,57 +341,4 @@ TEST_CASE("idle ladder: spin, yield, then naps doubling from 10 us to max_sleep"
   l.new_waits();
   REQUIRE(l.next(o, late, nap) == ladder::action::nap);
   CHECK(nap == 10us);
-}
-
-TEST_CASE("idle spin budget: a burst is allowed, then spinning keeps to the budget's share") {
-  spin_allowance a(0.2);
-  idle_time t = t0;
-  a.account(t, false);
-  CHECK(a.allows());  // starts with a full burst
-  // Spinning for 1.5 ms in 10 us steps spends 1.5 ms less the 0.3 ms it earned: still allowed.
-  for (int i = 0; i < 150; ++i) a.account(t += 10us, true);
-  CHECK(a.allows());
-  // Spinning on: 0.8 ms of credit left, spent at 8 us net a step: out after ~100 steps.
-  int steps = 0;
-  while (a.allows() && steps < 1000) {
-    a.account(t += 10us, true);
-    ++steps;
-  }
-  CHECK(steps >= 99);
-  CHECK(steps <= 101);
-  // A reactor that spins whenever allowed and naps 50 us otherwise spins ~20 % of the time.
-  nanoseconds spun{0}, total{0};
-  for (int i = 0; i < 20000; ++i) {
-    const bool spin = a.allows();
-    const nanoseconds step = spin ? nanoseconds(10us) : nanoseconds(50us);
-    a.account(t += step, spin);
-    total += step;
-    if (spin) spun += step;
-  }
-  const double share = static_cast<double>(spun.count()) / static_cast<double>(total.count());
-  CAPTURE(share);
-  CHECK(share > 0.17);
-  CHECK(share < 0.23);
-}
-
-TEST_CASE("idle spin budget: 0 is no limit; a long preemption mid-spin locks out for a bound") {
-  spin_allowance off(0.0);
-  off.account(t0, true);
-  off.account(t0 + 1s, true);
-  CHECK(off.allows());
-  // One second charged as spinning (the thread was preempted while it spun): the debt is capped
-  // at one burst, which the budget earns back in burst / budget = 10 ms.
-  spin_allowance a(0.2);
-  a.account(t0, false);
-  a.account(t0 + 1s, true);
-  CHECK_FALSE(a.allows());
-  a.account(t0 + 1s + 9ms, false);
-  CHECK_FALSE(a.allows());
-  a.account(t0 + 1s + 11ms, false);
-  CHECK(a.allows());
-  // Time never runs backwards here: a clock oddity spends nothing.
-  spin_allowance b(0.2);
-  b.account(t0 + 1s, false);
-  b.account(t0, true);
-  CHECK(b.allows());
 }

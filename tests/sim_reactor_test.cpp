@@ -525,10 +525,6 @@ TEST_CASE("options that cannot work are refused, naming the option") {
   CHECK(refused([](auto& o) { o.poll_budget = std::nan(""); }).find("poll_budget") !=
         std::string::npos);
   CHECK(refused([](auto& o) { o.poll_budget = 0.0; }) == "accepted");
-  CHECK(refused([](auto& o) { o.spin_budget = 1.5; }).find("spin_budget") != std::string::npos);
-  CHECK(refused([](auto& o) { o.spin_budget = std::nan(""); }).find("spin_budget") !=
-        std::string::npos);
-  CHECK(refused([](auto& o) { o.spin_budget = 0.0; }) == "accepted");
   CHECK(refused([](auto& o) { o.coalesce = 100us; }) == "accepted");
 }
 

@@ -161,8 +161,6 @@ class py_reactor {
         o.spin_fraction = v.cast<double>();
       } else if (key == "poll_budget") {
         o.poll_budget = v.cast<double>();
-      } else if (key == "spin_budget") {
-        o.spin_budget = v.cast<double>();
       } else if (key == "poll_looks_per_second") {
         count(o.poll_looks_per_second);
       } else if (key == "loose_query_budget") {

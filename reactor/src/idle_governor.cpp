@@ -32,7 +32,6 @@ idle_governor::idle_governor(const reactor_options& options, const strategy_trai
       registry_(registry),
       counters_(counters),
       settings_(idle_settings::from(options)),
-      spin_allowance_(options.spin_budget),
       // Not sooner: a host's busy io thread may run its handlers for a millisecond before it
       // looks again, and the reactor's own look adds cross-thread posts to that thread.
       host_grace_(std::max<nanoseconds>(std::chrono::milliseconds(1), 2 * options.poll_period)) {}
@@ -172,14 +171,6 @@ void idle_governor::learn(stream_state& st, clock::time_point now) {
 }
 
 rest_step idle_governor::rest(clock::time_point now, bool progress, bool took_new, bool closing) {
-  spin_allowance_.account(now, spun_);
-  rest_step step = rest_after_pass(now, progress, took_new, closing);
-  spun_ = step.what == rest_step::kind::go_on && !progress;
-  return step;
-}
-
-rest_step idle_governor::rest_after_pass(clock::time_point now, bool progress, bool took_new,
-                                         bool closing) {
   if (progress) {
     ladder_.progress(now);
   } else if (took_new) {
@@ -266,11 +257,6 @@ rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
     }
   }
   if (closing) wake = std::min(wake, now + closing_nap);
-  if (spin && !spin_allowance_.allows()) {
-    // Over the spin budget: the windows that want spinning are looked at every poll_period.
-    spin = false;
-    wake = std::min(wake, now + settings_.poll_period);
-  }
   reactor_spins_ = spin;
   if (spin || wake - now < min_nap) {
     replan_at_ = now + replan_interval;

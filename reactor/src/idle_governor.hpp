@@ -159,7 +159,6 @@ class idle_governor {
   }
 
  private:
-  rest_step rest_after_pass(clock::time_point now, bool progress, bool took_new, bool closing);
   rest_step rest_ladder(clock::time_point now, bool closing);
   rest_step rest_predictive(clock::time_point now, bool closing);
   void learn(stream_state& st, clock::time_point now);
@@ -199,8 +198,6 @@ class idle_governor {
   clock::time_point poll_tick_{};  // when irregular work in its windows is looked at
   nanoseconds tick_period_{};      // the last spacing of the ticks
   clock::time_point replan_at_{};  // while spinning, plan again no sooner than this
-  spin_allowance spin_allowance_;  // reactor_options::spin_budget
-  bool spun_ = false;              // the last rest was a spin (spin_allowance_ charges it)
   const nanoseconds host_grace_;   // host_grace()
   /// The reactor spins for streams of its own: its sweeps then look at hosted streams in their
   /// windows too (while it spins, a host's passes get in only between its passes).

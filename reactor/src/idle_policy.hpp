@@ -188,33 +188,6 @@ class look_cost {
   std::int64_t mean_ = 0;
 };
 
-/// How much the reactor thread may spin (reactor_options::spin_budget): a token bucket. Credit
-/// grows with wall time at `budget` (a share of a core) up to `burst`, and time spent spinning
-/// spends it one for one; spinning is allowed while credit is left. Over a second the reactor then
-/// spins at most about budget of it, however many windows ask; a lone stream's windows (a few
-/// percent of a core) never run it dry. budget 0: no limit.
-class spin_allowance {
- public:
-  static constexpr nanoseconds burst = std::chrono::milliseconds(2);
-  explicit spin_allowance(double budget) noexcept : budget_(budget) {}
-  /// The reactor rests at `now`; since its last rest it spun (`spun`) or not.
-  void account(idle_time now, bool spun) noexcept {
-    if (budget_ > 0.0 && last_ != idle_time{}) {
-      const std::int64_t dt = std::max<std::int64_t>(0, (now - last_).count());
-      credit_ += static_cast<std::int64_t>(static_cast<double>(dt) * budget_) - (spun ? dt : 0);
-      // Bounded below too: a thread preempted mid-spin is not locked out for long.
-      credit_ = std::clamp<std::int64_t>(credit_, -burst.count(), burst.count());
-    }
-    last_ = now;
-  }
-  bool allows() const noexcept { return budget_ <= 0.0 || credit_ > 0; }
-
- private:
-  double budget_;
-  std::int64_t credit_ = burst.count();  // ns of spinning left
-  idle_time last_{};
-};
-
 /// Whether a stream's work is steady enough to spin through its window (its recent spread is at
 /// most `spin_fraction` of its longest, or two poll periods); otherwise it is polled from its
 /// start. Meaningful once model.ready().

@@ -67,8 +67,6 @@ const reactor_options& validated(const reactor_options& o) {
     refuse("spin_fraction must be in [0, 1], not " + std::to_string(o.spin_fraction));
   if (!(o.poll_budget >= 0.0 && o.poll_budget <= 1.0))
     refuse("poll_budget must be in [0, 1], not " + std::to_string(o.poll_budget));
-  if (!(o.spin_budget >= 0.0 && o.spin_budget <= 1.0))
-    refuse("spin_budget must be in [0, 1], not " + std::to_string(o.spin_budget));
   if (!strategy_from_string(to_string(o.strategy))) refuse("strategy is not one of evr::strategy");
   if (!idle_mode_from_string(to_string(o.idle))) refuse("idle is not one of evr::idle_mode");
   if (o.max_streams == 0) refuse("max_streams must be >= 1");

@@ -57,8 +57,8 @@ const char* to_string(idle_mode m) noexcept;
 /// "predictive", "ladder" or "spin"; std::nullopt for anything else.
 std::optional<idle_mode> idle_mode_from_string(std::string_view name) noexcept;
 
-/// Every duration must be >= 0 and spin_fraction, poll_budget and spin_budget in [0, 1]; the
-/// reactor's constructor refuses anything else with std::invalid_argument naming the option.
+/// Every duration must be >= 0 and spin_fraction and poll_budget in [0, 1]; the reactor's
+/// constructor refuses anything else with std::invalid_argument naming the option.
 struct reactor_options {
   /// How the reactor learns that a wait's work is done; see strategy.
   evr::strategy strategy = strategy::adaptive;
@@ -98,15 +98,6 @@ struct reactor_options {
   /// milliseconds at a small budget: latency of the same order. For users who must bound the CPU
   /// whatever the latency.
   double poll_budget = 0.0;
-  /// predictive: the share of one core the reactor thread may spend spinning through windows
-  /// (averaged over a few milliseconds: a burst of up to 2 ms is always allowed); 0: no limit.
-  /// Past it, the windows it would spin through are looked at every poll_period, with naps in
-  /// between, until the share is back under. Why: each spun window costs the reactor its width
-  /// (the sleep margin, prespin and a quarter of the work's spread: 20-60 us on a busy host), so
-  /// 16 streams of 2 ms work, or 64 torch streams, kept it spinning for a third to half of a
-  /// core. Costs up to poll_period of latency for the waits found by those looks, only while the
-  /// demand is over the budget. Higher: lower latency under many streams, more CPU.
-  double spin_budget = 0.2;
   /// predictive: how long before the earliest predicted completion the reactor is awake and
   /// polling. A thread that has just woken runs its first microseconds slower (cold caches, a
   /// core coming out of an idle state), which shows as latency when the completion comes at once.
