@@ -176,7 +176,7 @@ def hop_quantile_us(hist, q):
 async def latency(method, d, kernel, samples, spin):
     loop = asyncio.get_running_loop()
     if method.startswith("evr"):
-        evr.set_loop_spin(0 if method == "evr-nospin" else spin)
+        evr.set_loop_spin(0 if method == "evr-nospin" else spin, SPIN_WAITS[0])
     for _ in range(min(20, samples)):  # warm-up (thread pool, predictions)
         await one(method, d, kernel, loop)
     lat, stages = [], []
@@ -210,7 +210,7 @@ async def latency(method, d, kernel, samples, spin):
         row["loop"] = st
         row["hop_p50_us"] = hop_quantile_us(st["hop_log2_ns"], 0.5)
         row["hop_p99_us"] = hop_quantile_us(st["hop_log2_ns"], 0.99)
-    evr.set_loop_spin(spin)
+    evr.set_loop_spin(spin, SPIN_WAITS[0])
     return row
 
 
@@ -297,6 +297,7 @@ async def tasks(d, n, kernel_s, seconds, method="evr"):
     return row
 
 
+SPIN_WAITS = [4]  # evr.set_loop_spin's max_waits (--spin-waits)
 METHODS = ["sync", "evr", "evr-nospin", "executor", "query0", "sleep100"]
 
 
@@ -351,6 +352,8 @@ def main():
                     help="comma-separated kernel lengths (default: 1000 sim, 200,1000,5000 GPU)")
     ap.add_argument("--kernel-us", type=float, default=None, help="one kernel length (old spelling)")
     ap.add_argument("--spin-us", type=float, default=200, help="evr.set_loop_spin for the evr row")
+    ap.add_argument("--spin-waits", type=int, default=4,
+                    help="evr.set_loop_spin's max_waits: waits of the loop polled for at once")
     ap.add_argument("--many", type=int, default=10_000)
     ap.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     ap.add_argument("--methods", default=",".join(METHODS),
@@ -374,6 +377,7 @@ def main():
         ap.error("--tasks and --many take 0 or more")
     if args.smoke:
         args.samples, args.many = 30, 2000
+    SPIN_WAITS[0] = args.spin_waits
     d = pick_device(args.device)
     if args.reactor_options:
         if d.reactor is not None:

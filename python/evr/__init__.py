@@ -337,31 +337,41 @@ _sinks: dict = {}  # loop -> _evr.LoopSink
 _sinks_lock = threading.Lock()
 _tls = threading.local()
 _loop_spin = 200e-6  # seconds; see set_loop_spin
+_loop_spin_waits = 4  # waits with a wake-up time at once, per loop; see set_loop_spin
 
 
-def set_loop_spin(max_seconds: float) -> None:
-    """How long a coroutine may poll for a predicted completion (default 200 us; 0: never).
+def set_loop_spin(max_seconds: float, max_waits: int = 4) -> None:
+    """How long a coroutine may poll for a predicted completion (default 200 us; 0: never), and
+    for how many waits of a loop at once (default 4).
 
     A completion normally reaches a sleeping loop through an eventfd, and the loop's wake-up and
     the resume of the awaiting task cost tens of microseconds. For streams whose work takes a
     predictable time, evr wakes the awaiting coroutine on a precise timer just before the
     predicted end and lets it poll between yields (other tasks keep running) until the completion
     arrives or its window passes, at most ``max_seconds`` per window; one window is open per loop
-    at a time. Costs CPU on the loop thread during the windows only; waits on unpredictable
-    streams, and futures nobody awaits (gathered), are not affected. Applies to every loop, now
-    and later. See docs/python.md, "How it works".
+    at a time. Only while fewer than ``max_waits`` waits of the loop have a wake-up time does a
+    new one get one: a loop with more in flight is busy with their completions and seldom asleep,
+    and its windows would spin through time its other tasks need. Costs CPU on the loop thread
+    during the windows only; waits on unpredictable streams, and futures nobody awaits (gathered),
+    are not affected. Applies to every loop, now and later. See docs/python.md, "How it works".
     """
-    global _loop_spin
+    global _loop_spin, _loop_spin_waits
     if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)):
         raise TypeError(f"evr.set_loop_spin: expected seconds (a float), got "
                         f"{type(max_seconds).__name__}")
     if not 0 <= max_seconds <= 0.1:
         raise ValueError(f"evr.set_loop_spin: expected 0 <= seconds <= 0.1, got {max_seconds}")
+    if isinstance(max_waits, bool) or not isinstance(max_waits, int):
+        raise TypeError(f"evr.set_loop_spin: max_waits must be an int, got "
+                        f"{type(max_waits).__name__}")
+    if not 1 <= max_waits <= 4096:
+        raise ValueError(f"evr.set_loop_spin: expected 1 <= max_waits <= 4096, got {max_waits}")
     with _sinks_lock:
-        _loop_spin = float(max_seconds)
+        _loop_spin, _loop_spin_waits = float(max_seconds), max_waits
         for sink in _sinks.values():
             if not sink.closed:
                 sink.max_spin = _loop_spin
+                sink.max_waits = _loop_spin_waits
 
 
 def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = None) -> Optional[dict]:
@@ -394,6 +404,7 @@ def _sink_for(loop: asyncio.AbstractEventLoop) -> "_evr.LoopSink":
             for old in [lp for lp in _sinks if lp.is_closed()]:
                 _sinks.pop(old).close()  # its completions are dropped from now on
             sink = _evr.LoopSink(_loop_spin)
+            sink.max_waits = _loop_spin_waits
             loop.add_reader(sink.fd, sink.drain)
             loop.add_reader(sink.timer_fd, sink.on_timer)
             _sinks[loop] = sink

@@ -77,7 +77,7 @@ std::int64_t loop_waker::on_submit(completion* c, std::uintptr_t key) noexcept {
 }
 
 bool loop_waker::predictable(std::uintptr_t key) const noexcept {
-  if (max_spin_ns_ == 0) return false;
+  if (max_spin_ns_ == 0 || schedule_.size() >= max_waits_) return false;
   auto it = models_.find(key);
   if (it == models_.end() || it->second.samples < min_samples) return false;
   const model& m = it->second;

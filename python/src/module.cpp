@@ -499,6 +499,9 @@ PYBIND11_MODULE(_evr, m) {
           [](loop_sink& s, double v) {
             s.waker.set_max_spin_ns(seconds_to_ns(v, "evr: max_spin").count());
           })
+      .def_property(
+          "max_waits", [](const loop_sink& s) { return s.waker.max_waits(); },
+          [](loop_sink& s, std::size_t n) { s.waker.set_max_waits(n); })
       .def_readonly("closed", &loop_sink::closed);
 
   py::class_<py_reactor>(m, "Reactor")

@@ -263,6 +263,49 @@ def test_gathered_waits_are_not_polled_and_all_complete(dev, reactor, spin_defau
     assert m["completed"] == st["completions"] and m["in_flight"] == 0
 
 
+def test_at_most_max_waits_of_a_loop_are_predicted_at_once(dev, reactor, spin_default):
+    """With many predicted waits in flight a loop is busy with their completions: only the first
+    max_waits of them get a wake-up time, the others come through the eventfd, all exactly once."""
+    streams = [dev.stream() for _ in range(8)]
+
+    async def main():
+        for _ in _attempts():  # every stream's model learned (see _attempts)
+            for s in streams:
+                dev.launch_kernel(s, REGULAR)
+            futs = [evr.wait(s, reactor=reactor) for s in streams]
+            predicted = sum(1 for f in futs if getattr(f, "_wake_at", 0))
+            await asyncio.gather(*futs)
+            if predicted:
+                break
+        # The models hold now: 8 waits submitted together, the first 4 predicted.
+        for s in streams:
+            dev.launch_kernel(s, REGULAR)
+        futs = [evr.wait(s, reactor=reactor) for s in streams]
+        predicted = [bool(getattr(f, "_wake_at", 0)) for f in futs]
+        assert await asyncio.gather(*futs) == [None] * len(streams)
+        evr.set_loop_spin(200e-6, max_waits=2)
+        for s in streams:
+            dev.launch_kernel(s, REGULAR)
+        futs = [evr.wait(s, reactor=reactor) for s in streams]
+        predicted_two = [bool(getattr(f, "_wake_at", 0)) for f in futs]
+        assert await asyncio.gather(*futs) == [None] * len(streams)
+        return predicted, predicted_two
+
+    predicted, predicted_two = run(main())
+    # Without the limit all 8 (each stream has a model and nothing scheduled) would be.
+    assert 1 <= sum(predicted) <= 4, predicted
+    assert sum(predicted_two) <= 2, predicted_two
+    m = reactor.metrics()
+    assert m["in_flight"] == 0
+
+
+def test_loop_spin_arguments_checked():
+    with pytest.raises(ValueError, match="max_waits"):
+        evr.set_loop_spin(200e-6, max_waits=0)
+    with pytest.raises(TypeError, match="max_waits must be an int"):
+        evr.set_loop_spin(200e-6, max_waits=2.5)
+
+
 async def _predicted_wait(dev, s, reactor, seconds):
     """Regular waits until one is predicted; returns that one's future (its kernel of `seconds`
     launched), or fails (see _attempts)."""
