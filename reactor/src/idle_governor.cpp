@@ -69,12 +69,9 @@ void idle_governor::plan_unplanned_hosted(stream_state& st, clock::time_point no
   // the completion and posted it back across threads. On an H200 with stream waits (event
   // markers) at /busy?us=200, 0.47 of those queries a wait and 28 % of the completions. Planned
   // here, the stream is covered like any other the host looks at (wants_look), with the same
-  // safety look once the host is late by its grace. A stream still learning or past a missed
-  // window is the reactor's whatever its plan (plan_hosted hands it back): it is left to the
-  // rest's plan, not planned on every sweep as well.
+  // safety look once the host is late by its grace.
   stream_state::plan_state& p = st.plan;
   if (!p.stale || p.host_look != clock::time_point::max() || !leaves_covered_streams()) return;
-  if (!p.model.ready() || p.missed) return;
   const poll_host* h = host_of(st);
   if (h == nullptr || h->host_role() != poll_host::role::polls) return;
   plan(st, now);

@@ -104,10 +104,11 @@ class idle_governor {
 
   // --- the sweep and the registry ------------------------------------------------------------
   poll_tick begin_sweep(clock::time_point now) const noexcept { return {now >= poll_tick_, 0}; }
-  /// Before the sweep decides on `st`: a stream whose oldest wait is a polling host's, came since
-  /// the stream's last plan (the host would plan it at its next pass) and can be predicted (a
-  /// model, no missed window) is planned now, so that the sweep sees it covered by its host
-  /// rather than unplanned (and looked at).
+  /// Before the sweep decides on `st`: a stream whose oldest wait is a polling host's and that has
+  /// a stale plan without a look of its host (its wait came since the last plan, which the host
+  /// would make at its next pass; or its last plan was the reactor's: learning, missed) is
+  /// planned now, so that the sweep sees a new wait covered by its host rather than unplanned
+  /// (and looked at). A plan that stays the reactor's changes nothing the sweep does.
   void plan_unplanned_hosted(stream_state& st, clock::time_point now);
   /// Whether this sweep looks at `st` (before its window it is skipped; irregular work in its
   /// window only on the tick, or when its fault probe is due).

@@ -316,6 +316,7 @@ class io_context_host final : public poll_host {
       // chain's first poll. Posting it instead would run it after every handler queued on this
       // thread meanwhile, which under load is later than the window it was armed for.
       polling_ = true;
+      poll_posted_ns_ = now;
       looks_at_ns.store(now, std::memory_order_relaxed);
     }
     poll(/*posted=*/false);
@@ -346,11 +347,11 @@ class io_context_host final : public poll_host {
     if (std::shared_ptr<reactor_core> core = core_.lock()) r = poll_here(*core, *this);
     const std::int64_t now = r.at_ns != 0 ? r.at_ns : now_ns();  // one clock read per poll
     std::lock_guard<std::mutex> lock(mutex_);
-    // Whether this poll waited behind other handlers (the thread is awake anyway). Only a posted
-    // poll waited in the queue: one the timer's handler runs counts as not awake and adds no
-    // queue-delay sample (the grace follows the posted polls). poll_posted_ns_ is written only by
-    // post_poll, which cannot run before this poll ends.
-    const bool awake = posted && now - poll_posted_ns_ > busy_after_ns;
+    // Whether this poll waited behind other handlers (the thread is awake anyway).
+    // poll_posted_ns_ is written by post_poll and timer_fired, neither of which runs while a poll
+    // does (polling_). A poll the timer's handler runs counts as not awake (it was asked for by
+    // the timer, not queued) and adds no queue-delay sample: the grace follows the posted polls.
+    const bool awake = now - poll_posted_ns_ > busy_after_ns;
     if (posted) {
       queue_delay_.add(now - poll_posted_ns_);
       queue_delay_ns.store(queue_delay_.high(), std::memory_order_relaxed);
