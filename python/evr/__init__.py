@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, NamedTuple, Optional
 
-from . import _evr
+from . import _evr, _targets
 from ._errors import CudaError, EvrError, EvrValueError, ReactorStopped, cuda_error_name
 
 # evr.sim is part of the API (`evr.sim.Device()` after a plain `import evr`, as the stub says):
@@ -47,11 +47,8 @@ __all__ = [
 # the wheel's metadata carries the same (setup.py reads that line).
 __version__: str = _evr.__version__
 
-_STREAM = 0
-_EVENT = 1
-
-_ACCEPTED = ("a CUDA stream or event (an object with __cuda_stream__, .cuda_stream, .cuda_event "
-             "or .ptr, or an int handle)")
+_STREAM, _EVENT = _targets.STREAM, _targets.EVENT
+_SIM_TYPES = (sim.Stream, sim.Event)
 
 
 def cuda_available() -> bool:
@@ -218,79 +215,6 @@ class event_handle:
         self.device = device
 
 
-def _handle(value: Any, what: str, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what}: {source} must be an int handle, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{what}: {source} is negative ({value}); expected a CUDA handle")
-    return value
-
-
-def _stream_handle(x: Any, what: str, attr: str, value: Any) -> int:
-    # The common case inline (an int handle); anything else gets _handle's checks and message.
-    if type(value) is int and value >= 0:
-        return value
-    return _handle(value, what, f"{type(x).__name__}.{attr}")
-
-
-def _read_protocol(x: Any, what: str):
-    proto = x.__cuda_stream__
-    proto = proto() if callable(proto) else proto
-    if not (isinstance(proto, tuple) and len(proto) == 2):
-        raise TypeError(f"{what}: {type(x).__name__}.__cuda_stream__ must return (version, "
-                        f"handle), got {proto!r}")
-    return _STREAM, _stream_handle(x, what, "__cuda_stream__()[1]", proto[1]), -1
-
-
-def _read_cuda_stream(x: Any, what: str):
-    return _STREAM, _stream_handle(x, what, "cuda_stream", x.cuda_stream), -1
-
-
-def _read_cuda_event(x: Any, what: str):
-    device = getattr(x, "device", -1)
-    device = device if isinstance(device, int) and not isinstance(device, bool) else -1
-    return _EVENT, _stream_handle(x, what, "cuda_event", x.cuda_event), device
-
-
-def _read_ptr_stream(x: Any, what: str):
-    return _STREAM, _stream_handle(x, what, "ptr", x.ptr), -1
-
-
-def _read_ptr_event(x: Any, what: str):
-    return _EVENT, _stream_handle(x, what, "ptr", x.ptr), -1
-
-
-def _read_int(x: Any, what: str):
-    return _STREAM, _handle(x, what, "the stream handle"), -1
-
-
-def _reader_for(x: Any):
-    """How to read a wait's target from `x`, found from its attributes (None: not a target).
-    The order is the documented one: __cuda_stream__, .cuda_stream, .cuda_event, .ptr."""
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, int):
-        return _read_int
-    if hasattr(x, "__cuda_stream__"):
-        return _read_protocol
-    if hasattr(x, "cuda_stream"):
-        return _read_cuda_stream
-    if hasattr(x, "cuda_event"):
-        return _read_cuda_event
-    if hasattr(x, "ptr"):
-        # CuPy: cupy.cuda.Stream / ExternalStream and cupy.cuda.Event both have .ptr.
-        is_event = "event" in type(x).__name__.lower() and not hasattr(x, "wait_event")
-        return _read_ptr_event if is_event else _read_ptr_stream
-    return None
-
-
-# Readers found per class, so that a wait on a torch or CuPy stream reads one attribute instead of
-# trying each in turn (a few us of the loop thread per wait). A class whose instances differ (an
-# attribute set on some instances only) is read the slow way when the cached reader fails.
-_readers: dict = {}
-_SIM_TYPES = (sim.Stream, sim.Event)
-
-
 def _resolve_sim(x: Any, reactor: Optional[Reactor], what: str):
     r = reactor or x.device.reactor
     if r.device is not x.device:
@@ -308,27 +232,9 @@ def _resolve(x: Any, reactor: Optional[Reactor], what: str):
     """(reactor, kind, handle, device) for a wait on `x`."""
     if reactor is not None and not isinstance(reactor, Reactor):
         raise TypeError(f"{what}: reactor must be an evr.Reactor, got {type(reactor).__name__}")
-    cls = type(x)
-    read = _readers.get(cls)
-    target = None
-    if read is not None:
-        try:
-            target = read(x, what)
-        except AttributeError:
-            read = None
-    if read is None:
-        if isinstance(x, _SIM_TYPES):
-            return _resolve_sim(x, reactor, what)
-        read = _reader_for(x)
-        if read is None:
-            raise TypeError(f"{what}: expected {_ACCEPTED}, got {cls.__name__}")
-        target = read(x, what)
-        if len(_readers) < 256:  # bounded: classes made on the fly are not kept forever
-            _readers[cls] = read
-    kind, handle, device = target
-    if kind == _EVENT and handle == 0:
-        raise EvrValueError(f"{what}: the event was never recorded (its handle is 0); record it "
-                            "on a stream first")
+    if isinstance(x, _SIM_TYPES):
+        return _resolve_sim(x, reactor, what)
+    kind, handle, device = _targets.read(x, what)
     return (reactor or default_reactor()), kind, handle, device
 
 

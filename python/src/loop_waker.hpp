@@ -22,12 +22,11 @@
 //     opened (window_closed).
 // One wait per stream is scheduled at a time (the first one pending; those queued behind it
 // complete with it or later, and its poller drains whatever comes), and at most max_waits (4) per
-// loop: a loop with more predicted waits in flight is busy with their completions anyway. One window is open per loop
-// at a time: the poller drains every completion it finds, so the
-// waits due meanwhile are resolved by it; the timer stays disarmed until the window closes. A
-// wait whose window passed falls back to the eventfd (never polled for twice), as do waits on
-// unpredictable streams, waits that nobody awaits (gathered futures), and every wait while
-// max_spin is 0.
+// loop: a loop with more predicted waits in flight is busy with their completions anyway. One
+// window is open per loop at a time: the poller drains every completion it finds, so the waits due
+// meanwhile are resolved by it; the timer stays disarmed until the window closes. A wait whose
+// window passed falls back to the eventfd (never polled for twice), as do waits on unpredictable
+// streams, waits that nobody awaits (gathered futures), and every wait while max_spin is 0.
 //
 // Thread safety: every member runs with the GIL held, which serializes them, on the loop's thread,
 // except set_max_spin_ns() and stats(), which evr.set_loop_spin / evr.loop_stats may call from
