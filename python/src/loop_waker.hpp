@@ -29,11 +29,12 @@
 // streams, waits that nobody awaits (gathered futures), and every wait while max_spin is 0.
 //
 // Thread safety: every member runs with the GIL held, which serializes them, on the loop's thread,
-// except set_max_spin_ns() and stats(), which evr.set_loop_spin / evr.loop_stats may call from
-// any thread. The completion nodes' fields used here (submitted_ns, key, wake_at, wake_ticket,
-// spin_until) are written and read on the loop's thread only; pushed_ns is written by the
-// reactor thread before the push and read here after the drain's acquire. A node in the schedule
-// has not been drained, so it is alive (only this loop's drain frees it, after on_drained).
+// except set_max_spin_ns(), set_max_waits() and stats(), which evr.set_loop_spin /
+// evr.loop_stats may call from any thread (with the GIL held). The completion nodes' fields used
+// here (submitted_ns, key, wake_at, wake_ticket, spin_until) are written and read on the loop's
+// thread only; pushed_ns is written by the reactor thread before the push and read here after the
+// drain's acquire. A node in the schedule has not been drained, so it is alive (only this loop's
+// drain frees it, after on_drained).
 #pragma once
 
 #include <array>
