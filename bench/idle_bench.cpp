@@ -342,10 +342,11 @@ int idle_main(int argc, char** argv) {
         const double s = std::max(1e-9, r.wall_ns / 1e9);
         std::fprintf(stderr,
                      "    per completion: %.1f sweeps, %.1f event queries, %.2f sleeps; sweeps/s "
-                     "%.0f; prediction misses %llu\n",
+                     "%.0f; prediction misses %llu; CPU: reactor %.1f%%, other threads %.1f%%\n",
                      static_cast<double>(r.sweeps) / n, static_cast<double>(r.event_queries) / n,
                      static_cast<double>(r.naps) / n, static_cast<double>(r.sweeps) / s,
-                     static_cast<unsigned long long>(r.misses));
+                     static_cast<unsigned long long>(r.misses), 100 * r.reactor_cpu_ns / r.wall_ns,
+                     100 * (r.cpu_ns - r.reactor_cpu_ns) / r.wall_ns);
         if (r.host_passes > 0)
           std::fprintf(stderr, "    io thread's own passes: %.1f per completion, found %.0f%%\n",
                        static_cast<double>(r.host_passes) / n,

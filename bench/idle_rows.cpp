@@ -186,6 +186,7 @@ row_result run_evr_inline(bench_device& dev, std::vector<std::unique_ptr<lane>>&
         metrics0 = r.metrics();
       });
   out.cpu_ns = static_cast<double>((r.cpu_time() - cpu0).count());
+  out.reactor_cpu_ns = out.cpu_ns;
   take_metrics(out, metrics0, r.metrics());
   return out;
 }
@@ -293,6 +294,7 @@ row_result run_evr_posted(bench_device& dev, std::vector<std::unique_ptr<lane>>&
   std::atomic<bool> stop{false};
   auto guard = asio::make_work_guard(io);
   std::thread io_thread([&] {
+    name_this_thread("bench-io");  // the user's io thread, apart from the others in a profile
     if (how == io_delivery::post_plain_busy) {
       while (!stop.load(std::memory_order_relaxed)) io.poll();  // a thread that never sleeps
     } else {
@@ -310,6 +312,7 @@ row_result run_evr_posted(bench_device& dev, std::vector<std::unique_ptr<lane>>&
     // Every thread evr adds or wakes: the reactor, and the io thread outside the user's work.
     out.cpu_ns =
         static_cast<double>(loops.reactor_cpu.count() + loops.io_cpu_ns - loops.user_cpu_ns);
+    out.reactor_cpu_ns = static_cast<double>(loops.reactor_cpu.count());
     take_metrics(out, loops.m0, loops.m1);
   }
   stop.store(true);

@@ -95,8 +95,12 @@ def main():
                 if r["failed"]:
                     fail(f"{where}: a wait failed")
                 for k in ("p50_ns", "p99_ns", "p50_over_floor", "cpu_percent",
-                          "cpu_ns_per_completion"):
+                          "cpu_ns_per_completion", "reactor_cpu_pct"):
                     number(r[k], f"{where}.{k}")
+                # The reactor's share is part of the row's CPU (inline rows: all of it).
+                if r["group"] == "evr" and r["reactor_cpu_pct"] > r["cpu_percent"] + 1e-6:
+                    fail(f"{where}: reactor_cpu_pct {r['reactor_cpu_pct']} is more than the "
+                         f"row's cpu_percent {r['cpu_percent']}")
         for r in doc["cpu_case"]:
             number(r["busy_percent"], r["name"])
         if not doc.get("goals"):
