@@ -345,8 +345,8 @@ int idle_main(int argc, char** argv) {
                      "%.0f; prediction misses %llu; CPU: reactor %.1f%%, other threads %.1f%%\n",
                      static_cast<double>(r.sweeps) / n, static_cast<double>(r.event_queries) / n,
                      static_cast<double>(r.naps) / n, static_cast<double>(r.sweeps) / s,
-                     static_cast<unsigned long long>(r.misses), 100 * r.reactor_cpu_ns / r.wall_ns,
-                     100 * (r.cpu_ns - r.reactor_cpu_ns) / r.wall_ns);
+                     static_cast<unsigned long long>(r.misses), r.reactor_cpu_percent(),
+                     r.cpu_percent() - r.reactor_cpu_percent());
         if (r.host_passes > 0)
           std::fprintf(stderr, "    io thread's own passes: %.1f per completion, found %.0f%%\n",
                        static_cast<double>(r.host_passes) / n,

@@ -189,6 +189,7 @@ struct row_result {
   /// the last hop) and the completions they found.
   std::uint64_t host_passes = 0, host_completions = 0;
   double cpu_percent() const { return wall_ns > 0 ? 100.0 * cpu_ns / wall_ns : 0; }
+  double reactor_cpu_percent() const { return wall_ns > 0 ? 100.0 * reactor_cpu_ns / wall_ns : 0; }
   double cpu_per_completion() const {
     return samples.empty() ? 0 : cpu_ns / static_cast<double>(samples.size());
   }

@@ -33,8 +33,7 @@ std::string row_json(const row_result& r, const series& floor) {
          ",\"p99_over_floor_p99\":" + json_writer::number(s.p99() / floor.p99()) +
          ",\"cpu_percent\":" + json_writer::number(r.cpu_percent()) +
          ",\"cpu_ns_per_completion\":" + json_writer::number(r.cpu_per_completion()) +
-         ",\"reactor_cpu_pct\":" +
-         json_writer::number(r.wall_ns > 0 ? 100.0 * r.reactor_cpu_ns / r.wall_ns : 0) +
+         ",\"reactor_cpu_pct\":" + json_writer::number(r.reactor_cpu_percent()) +
          ",\"prediction_misses\":" + std::to_string(r.misses) +
          ",\"doorbells\":" + std::to_string(r.doorbells) +
          ",\"wakeups\":" + std::to_string(r.wakeups) + ",\"sweeps\":" + std::to_string(r.sweeps) +
