@@ -18,9 +18,9 @@
 // size, Asio's per-thread caches fill). Then the measured requests over the same connections must
 // make no allocation per request on the io threads (at most one in a thousand with lanes free,
 // one in a hundred with half of the requests waiting for a lane, from Asio's own cache: see
-// main()) with one io thread and with two io threads while lanes are free. With two io threads and requests waiting for lanes, the
-// cross-thread hand-off of a lane allocates now and then: that run (evr mode) is reported, not
-// asserted. The lanes are spread over two simulated GPUs, a lane pool each, as the server spreads
+// main()) with one io thread and with two io threads while lanes are free. With two io threads
+// and requests waiting for lanes, the cross-thread hand-off of a lane allocates now and then:
+// that run (evr mode) is reported, not asserted. The lanes are spread over two simulated GPUs, a lane pool each, as the server spreads
 // them over a host's GPUs.
 //
 // Exit status: 0 pass, 1 fail, 77 skipped (sanitizer builds replace malloc themselves).
