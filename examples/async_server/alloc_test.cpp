@@ -20,8 +20,8 @@
 // one in a hundred with half of the requests waiting for a lane, from Asio's own cache: see
 // main()) with one io thread and with two io threads while lanes are free. With two io threads
 // and requests waiting for lanes, the cross-thread hand-off of a lane allocates now and then:
-// that run (evr mode) is reported, not asserted. The lanes are spread over two simulated GPUs, a lane pool each, as the server spreads
-// them over a host's GPUs.
+// that run (evr mode) is reported, not asserted. The lanes are spread over two simulated GPUs, a
+// lane pool each, as the server spreads them over a host's GPUs.
 //
 // Exit status: 0 pass, 1 fail, 77 skipped (sanitizer builds replace malloc themselves).
 #include <execinfo.h>
