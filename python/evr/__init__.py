@@ -318,9 +318,29 @@ def _sink_for(loop: asyncio.AbstractEventLoop) -> "_evr.LoopSink":
     return sink
 
 
-class _GpuWait(asyncio.Future):
-    """The future :func:`wait` returns: an ``asyncio.Future`` that, when awaited, may poll for its
-    completion near the predicted end (docs/python.md, "How it works").
+class _Wait(asyncio.Future):
+    """The future :func:`wait` returns: an ``asyncio.Future`` whose ``cancel()`` also cancels the
+    C++ wait (``_canceller``, set by the module once the wait started). Cancelling through
+    ``cancel()`` rather than a done callback spares the loop a callback per completion: the
+    awaiting task's step is then the only one. Asyncio cancels a future through its ``cancel()``
+    method (a task's cancellation, ``gather``, ``wait_for``). Loop thread only.
+    """
+
+    __slots__ = ("_canceller",)
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        canceller = getattr(self, "_canceller", None)  # unset when the wait was refused
+        if canceller is not None:
+            self._canceller = None
+            canceller.cancel()
+        return True
+
+
+class _GpuWait(_Wait):
+    """The future :func:`wait` returns for a wait with a wake-up time: a :class:`_Wait` that, when
+    awaited, may poll for its completion near the predicted end (docs/python.md, "How it works").
 
     Awaited on a predictable stream (``_wake_at`` set), the coroutine first sleeps on a private
     future, ``_window``, which the loop's timer resolves when this wait's window opens
@@ -430,8 +450,8 @@ def wait(x: Any, *, reactor: Optional[Reactor] = None) -> "asyncio.Future[None]"
     r, kind, handle, device = _resolve(x, reactor, "evr.wait")
     sink = _sink_for(loop)
     # Only a wait that will get a wake-up time needs the polling future; the others (irregular
-    # work, waits queued behind a scheduled one) are plain futures, as cheap as asyncio's own.
-    fut = _GpuWait(loop, sink) if sink.predictable(handle) else loop.create_future()
+    # work, waits queued behind a scheduled one) are as cheap as asyncio's own futures.
+    fut = _GpuWait(loop, sink) if sink.predictable(handle) else _Wait(loop=loop)
     try:
         wake_at = r._impl.wait_async(sink, fut, kind, handle, device)
         if wake_at:

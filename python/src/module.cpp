@@ -95,13 +95,20 @@ std::error_code cuda_code(int value) {
 struct wait_canceller {
   evr::wait_handle handle;
   bool cancelled = false;  ///< set when cancel() moved the wait to cancelled (for tests)
+  /// evr.wait's future calls this from its cancel() once it is cancelled: cancels the C++ wait.
+  bool cancel() {
+    cancelled = handle.cancel();
+    handle.reset();  // the future is done: nothing left to cancel
+    return cancelled;
+  }
+  /// A concurrent future's done callback (evr.wait_future): cancels the wait if the future was.
   void operator()(py::handle fut) {
     PyObject* r = PyObject_CallMethod(fut.ptr(), "cancelled", nullptr);
     if (r == nullptr) throw py::error_already_set();
     bool was = PyObject_IsTrue(r) == 1;
     Py_DECREF(r);
     if (was) cancelled = handle.cancel();
-    handle.reset();  // the future is done: nothing left to cancel
+    handle.reset();
   }
 };
 
@@ -234,9 +241,15 @@ class py_reactor {
       delete c;
       raise(ec);
     }
-    // The future's done callback: cancels the wait if the future was cancelled. It holds the
-    // handle (memory-safe whenever it runs) until the future is done and its callbacks ran.
-    fut.attr("add_done_callback")(py::cast(std::move(canceller)));
+    // How cancelling the future cancels the wait; the canceller holds the handle (memory-safe
+    // whenever it is used). An asyncio future (evr._Wait) keeps it in a slot and calls it from its
+    // cancel(): no done callback, so a completion costs the loop one callback (the awaiting
+    // task's step), not two. A concurrent future gets a done callback (run inside set_result).
+    if (what == completion::kind::asyncio_future) {
+      fut.attr("_canceller") = py::cast(std::move(canceller));
+    } else {
+      fut.attr("add_done_callback")(py::cast(std::move(canceller)));
+    }
     return wake_at;
   }
 
@@ -476,6 +489,7 @@ PYBIND11_MODULE(_evr, m) {
 
   py::class_<wait_canceller>(m, "WaitCanceller")
       .def("__call__", &wait_canceller::operator())
+      .def("cancel", &wait_canceller::cancel)
       .def_readonly("cancelled", &wait_canceller::cancelled);
 
   py::class_<loop_sink>(m, "LoopSink")

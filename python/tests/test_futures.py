@@ -122,6 +122,62 @@ def test_cancel_the_awaiting_task(dev):
     assert (m["cancelled"], m["completed"], m["in_flight"]) == (1, 1, 0), m
 
 
+async def _until_cancelled(dev, n):
+    for _ in range(1000):  # the aborts arrive on the reactor thread
+        if dev.reactor.metrics()["cancelled"] == n:
+            break
+        await asyncio.sleep(0.002)
+    m = dev.reactor.metrics()
+    assert (m["cancelled"], m["completed"], m["in_flight"]) == (n, 0, 0), m
+
+
+def test_wait_for_timeout_cancels_the_wait(dev):
+    """asyncio.wait_for cancels the future it gave up on: the C++ wait is cancelled once."""
+    s = dev.stream()
+    dev.stall(s)
+
+    async def main():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(evr.wait(s), 0.01)
+        await _until_cancelled(dev, 1)
+        dev.resume(s)
+
+    run(main())
+
+
+def test_cancelled_gather_cancels_every_wait(dev):
+    s = dev.stream()
+    dev.stall(s)
+
+    async def main():
+        g = asyncio.gather(evr.wait(s), evr.wait(s), evr.wait(s))
+        await asyncio.sleep(0.005)
+        g.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await g
+        await _until_cancelled(dev, 3)
+        dev.resume(s)
+
+    run(main())
+
+
+def test_a_wait_adds_no_callback_to_its_future(dev):
+    """Cancellation goes through the future's cancel(), not a done callback: a completion costs
+    the loop one callback (the awaiting task's step), not two."""
+    s = dev.stream()
+
+    async def main():
+        dev.launch_kernel(s, 0.001)
+        f = evr.wait(s)
+        assert not f._callbacks, f._callbacks
+        await f
+        assert not f.cancel()  # done: nothing to cancel, and no error
+
+    run(main())
+    m = dev.reactor.metrics()
+    assert (m["cancelled"], m["completed"], m["in_flight"]) == (0, 1, 0), m
+
+
 def test_cancel_many_while_others_complete(dev):
     streams = [dev.stream() for _ in range(4)]
 
