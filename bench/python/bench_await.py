@@ -376,8 +376,9 @@ def main():
     ap.add_argument("--task-method", choices=["evr", "query0"], default="evr",
                     help="how --tasks wait: await evr.wait, or poll s.query() between sleep(0)")
     ap.add_argument("--reactor-options", default="", metavar="K=V,...",
-                    help="CUDA only: wait on an evr.Reactor made with these options (numbers; "
-                         "durations in seconds), e.g. poll_looks_per_second=100000,prespin=0")
+                    help="wait on an evr.Reactor made with these options (numbers; durations in "
+                         "seconds; on the simulated device, a reactor of that device), e.g. "
+                         "poll_looks_per_second=100000,prespin=0")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--smoke", action="store_true", help="short run, goals reported not enforced")
     args = ap.parse_args()
@@ -392,8 +393,6 @@ def main():
     SPIN_WAITS[0] = args.spin_waits
     d = pick_device(args.device)
     if args.reactor_options:
-        if d.reactor is not None:
-            ap.error("--reactor-options: for the CUDA device only")
         opts = {}
         for kv in args.reactor_options.split(","):
             k, _, v = kv.partition("=")
@@ -401,7 +400,8 @@ def main():
                 opts[k.strip()] = int(v) if v.strip().isdigit() else float(v)
             except ValueError:
                 ap.error(f"--reactor-options: {kv!r} is not K=NUMBER")
-        d.reactor = evr.Reactor(**opts)
+        # On the simulated device, a reactor of that device with these options.
+        d.reactor = evr.Reactor(device=d.dev, **opts) if isinstance(d, SimDevice) else evr.Reactor(**opts)
         print(f"reactor options: {opts}")
     sim = isinstance(d, SimDevice)
     if args.kernels_us:
