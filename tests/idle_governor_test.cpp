@@ -120,3 +120,47 @@ TEST_CASE("idle governor: a polling host's new wait is planned as covered before
     CHECK(idle.wants_look(st, now + 2s, tick));
   }
 }
+
+TEST_CASE("idle governor: an unhurried wait's steady window is looked at on the tick, not spun") {
+  // wait_target::unhurried(): the Python module's waits that reach their loop through its eventfd
+  // (the loop wakes tens of us later anyway). In its window the reactor naps until the poll tick
+  // instead of spinning; a prompt wait of the same stream spins.
+  for (const bool unhurried : {false, true}) {
+    CAPTURE(unhurried);
+    governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
+    const auto now = std::chrono::steady_clock::now();
+    evr::detail::stream_state st;
+    evr::detail::wait_op op{&never_completes};
+    op.stream_ = &st;
+    op.seq_ = 1;
+    op.device_ = 0;
+    op.submitted_at_ = now;
+    op.unhurried_ = unhurried;
+    const auto taken = g.registry.accept(&op, now);
+    REQUIRE(taken.activated);
+    g.idle.new_wait(st, op, now, /*activated=*/true);
+    // Steady 1 ms work (before the fault probe, 2 ms after the wait came, is due).
+    for (int i = 0; i < 8; ++i) st.plan.model.add(1ms);
+    const auto in_window = now + 1ms;  // the work is expected to end now
+    // The first pass in the window plans the stream and looks at it at once (a tick that no
+    // stream was on is due).
+    (void)g.idle.rest(in_window, false, false, false);
+    CHECK(st.plan.on_poll_tick == unhurried);
+    evr::detail::poll_tick tick = g.idle.begin_sweep(in_window);
+    REQUIRE(g.idle.wants_look(st, in_window, tick));
+    g.idle.looked_at(st, in_window, /*moved=*/false);  // still pending
+    g.idle.end_sweep(in_window, tick);
+    // A pass soon after (past the spin's replanning interval, before the next tick): the prompt
+    // wait spins on, the unhurried one naps until the tick, which looks at it again.
+    const auto later = in_window + 20us;
+    const evr::detail::rest_step step = g.idle.rest(later, false, false, false);
+    CHECK(st.plan.spin == !unhurried);
+    CHECK((step.what == evr::detail::rest_step::kind::nap) == unhurried);
+    if (unhurried) {
+      CHECK(step.until > later);
+      CHECK(step.until <= in_window + g.options.poll_period);
+      evr::detail::poll_tick at_tick = g.idle.begin_sweep(step.until);
+      CHECK(g.idle.wants_look(st, step.until, at_tick));
+    }
+  }
+}

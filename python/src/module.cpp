@@ -225,10 +225,13 @@ class py_reactor {
     c->obj = fut.inc_ref().ptr();
     // Before the reactor can see the node (it may be drained and freed right after on_complete).
     const std::int64_t wake_at = waker != nullptr ? waker->on_submit(c, key) : 0;
+    // A wait without a wake-up time reaches its loop (or the resolver thread) through an
+    // eventfd: that wake-up (tens of us) dwarfs what the reactor's spinning would save.
+    const evr::wait_target target = wake_at == 0 ? t.unhurried() : t;
     auto canceller = std::make_unique<wait_canceller>();
     std::shared_ptr<completion_sink> keep = sink;  // the sink outlives the pending wait
     std::error_code ec = evr::on_complete(
-        *r_, t,
+        *r_, target,
         [c, keep = std::move(keep)](std::error_code e) {
           c->ec = e;
           c->pushed_ns = monotonic_ns();
@@ -272,7 +275,8 @@ class py_reactor {
     auto* c = new completion;
     c->what = completion::kind::release;
     c->obj = obj.inc_ref().ptr();
-    std::error_code ec = evr::on_complete(*r_, t, [c](std::error_code e) {
+    // Only references are dropped: nobody waits for it.
+    std::error_code ec = evr::on_complete(*r_, t.unhurried(), [c](std::error_code e) {
       c->ec = e;
       resolver_sink().push(c);
     });

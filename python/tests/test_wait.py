@@ -196,3 +196,34 @@ def test_loop_reused_after_another_loop(dev, reactor):
 
 async def _wait_in(s, reactor):
     await evr.wait(s, reactor=reactor)
+
+
+def test_waits_the_loop_does_not_poll_for_are_not_spun_for():
+    """A wait the loop does not poll for (here every wait: set_loop_spin(0)) reaches the loop
+    through its eventfd, tens of us after the reactor hands it over: the reactor looks at its
+    stream on the poll tick (wait_target::unhurried) instead of spinning through its window."""
+    dev = evr.sim.Device()
+    r = evr.Reactor(device=dev, shutdown_drain=0.2)
+    s = dev.stream()
+    n, warm = 40, 10
+    evr.set_loop_spin(0)
+    try:
+        async def main():
+            for i in range(n):
+                if i == warm:  # the stream's model has learned the steady work by now
+                    before = r.metrics()["sweeps"]
+                dev.launch_kernel(s, 0.002)
+                await evr.wait(s, reactor=r)
+            return r.metrics()["sweeps"] - before
+
+        sweeps = run(main())
+        per_wait = sweeps / (n - warm)
+        print(f"{per_wait:.1f} sweeps a wait")
+        # On the tick: a few looks through a window of tens of us. Spun for, it was hundreds
+        # of sweeps a wait on an idle machine.
+        assert per_wait <= 30
+        assert r.metrics()["completed"] == n
+    finally:
+        evr.set_loop_spin(200e-6)
+        r.shutdown()
+        dev.shutdown()

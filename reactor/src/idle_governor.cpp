@@ -217,7 +217,7 @@ rest_step idle_governor::rest_ladder(clock::time_point now, bool closing) {
 rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
   if (now < replan_at_) return {};  // spinning: the plan made at most replan_interval ago holds
   clock::time_point wake = now + options_.fault_probe_interval;
-  bool spin = false;
+  bool spin = false, spun_window = false;
   // Wide windows are looked at every poll_period (the poll tick), or less often when a tick's
   // look costs more than poll_budget of a core allows (many streams, each queried on every tick).
   if (settings_.poll_budget > 0)
@@ -238,6 +238,10 @@ rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
     }
     if (st->plan.spin) {
       spin = true;
+      // A stream on the poll tick whose tick is due is looked at by the next sweep, once: that
+      // is no spin, and the sweep's look replans it (the tick moves on). Only a spun window
+      // lets the plans stand for replan_interval; else every tick cost up to 10 us of spinning.
+      spun_window |= !st->plan.on_poll_tick;
     } else {
       wake = std::min(wake, st->plan.wake);
     }
@@ -247,7 +251,7 @@ rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
     // time since their last progress.
     const nanoseconds age = now - registry_.loose_since();
     if (age < options_.spin_window) {
-      spin = true;
+      spin = spun_window = true;
     } else {
       wake = std::min(wake, now + std::clamp<nanoseconds>(age / 4, std::chrono::microseconds(10),
                                                           options_.max_sleep));
@@ -256,7 +260,7 @@ rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
   if (closing) wake = std::min(wake, now + closing_nap);
   reactor_spins_ = spin;
   if (spin || wake - now < min_nap) {
-    replan_at_ = now + replan_interval;
+    replan_at_ = spun_window ? now + replan_interval : clock::time_point{};
     return {};
   }
   replan_at_ = {};

@@ -80,6 +80,11 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   // and a skipped stream whose work ended early is found only when its window opens.
   p.query_after = {};
   p.on_poll_tick = false;
+  // An unhurried oldest wait (wait_target::unhurried: its consumer takes it tens of us later
+  // anyway) is not spun for: its steady window is looked at on the tick, as irregular work is.
+  if (o.where == phase::window_spin && !st.entries.empty() && st.entries.front().op != nullptr &&
+      st.entries.front().op->unhurried_)
+    o.where = phase::window_poll;
   if (o.where == phase::before_window && p.model.samples() >= service_time_model::window / 2) {
     skip_until(st, o.next_look);
   } else if (o.where == phase::window_poll) {

@@ -59,6 +59,7 @@ std::error_code submitter::prepare(wait_op& op, const wait_target& target) noexc
   op.stream_ = nullptr;
   op.event_ = nullptr;
   op.signalled_ = false;
+  op.unhurried_ = target.unhurried_;
   switch (target.what_) {
     case wait_target::kind::event: return prepare_event(op, target);
     case wait_target::kind::signal: return prepare_signal(op, target);

@@ -95,6 +95,19 @@ class wait_target {
     return t;
   }
 
+  /// This target, for a wait whose completion is taken some time after it is handed over anyway
+  /// (an event loop that wakes from epoll for it: tens of microseconds): the reactor need not spin
+  /// for it. Through the window in which its work is predicted to end it is looked at on the poll
+  /// tick (reactor_options::poll_period apart, stretched by poll_looks_per_second), as irregular
+  /// work is, instead of on every sweep: a few looks per wait instead of a spinning core, at up
+  /// to a poll period of latency. Matters for waits the reactor delivers itself; a polling host
+  /// (an io_context's thread) looks through its own waits' windows either way.
+  [[nodiscard]] wait_target unhurried() const noexcept {
+    wait_target t = *this;
+    t.unhurried_ = true;
+    return t;
+  }
+
  private:
   friend class detail::submitter;
   friend struct detail::reactor_access;
@@ -105,6 +118,7 @@ class wait_target {
   void* native_ = nullptr;       ///< native stream or native event
   int device_ = -1;              ///< event's device; -1: the submitting thread's current device
   bool never_recorded_ = false;  ///< an evr::event that was never recorded (refused)
+  bool unhurried_ = false;       ///< unhurried(): looked at on the poll tick, not spun for
   const std::uint64_t* signal_word_ = nullptr;  ///< kind::signal: the slot's word
   std::uint64_t signal_value_ = 0;              ///< kind::signal: the count to reach
 };

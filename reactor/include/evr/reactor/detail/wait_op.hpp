@@ -74,7 +74,10 @@ class wait_op {
   /// (set by reactor::submit) A device-signalled wait (a wait_target of a signal_ticket): no
   /// marker on the stream; event_ holds the slot's word (signal_word()) and signal_value_ the
   /// count that completes it.
-  bool signalled_ = false;
+  bool signalled_ : 1 = false;
+  /// (set by reactor::submit) wait_target::unhurried(): while it is its stream's oldest wait, the
+  /// reactor looks at the stream on the poll tick through its window instead of spinning.
+  bool unhurried_ : 1 = false;
 
   std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
   std::uintptr_t group_ = 0;  ///< its execution context (for detach_group); 0: none
