@@ -49,14 +49,8 @@
 #include "instance.hpp"
 #include "lanes.hpp"
 #include "mlp.hpp"
+#include "sanitized.hpp"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define EVR_ALLOC_TEST_SKIP 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define EVR_ALLOC_TEST_SKIP 1
-#endif
-#endif
 
 namespace {
 
@@ -65,7 +59,7 @@ std::atomic<std::uint64_t> allocations{0};
 
 int traces_left = 0;  // EVR_ALLOC_TEST_TRACE=N: print where the first N counted ones came from
 
-// [[maybe_unused]]: sanitizer builds skip the test (EVR_ALLOC_TEST_SKIP) and call neither.
+// [[maybe_unused]]: sanitizer builds skip the test (EVR_SERVER_SANITIZED) and call neither.
 [[maybe_unused]] void count(std::size_t size = 0) noexcept {
   if (!counting) return;
   allocations.fetch_add(1, std::memory_order_relaxed);
@@ -89,7 +83,7 @@ struct not_counted {
 
 }  // namespace
 
-#if !defined(EVR_ALLOC_TEST_SKIP)
+#if !EVR_SERVER_SANITIZED
 extern "C" {
 void* __libc_malloc(std::size_t size);
 void* __libc_calloc(std::size_t n, std::size_t size);
@@ -365,7 +359,7 @@ bool drive(std::vector<asio::ip::tcp::socket>& conns, int rounds, int& seed) {
 }  // namespace
 
 int main() {
-#if defined(EVR_ALLOC_TEST_SKIP)
+#if EVR_SERVER_SANITIZED
   std::printf("skipped: the sanitizers replace malloc themselves\n");
   return 77;
 #else
