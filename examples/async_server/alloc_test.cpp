@@ -51,7 +51,6 @@
 #include "mlp.hpp"
 #include "sanitized.hpp"
 
-
 namespace {
 
 thread_local bool counting = false;
