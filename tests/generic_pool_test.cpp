@@ -19,6 +19,7 @@
 
 #include "pool_test_backend.hpp"
 #include "support/device_under_test.hpp"
+#include "support/helpers.hpp"
 
 namespace {
 
@@ -28,14 +29,6 @@ using evr::pool_options;
 using evr::pooled_event;
 using evr::test::counting_backend;
 using evr::test::dut;
-
-constexpr bool sanitized_build() {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-  return true;
-#else
-  return false;
-#endif
-}
 
 /// created == destroyed + cached + in_use, for a quiescent pool.
 void check_balance(const evr::pool_stats& s) {
@@ -382,7 +375,7 @@ TEST_CASE("pool: 16 threads never share an event and the stats balance") {
   event_pool pool(backend, 0, event_class::plain, pool_options{.initial = 0, .batch = 8});
   auto owners = std::make_unique<evr::test::ownership_map>();
   constexpr int threads = 16;
-  const int rounds = sanitized_build() ? 300 : 3000;
+  const int rounds = evr::test::sanitized() ? 300 : 3000;
   std::atomic<int> double_handouts{0};
   std::atomic<int> bad_releases{0};
   std::atomic<std::uint64_t> total_acquires{0};

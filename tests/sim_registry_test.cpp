@@ -11,20 +11,14 @@
 #include <evr/pool/event_registry.hpp>
 #include <evr/sim/device.hpp>
 
+#include "support/helpers.hpp"
+
 namespace {
 
 using evr::event_class;
 using evr::event_registry;
 using id_type = event_registry::id_type;
 namespace dev = evr::device;
-
-constexpr bool sanitized_build() {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-  return true;
-#else
-  return false;
-#endif
-}
 
 std::string hex(std::uint64_t v) {
   char buf[32];
@@ -289,7 +283,7 @@ TEST_CASE("registry: 8 threads acquire, use and release concurrently") {
   {
     event_registry reg(sim);
     constexpr int threads = 8;
-    const int rounds = sanitized_build() ? 200 : 2000;
+    const int rounds = evr::test::sanitized() ? 200 : 2000;
     std::atomic<int> failures{0};
     std::atomic<int> cross_released{0};
     std::atomic<id_type> shared{event_registry::invalid_id};  // an id another thread releases
@@ -359,7 +353,7 @@ TEST_CASE("registry: 8 threads acquire, use and release concurrently") {
 TEST_CASE("registry: racing releases of one id, exactly one wins") {
   evr::sim::device sim;
   event_registry reg(sim);
-  const int rounds = sanitized_build() ? 50 : 300;
+  const int rounds = evr::test::sanitized() ? 50 : 300;
   for (int r = 0; r < rounds; ++r) {
     const id_type id = reg.acquire(0);
     std::atomic<int> wins{0};
