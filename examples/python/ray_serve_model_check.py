@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import collections
 import os
+import random
 import signal
 import socket
 import sys
@@ -54,7 +55,25 @@ def log(msg):
 
 
 def free_port():
-    with socket.socket() as s:
+    """A free port on 127.0.0.1 for Serve's proxy, which binds it only after Ray has started its
+    processes. Taken below the kernel's ephemeral range (from which those processes' own ports
+    come: a port picked there was once taken meanwhile, and the proxy failed to bind) and above
+    Ray's worker ports (10002-19999 by default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    candidates = list(range(20000, ephemeral_low))
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the ephemeral range: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
