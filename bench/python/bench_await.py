@@ -373,6 +373,9 @@ def main():
     ap.add_argument("--tasks", type=int, default=0, help="also N tasks on N streams (0: not)")
     ap.add_argument("--task-kernel-us", type=float, default=2000)
     ap.add_argument("--task-seconds", type=float, default=2)
+    ap.add_argument("--more-tasks", default="", metavar="NxUS,...",
+                    help="further task rows after --tasks, in the same process: N tasks on N "
+                         "streams at US us each, e.g. 64x500")
     ap.add_argument("--task-method", choices=["evr", "query0"], default="evr",
                     help="how --tasks wait: await evr.wait, or poll s.query() between sleep(0)")
     ap.add_argument("--reactor-options", default="", metavar="K=V,...",
@@ -388,6 +391,15 @@ def main():
         ap.error(f"--methods: no method {', '.join(unknown)} (there are {', '.join(METHODS)})")
     if args.tasks < 0 or args.many < 0:
         ap.error("--tasks and --many take 0 or more")
+    more_tasks = []
+    for spec in filter(None, args.more_tasks.split(",")):
+        n, _, us = spec.partition("x")
+        try:
+            more_tasks.append((int(n), float(us)))
+        except ValueError:
+            ap.error(f"--more-tasks: {spec!r} is not NxUS (tasks x microseconds, e.g. 64x500)")
+        if more_tasks[-1][0] < 1 or more_tasks[-1][1] <= 0:
+            ap.error(f"--more-tasks: {spec!r}: expected at least one task and work longer than 0 us")
     if args.smoke:
         args.samples, args.many = 30, 2000
     SPIN_WAITS[0] = args.spin_waits
@@ -425,6 +437,9 @@ def main():
         if args.tasks:
             out["tasks"] = await tasks(d, args.tasks, args.task_kernel_us / 1e6, args.task_seconds,
                                        args.task_method)
+        for n, us in more_tasks:
+            out.setdefault("more_tasks", []).append(
+                await tasks(d, n, us / 1e6, args.task_seconds, args.task_method))
         if not args.many:
             return
         out["many_gc_default"] = await many(d, args.many, 0.05 if not args.smoke else 0.01)
@@ -440,8 +455,7 @@ def main():
     out["goals"] = {}
     for k in kernels:
         out["goals"][str(k)] = report(k, out["kernels"][str(k)], args.samples, args.loop)
-    if "tasks" in out:
-        t = out["tasks"]
+    for t in ([out["tasks"]] if "tasks" in out else []) + out.get("more_tasks", []):
         print(f"\ntasks: {t['n']} tasks on {t['n']} streams, {t['kernel_us']:.0f} us kernels: "
               f"{t['rps']:.0f} completions/s, {t['cpu_cores']:.3f} cores")
         print(f"  launch -> resumed p50 {t['cycle_p50_us']:.0f} us, p99 {t['cycle_p99_us']:.0f} us; "
