@@ -195,7 +195,7 @@ class python_group:
     blocking synchronize; 64 tasks on 64 streams at 2 ms (more waits in flight than the loop polls
     for, on a GPU that is the bottleneck); 4 tasks on 4 streams at 200 us (few waits, each task's
     rate bound by its own wait's latency: the case the loop's polling windows are for); 64 tasks
-    at 500 us (the loop thread saturated: its rate follows how promptly completions reach it)."""
+    at 500 us (the loop thread saturated: a completion waits for its round; a bimodal row)."""
 
     def __init__(self, name, sim):
         self.name, self.sim = name, sim
