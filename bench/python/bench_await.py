@@ -240,9 +240,11 @@ async def many(d, n, kernel):
             "resume_span_ms": (last - first) * 1e3, "rss_growth_mb": m1 - m0}
 
 
-async def tasks(d, n, kernel_s, seconds, method="evr"):
+async def tasks(d, n, kernel_s, seconds, method="evr", warmed=None):
     """n tasks, each on its own stream: launch, await evr.wait (or poll s.query() between
-    asyncio.sleep(0): method "query0"), again, for `seconds`."""
+    asyncio.sleep(0): method "query0"), again, for `seconds`. `warmed()`, if given, is called
+    once the warm-up is over, just before the measured span (scripts/study/loop-placement.py
+    pins threads there)."""
     streams = [d.new_stream() for _ in range(n)]
     done = [0] * n
     stop = False
@@ -266,6 +268,8 @@ async def tasks(d, n, kernel_s, seconds, method="evr"):
 
     workers = [asyncio.ensure_future(worker(i)) for i in range(n)]
     await asyncio.sleep(min(0.5, seconds / 2))  # warm-up: every stream's model learned
+    if warmed is not None:
+        warmed()
     waits = method != "query0"  # query0 never touches evr: no reactor is made for it
     s0, m0, t0 = evr.loop_stats(), reactor_of(d).metrics() if waits else None, thread_cpu_s()
     n0, c0, w0 = sum(done), time.process_time(), time.perf_counter()

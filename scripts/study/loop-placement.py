@@ -14,7 +14,7 @@ alternated over rounds, and prints completions a second and each thread's CPU. W
 at 500 us the loop thread is saturated and the rate of one build was 21 k or 37 k completions a
 second from one process to the next on an H200 host (docs/notebook.md, "Windows only for a loop
 with few waits in flight"); two busy threads on one core's hyperthreads would each run slower.
-Linux only (sysfs topology, /proc task names). Bounded: rounds x placements x (seconds + 1 s).
+Linux only (sysfs topology, /proc task names). Bounded: rounds x placements x (seconds + 0.5 s).
 """
 
 import argparse
@@ -23,7 +23,6 @@ import glob
 import os
 import sys
 import threading
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench", "python"))
@@ -68,42 +67,23 @@ def reactor_tid():
     raise RuntimeError("no thread named evr-reactor in this process")
 
 
-def thread_cpu_s(tid):
-    with open(f"/proc/{os.getpid()}/task/{tid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 async def measure(device, tasks, kernel_s, seconds, pin):
-    streams = [device.new_stream() for _ in range(tasks)]
-    done, stop = [0], [False]
+    """bench_await's task row with the loop and reactor threads pinned to `pin` (None: not) for
+    its measured span. Returns completions/s and the loop's and the reactor's cores."""
+    loop_tid, everywhere, pinned = threading.get_native_id(), os.sched_getaffinity(0), []
 
-    async def worker(stream):
-        while not stop[0]:
-            device.launch(kernel_s, stream)
-            await evr.wait(stream, reactor=getattr(device, "reactor", None))
-            done[0] += 1
-
-    workers = [asyncio.ensure_future(worker(s)) for s in streams]
-    await asyncio.sleep(0.5)  # the reactor thread exists and the streams' models have learned
-    loop_tid, r_tid, everywhere = threading.get_native_id(), reactor_tid(), os.sched_getaffinity(0)
-    try:
+    def pin_threads():  # after the warm-up: the reactor thread exists by then
         if pin is not None:
-            os.sched_setaffinity(loop_tid, {pin[0]})
-            os.sched_setaffinity(r_tid, {pin[1]})
-        await asyncio.sleep(0.5)  # settled on their cpus
-        n0, t0 = done[0], time.perf_counter()
-        l0, r0 = thread_cpu_s(loop_tid), thread_cpu_s(r_tid)
-        await asyncio.sleep(seconds)
-        n1, t1 = done[0], time.perf_counter()
-        l1, r1 = thread_cpu_s(loop_tid), thread_cpu_s(r_tid)
+            pinned.extend([(loop_tid, pin[0]), (reactor_tid(), pin[1])])
+            for tid, cpu in pinned:
+                os.sched_setaffinity(tid, {cpu})
+
+    try:
+        row = await bench_await.tasks(device, tasks, kernel_s, seconds, warmed=pin_threads)
     finally:
-        stop[0] = True
-        await asyncio.gather(*workers)
-        os.sched_setaffinity(loop_tid, everywhere)
-        os.sched_setaffinity(r_tid, everywhere)
-    span = t1 - t0
-    return (n1 - n0) / span, (l1 - l0) / span, (r1 - r0) / span
+        for tid, _ in pinned:
+            os.sched_setaffinity(tid, everywhere)
+    return row["rps"], row["threads_cores"].get("loop", 0.0), row.get("reactor_cores", 0.0)
 
 
 def main():
