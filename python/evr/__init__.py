@@ -255,9 +255,10 @@ def set_loop_spin(max_seconds: float, max_waits: int = 4) -> None:
     predictable time, evr wakes the awaiting coroutine on a precise timer just before the
     predicted end and lets it poll between yields (other tasks keep running) until the completion
     arrives or its window passes, at most ``max_seconds`` per window; one window is open per loop
-    at a time. Only while fewer than ``max_waits`` waits of the loop have a wake-up time does a
-    new one get one: a loop with more in flight is busy with their completions and seldom asleep,
-    and its windows would spin through time its other tasks need. Costs CPU on the loop thread
+    at a time. Only while fewer than ``max_waits`` waits of the loop are in flight (predicted or
+    not) does a new one get a wake-up time: a loop with more in flight is busy with their
+    completions and seldom asleep, and its windows would spin through time its other tasks need.
+    Costs CPU on the loop thread
     during the windows only; waits on unpredictable streams, and futures nobody awaits (gathered),
     are not affected. Applies to every loop, now and later. See docs/python.md, "How it works".
     """
@@ -288,7 +289,8 @@ def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = None) -> Optional[dic
     (waits given a wake-up time), ``timer_fires``, ``spins`` (windows a coroutine polled in),
     ``spin_hits`` (its completion came meanwhile), ``spin_misses`` (windows or due waits that
     passed without it: back to the eventfd), ``not_polled`` (due waits nobody awaited),
-    ``window_open`` (a coroutine is polling now),
+    ``window_open`` (a coroutine is polling now), ``in_flight`` (waits of the loop not yet
+    drained),
     ``spin_seconds``, ``lead_seconds`` (how early a window opens), ``models`` (streams with a
     learned duration: at most 4096 per loop, then forgotten together); ``last_completion_ns``:
     the last completion drained, as CLOCK_MONOTONIC nanoseconds (``time.monotonic_ns()``'s clock)

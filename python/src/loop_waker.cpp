@@ -61,7 +61,9 @@ std::int64_t loop_waker::on_submit(completion* c, std::uintptr_t key) noexcept {
   c->submitted_ns = now;
   c->key = key;
   c->wake_ticket = 0;
-  if (!predictable(key)) return 0;
+  const bool gets_window = predictable(key);
+  ++in_flight_;  // after the check: predictable() counts the waits in flight before this one
+  if (!gets_window) return 0;
   model& m = models_.find(key)->second;
   const auto predicted_end = now + static_cast<std::int64_t>(m.mean_ns);
   const auto dev = static_cast<std::int64_t>(m.dev_ns);
@@ -77,7 +79,7 @@ std::int64_t loop_waker::on_submit(completion* c, std::uintptr_t key) noexcept {
 }
 
 bool loop_waker::predictable(std::uintptr_t key) const noexcept {
-  if (max_spin_ns_ == 0 || schedule_.size() >= max_waits_) return false;
+  if (max_spin_ns_ == 0 || in_flight_ >= max_waits_) return false;
   auto it = models_.find(key);
   if (it == models_.end() || it->second.samples < min_samples) return false;
   const model& m = it->second;
@@ -102,8 +104,14 @@ void loop_waker::forget(const completion* c) noexcept {
   if (it != schedule_.end()) drop(it);
 }
 
+void loop_waker::on_refused(const completion* c) noexcept {
+  forget(c);
+  if (in_flight_ > 0) --in_flight_;
+}
+
 void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
   ++stats_.completions;
+  if (in_flight_ > 0) --in_flight_;
   const std::int64_t hop = std::max<std::int64_t>(1, now - c->pushed_ns);
   const auto bucket = std::min<std::size_t>(stats_.hop_log2_ns.size() - 1,
                                             64 - __builtin_clzll(static_cast<std::uint64_t>(hop)));

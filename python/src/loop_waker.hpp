@@ -21,8 +21,9 @@
 //     The window ends at the predicted end plus three deviations, at most `max_spin` after it
 //     opened (window_closed).
 // One wait per stream is scheduled at a time (the first one pending; those queued behind it
-// complete with it or later, and its poller drains whatever comes), and at most max_waits (4) per
-// loop: a loop with more predicted waits in flight is busy with their completions anyway. One
+// complete with it or later, and its poller drains whatever comes), and waits get windows only
+// while the loop has fewer than max_waits (4) waits in flight, predicted or not: a loop with more
+// is busy with their completions anyway, and the GPU, not the hop, bounds its rate. One
 // window is open per loop at a time: the poller drains every completion it finds, so the waits due
 // meanwhile are resolved by it; the timer stays disarmed until the window closes. A wait whose
 // window passed falls back to the eventfd (never polled for twice), as do waits on unpredictable
@@ -92,7 +93,12 @@ class loop_waker {
   bool predictable(std::uintptr_t key) const noexcept;
   /// A wait on `key` was submitted (its node not yet pushed: call before the reactor can run it).
   /// Returns its wake-up time (CLOCK_MONOTONIC ns), 0 when it gets none (as predictable() said).
+  /// Every submitted wait counts as in flight until on_drained (or on_refused).
   std::int64_t on_submit(completion* c, std::uintptr_t key) noexcept;
+  /// The reactor refused the wait submitted with on_submit: it is not in flight.
+  void on_refused(const completion* c) noexcept;
+  /// Waits submitted on this loop and not yet drained.
+  std::size_t in_flight() const noexcept { return in_flight_; }
   /// Every node of a drained batch, before it is resolved and freed.
   void on_drained(const completion* c, std::int64_t now) noexcept;
   /// The timerfd is readable: consumes it and learns how late it fired. The caller drains, then
@@ -141,10 +147,10 @@ class loop_waker {
   /// After a drain (and after a refused submission): drops the entries whose window has passed
   /// (their waits fall back to the eventfd) and arms the timerfd for the earliest one left.
   void rearm(std::int64_t now) noexcept;
-  /// A submission was refused: forget its entry.
-  void forget(const completion* c) noexcept;
 
  private:
+  /// Takes `c`'s entry out of the schedule, if it has one (drained, or refused).
+  void forget(const completion* c) noexcept;
   /// Takes an entry out of the schedule: its node is unscheduled, its stream may schedule another.
   void drop(std::set<slot>::iterator it) noexcept;
   /// The timerfd for the earliest entry (disarmed when there is none or a window is open).
@@ -152,13 +158,14 @@ class loop_waker {
 
   int fd_ = -1;
   std::int64_t max_spin_ns_;
-  /// A wait gets a wake-up time only while fewer waits than this have one (are in the schedule).
-  /// Why: a loop with many predicted waits in flight (64 torch streams) opens a window for few of
-  /// them (one is open at a time), and completions come often enough that it is seldom asleep;
-  /// its windows then spun through time its other tasks needed (on an H200, 10-18 % of the loop
-  /// thread at 16 000 completions a second), and every other predicted wait still paid for its
-  /// polling future.
+  /// A wait gets a wake-up time only while fewer waits than this are in flight on the loop
+  /// (submitted, not yet drained; those without a wake-up time count too). Why: a loop with many
+  /// waits in flight (64 torch streams) opens a window for few of them (one is open at a time),
+  /// its completions come often enough that it is seldom asleep, and a GPU shared by that many
+  /// streams bounds the rate, not the loop's wake-up; its windows spun through time its other
+  /// tasks needed (docs/python.md, "Latency against CPU").
   std::size_t max_waits_ = 4;
+  std::size_t in_flight_ = 0;  ///< see in_flight()
   std::int64_t armed_for_ = 0;     ///< the time the timerfd is armed for (0: disarmed)
   std::int64_t armed_at_ = 0;      ///< when it was armed
   std::uint64_t open_window_ = 0;  ///< the open window's number (0: none open)

@@ -239,7 +239,7 @@ class py_reactor {
         },
         canceller->handle);
     if (ec) {
-      if (waker != nullptr) waker->forget(c);
+      if (waker != nullptr) waker->on_refused(c);
       Py_DECREF(c->obj);
       delete c;
       raise(ec);
@@ -422,6 +422,7 @@ struct loop_sink {
     d["spin_misses"] = s.spin_misses;
     d["not_polled"] = s.not_polled;
     d["window_open"] = waker.window_open();
+    d["in_flight"] = waker.in_flight();
     d["spin_seconds"] = static_cast<double>(s.spin_ns) * 1e-9;
     d["lead_seconds"] = static_cast<double>(s.lead_ns) * 1e-9;
     d["models"] = waker.models();

@@ -299,6 +299,46 @@ def test_at_most_max_waits_of_a_loop_are_predicted_at_once(dev, reactor, spin_de
     assert m["in_flight"] == 0
 
 
+def test_waits_in_flight_without_a_wake_up_time_count_against_max_waits(dev, reactor, spin_default):
+    """A loop with max_waits waits in flight gives no window to the next, even when none of those
+    has a wake-up time (streams without a model): it is busy with their completions. Once they
+    have drained, the same stream's next wait gets one again."""
+    learned = dev.stream()
+    others = [dev.stream() for _ in range(4)]  # fresh streams: no model, so never predicted
+
+    async def main():
+        for _ in _attempts():  # `learned` gets a model (see _attempts)
+            dev.launch_kernel(learned, REGULAR)
+            fut = evr.wait(learned, reactor=reactor)
+            await fut
+            if getattr(fut, "_wake_at", 0):
+                break
+        else:
+            pytest.fail("the stream was never predicted")
+        for s in others:
+            dev.launch_kernel(s, 20 * REGULAR)  # in flight while `learned` is waited on
+        busy = [evr.wait(s, reactor=reactor) for s in others]
+        assert not any(getattr(f, "_wake_at", 0) for f in busy)
+        assert evr.loop_stats()["in_flight"] == 4
+        dev.launch_kernel(learned, REGULAR)
+        crowded = evr.wait(learned, reactor=reactor)
+        crowded_predicted = bool(getattr(crowded, "_wake_at", 0))
+        assert await asyncio.gather(crowded, *busy) == [None] * 5
+        assert evr.loop_stats()["in_flight"] == 0
+        for _ in _attempts():  # alone again: predicted (unless a loaded machine scattered it)
+            dev.launch_kernel(learned, REGULAR)
+            fut = evr.wait(learned, reactor=reactor)
+            await fut
+            if getattr(fut, "_wake_at", 0):
+                return crowded_predicted, True
+        return crowded_predicted, False
+
+    crowded_predicted, predicted_again = run(main())
+    assert not crowded_predicted
+    assert predicted_again
+    assert reactor.metrics()["in_flight"] == 0
+
+
 def test_loop_spin_arguments_checked():
     with pytest.raises(ValueError, match="max_waits"):
         evr.set_loop_spin(200e-6, max_waits=0)
