@@ -386,6 +386,9 @@ def main():
                     help="wait on an evr.Reactor made with these options (numbers; durations in "
                          "seconds; on the simulated device, a reactor of that device), e.g. "
                          "poll_looks_per_second=100000,prespin=0")
+    ap.add_argument("--strategy", choices=["adaptive", "fence", "poll", "host_func"], default=None,
+                    help="wait on an evr.Reactor of this marker strategy (default: the default "
+                         "reactor's, adaptive); combines with --reactor-options")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--smoke", action="store_true", help="short run, goals reported not enforced")
     args = ap.parse_args()
@@ -408,17 +411,19 @@ def main():
         args.samples, args.many = 30, 2000
     SPIN_WAITS[0] = args.spin_waits
     d = pick_device(args.device)
+    opts = {}
     if args.reactor_options:
-        opts = {}
         for kv in args.reactor_options.split(","):
             k, _, v = kv.partition("=")
             try:
                 opts[k.strip()] = int(v) if v.strip().isdigit() else float(v)
             except ValueError:
                 ap.error(f"--reactor-options: {kv!r} is not K=NUMBER")
+    if args.reactor_options or args.strategy:
         # On the simulated device, a reactor of that device with these options.
-        d.reactor = evr.Reactor(device=d.dev, **opts) if isinstance(d, SimDevice) else evr.Reactor(**opts)
-        print(f"reactor options: {opts}")
+        dev = {"device": d.dev} if isinstance(d, SimDevice) else {}
+        d.reactor = evr.Reactor(args.strategy, **dev, **opts)
+        print(f"reactor: {d.reactor.strategy}, options {opts}")
     sim = isinstance(d, SimDevice)
     if args.kernels_us:
         kernels = [float(k) for k in args.kernels_us.split(",")]
