@@ -16,7 +16,9 @@
 #                                           # that has the working tree but not its history
 # Options: --rounds N (3), --budget-s S (540: the whole run, builds included), --out DIR
 # (build/gate/out), --tree-build DIR (an existing build of this tree: only the baseline is built),
-# --no-ctest, --no-record, --jobs N; EVR_GATE_CTEST_ARGS: more arguments for ctest (-R, -E).
+# --no-ctest, --no-record, --jobs N, --groups A,B (only these groups of rows: idle, "idle, 32
+# queues", server, python; for a change that cannot reach the others, which the record then
+# lacks); EVR_GATE_CTEST_ARGS: more arguments for ctest (-R, -E).
 #
 # Writes DIR/gate.{json,md} and the logs (--out); unless --sim or --no-record, also
 # docs/bench/gate/DATE-COMMIT.{json,md} (the newest record there is the next gate's default
@@ -30,7 +32,7 @@ root=$PWD
 t0=$SECONDS
 command_line="scripts/gpu-gate.sh $*"
 
-sim=0 all_gpus=0 baseline="" tree_build="" rounds=3 budget=540 results_dir=build/gate/out ctest=1 record=1 prepare=0
+sim=0 all_gpus=0 baseline="" tree_build="" groups="" rounds=3 budget=540 results_dir=build/gate/out ctest=1 record=1 prepare=0
 jobs=$(nproc 2>/dev/null || echo 2)
 need() { [[ $# -ge 2 && -n "$2" ]] || { echo "gpu-gate: $1 needs a value" >&2; exit 64; }; }
 while [[ $# -gt 0 ]]; do
@@ -43,10 +45,11 @@ while [[ $# -gt 0 ]]; do
     --out) need "$@"; results_dir=$2; shift ;;
     --tree-build) need "$@"; tree_build=$2; shift ;;
     --jobs) need "$@"; jobs=$2; shift ;;
+    --groups) need "$@"; groups=$2; shift ;;
     --no-ctest) ctest=0 ;;
     --no-record) record=0 ;;
     --prepare) prepare=1; [[ $# -ge 2 && "$2" != --* ]] && { baseline=$2; shift; } ;;
-    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-gate: unknown argument '$1' (try --help)" >&2; exit 64 ;;
   esac
   shift
@@ -192,6 +195,7 @@ gate_args=(--base "$base_build" --tree "$tree_build" --base-label "$base_label"
   --tree-label "$tree_rev" --out "$results_dir" --rounds "$rounds"
   --budget-s "$((budget - (SECONDS - t0) - 5))" --ctest "$ctest_status")
 ((sim)) && gate_args+=(--sim)
+[[ -n "$groups" ]] && gate_args+=(--groups "$groups")
 ((all_gpus)) && gate_args+=(--all-gpus)
 ((record && !sim)) && gate_args+=(--record docs/bench/gate)
 EVR_GATE_COMMAND="$command_line" python3 scripts/gate/gate.py "${gate_args[@]}"

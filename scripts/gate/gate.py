@@ -147,6 +147,20 @@ def markdown(lines, doc):
     return "\n".join(md) + "\n"
 
 
+def wanted_groups(text, names):
+    """The group names in `text`, comma-separated ("idle, 32 queues" has a comma of its own: a
+    piece that is no name joins the one before it). Returns the list, or the first piece that
+    names no group."""
+    out = []
+    for piece in (p.strip() for p in text.split(",")):
+        if out and piece not in names and f"{out[-1]}, {piece}" in names:
+            out[-1] = f"{out[-1]}, {piece}"
+        else:
+            out.append(piece)
+    bad = [n for n in out if n not in names]
+    return bad[0] if bad else out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", required=True, help="the baseline's build folder")
@@ -170,7 +184,10 @@ def main():
     builds = {"base": os.path.abspath(args.base), "tree": os.path.abspath(args.tree)}
     groups = gate_rows.groups(args.sim, args.all_gpus)
     if args.groups:
-        wanted = args.groups.split(",")
+        wanted = wanted_groups(args.groups, [g.name for g in groups])
+        if isinstance(wanted, str):
+            ap.error(f"--groups: no group {wanted!r} here (there are: "
+                     + "; ".join(g.name for g in groups) + ")")
         groups = [g for g in groups if g.name in wanted]
     results = {s: {} for s in SIDES}
     order, errors = [], []
