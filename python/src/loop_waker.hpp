@@ -165,7 +165,7 @@ class loop_waker {
   /// streams bounds the rate, not the loop's wake-up; its windows spun through time its other
   /// tasks needed (docs/python.md, "Latency against CPU").
   std::size_t max_waits_ = 4;
-  std::size_t in_flight_ = 0;  ///< see in_flight()
+  std::size_t in_flight_ = 0;      ///< see in_flight()
   std::int64_t armed_for_ = 0;     ///< the time the timerfd is armed for (0: disarmed)
   std::int64_t armed_at_ = 0;      ///< when it was armed
   std::uint64_t open_window_ = 0;  ///< the open window's number (0: none open)
