@@ -148,17 +148,15 @@ def markdown(lines, doc):
 
 
 def wanted_groups(text, names):
-    """The group names in `text`, comma-separated ("idle, 32 queues" has a comma of its own: a
-    piece that is no name joins the one before it). Returns the list, or the first piece that
-    names no group."""
+    """The group names in `text`, comma-separated; "idle, 32 queues" has a comma of its own, so a
+    piece that is no name but completes the one before it to a name joins it."""
     out = []
     for piece in (p.strip() for p in text.split(",")):
         if out and piece not in names and f"{out[-1]}, {piece}" in names:
             out[-1] = f"{out[-1]}, {piece}"
         else:
             out.append(piece)
-    bad = [n for n in out if n not in names]
-    return bad[0] if bad else out
+    return out
 
 
 def main():
@@ -184,10 +182,11 @@ def main():
     builds = {"base": os.path.abspath(args.base), "tree": os.path.abspath(args.tree)}
     groups = gate_rows.groups(args.sim, args.all_gpus)
     if args.groups:
-        wanted = wanted_groups(args.groups, [g.name for g in groups])
-        if isinstance(wanted, str):
-            ap.error(f"--groups: no group {wanted!r} here (there are: "
-                     + "; ".join(g.name for g in groups) + ")")
+        names = [g.name for g in groups]
+        wanted = wanted_groups(args.groups, names)
+        unknown = [w for w in wanted if w not in names]
+        if unknown:
+            ap.error(f"--groups: no group {unknown[0]!r} here (there are: {'; '.join(names)})")
         groups = [g for g in groups if g.name in wanted]
     results = {s: {} for s in SIDES}
     order, errors = [], []

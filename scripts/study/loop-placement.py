@@ -14,6 +14,7 @@ alternated over rounds, and prints completions a second and each thread's CPU. W
 at 500 us the loop thread is saturated and the rate of one build was 21 k or 37 k completions a
 second from one process to the next on an H200 host (docs/notebook.md, "Windows only for a loop
 with few waits in flight"); two busy threads on one core's hyperthreads would each run slower.
+(Measured on an H200 host without SMT: either rate came pinned to two cores and unpinned alike.)
 Linux only (sysfs topology, /proc task names). Bounded: rounds x placements x (seconds + 0.5 s).
 """
 
