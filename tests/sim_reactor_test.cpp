@@ -337,7 +337,7 @@ TEST_CASE("adaptive: an old wait arms one doorbell, and the reactor sleeps until
   opts.doorbell_after = 2ms;
   opts.fault_probe_interval = 500ms;
   // Before the reactor: its destructor completes pending waits into these.
-  std::atomic<int> done{0};
+  std::atomic<int> completed{0}, done{0};
   // Read on the reactor thread as the last wait completes (the test thread may be scheduled late
   // on a loaded machine: it used to sample at 50 and 90 ms into the 100 ms kernel).
   std::atomic<std::int64_t> sweeps_at_done{-1}, doorbells_at_done{-1};
@@ -346,11 +346,15 @@ TEST_CASE("adaptive: an old wait arms one doorbell, and the reactor sleeps until
   sim.launch_kernel(st.native(), 100ms);
   for (int i = 0; i < 10; ++i) {
     evr::on_complete(r, st, [&](std::error_code ec) {
-      if (!ec && ++done == 10) {
+      if (ec) return;
+      if (++completed == 10) {
         const auto m = r.metrics();
         sweeps_at_done = static_cast<std::int64_t>(m.sweeps);
         doorbells_at_done = static_cast<std::int64_t>(m.doorbells);
       }
+      // Counted after the samples: the test thread reads them once it sees 10 (it used to see
+      // 10 before the last handler had stored them, and read -1 under TSan).
+      ++done;
     });
   }
   // Armed once the oldest wait is doorbell_after old; one for the stream.
