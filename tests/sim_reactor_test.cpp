@@ -337,7 +337,7 @@ TEST_CASE("adaptive: an old wait arms one doorbell, and the reactor sleeps until
   opts.doorbell_after = 2ms;
   opts.fault_probe_interval = 500ms;
   // Before the reactor: its destructor completes pending waits into these.
-  std::atomic<int> completed{0}, done{0};
+  std::atomic<int> done{0};
   // Read on the reactor thread as the last wait completes (the test thread may be scheduled late
   // on a loaded machine: it used to sample at 50 and 90 ms into the 100 ms kernel).
   std::atomic<std::int64_t> sweeps_at_done{-1}, doorbells_at_done{-1};
@@ -347,13 +347,14 @@ TEST_CASE("adaptive: an old wait arms one doorbell, and the reactor sleeps until
   for (int i = 0; i < 10; ++i) {
     evr::on_complete(r, st, [&](std::error_code ec) {
       if (ec) return;
-      if (++completed == 10) {
+      // Inline on the reactor thread, one at a time. Counted after the samples: the test thread
+      // reads them once it sees 10 (it used to see 10 before the last handler had stored them,
+      // and read -1 under TSan).
+      if (done.load() == 9) {
         const auto m = r.metrics();
         sweeps_at_done = static_cast<std::int64_t>(m.sweeps);
         doorbells_at_done = static_cast<std::int64_t>(m.doorbells);
       }
-      // Counted after the samples: the test thread reads them once it sees 10 (it used to see
-      // 10 before the last handler had stored them, and read -1 under TSan).
       ++done;
     });
   }
