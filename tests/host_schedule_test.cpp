@@ -2,6 +2,7 @@
 // streams: no reactor, no device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -14,6 +15,15 @@ struct stream_state {
 using host_schedule = evr::detail::basic_host_schedule<stream_state>;
 
 bool current(const host_schedule::entry& e) { return e.epoch == e.stream->epoch; }
+
+/// The streams of the entries due at `now`, in look order.
+std::vector<stream_state*> take_due(host_schedule& s, std::int64_t now) {
+  std::vector<host_schedule::entry> due;
+  s.take_due(now, current, due);
+  std::vector<stream_state*> streams;
+  for (const host_schedule::entry& e : due) streams.push_back(e.stream);
+  return streams;
+}
 }  // namespace
 
 TEST_CASE("host schedule: due streams come out in look order, each once, stale plans dropped") {
@@ -24,13 +34,9 @@ TEST_CASE("host schedule: due streams come out in look order, each once, stale p
   s.add(20, &streams[2], 0, current);
   s.add(15, &streams[1], 0, current);  // the same plan scheduled twice: one look
   streams[2].epoch = 1;                // planned again: its entry is stale
-  std::vector<stream_state*> due;
-  s.take_due(25, current, due);
-  CHECK(due == std::vector<stream_state*>{&streams[1]});
+  CHECK(take_due(s, 25) == std::vector<stream_state*>{&streams[1]});
   CHECK(s.next_ns(current) == 30);
-  due.clear();
-  s.take_due(30, current, due);
-  CHECK(due == std::vector<stream_state*>{&streams[0]});
+  CHECK(take_due(s, 30) == std::vector<stream_state*>{&streams[0]});
   CHECK(s.next_ns(current) == host_schedule::never);
 }
 
@@ -57,8 +63,29 @@ TEST_CASE("host schedule: grows when its current entries fill it") {
   for (std::size_t i = 0; i < streams.size(); ++i)
     s.add(static_cast<std::int64_t>(i), &streams[i], 0, current);
   CHECK(s.size() == streams.size());
-  std::vector<stream_state*> due;
-  s.take_due(host_schedule::never - 1, current, due);
+  const std::vector<stream_state*> due = take_due(s, host_schedule::never - 1);
   REQUIRE(due.size() == streams.size());
   for (std::size_t i = 0; i < streams.size(); ++i) CHECK(due[i] == &streams[i]);
+}
+
+TEST_CASE("host schedule: due looks are appended after those a pass left, a stream once") {
+  std::vector<stream_state> streams(3);
+  host_schedule s;
+  s.add(10, &streams[0], 0, current);
+  s.add(20, &streams[1], 0, current);
+  s.add(30, &streams[2], 0, current);
+  std::vector<host_schedule::entry> due;
+  s.take_due(20, current, due);
+  REQUIRE(due.size() == 2);
+  // The pass looks at streams[0] only and plans it again, due at once; streams[1] is left.
+  due.erase(due.begin());
+  s.add(40, &streams[0], 0, current);
+  s.add(40, &streams[1], 0, current);  // the left look, scheduled again too: looked at once
+  s.take_due(40, current, due);
+  std::vector<stream_state*> order;
+  for (const host_schedule::entry& e : due) order.push_back(e.stream);
+  CHECK(order.front() == &streams[1]);
+  CHECK(order.size() == 3);
+  CHECK(std::count(order.begin(), order.end(), &streams[1]) == 1);
+  CHECK(s.next_ns(current) == host_schedule::never);
 }

@@ -354,3 +354,57 @@ TEST_CASE("last hop: waits submitted from another thread are hosted too") {
   CHECK(failed.load() == 0);
   CHECK(r.metrics().host_completions > 0);
 }
+
+TEST_CASE("last hop: a pass that found a completion delivers it before its other due looks") {
+  // Eight closed loops of the same work on their own streams: their windows overlap, so the
+  // host's passes have several streams due at once. With host_pass_deliver_after 0 a pass that
+  // finds a completion ends there (its looks are event queries, and the context's thread is not
+  // saturated), and the streams it did not look at are the next pass's; every wait still
+  // completes exactly once. With a budget no pass reaches, no pass is cut.
+  for (const auto budget : {std::chrono::nanoseconds(0), std::chrono::nanoseconds(1s)}) {
+    CAPTURE(budget.count());
+    evr::sim::device sim(threaded);
+    auto opts = predictive(evr::strategy::poll);  // event markers: a look is a query
+    opts.host_pass_deliver_after = budget;
+    evr::reactor r(sim, opts);
+    asio::io_context io(1);
+    evr::gpu_waiter waiter(io.get_executor(), r);
+    const int cap = 400;
+    const std::uint64_t wanted = 10;
+    std::vector<std::unique_ptr<closed_loop>> lanes;
+    for (int i = 0; i < 8; ++i)
+      lanes.push_back(std::make_unique<closed_loop>(sim, waiter, 3ms, cap));
+    for (auto& lane : lanes) lane->start();
+    auto all = [&](auto&& pred) {
+      return std::all_of(lanes.begin(), lanes.end(), [&](const auto& l) { return pred(*l); });
+    };
+    REQUIRE(run_until(
+        io,
+        [&] {
+          if (budget.count() == 0 ? r.metrics().host_passes_cut >= wanted
+                                  : r.metrics().host_completions >= 8 * wanted)
+            for (auto& lane : lanes) lane->stopping = true;
+          return all([](const closed_loop& l) {
+            return l.settled() && (l.stopping || l.launched == cap);
+          });
+        },
+        60s));
+    std::uint64_t launched = 0;
+    for (auto& lane : lanes) {
+      CHECK(lane->failed.load() == 0);
+      CHECK(lane->wrong_thread.load() == 0);
+      launched += static_cast<std::uint64_t>(lane->launched.load());
+    }
+    const evr::reactor_metrics m = r.metrics();
+    CAPTURE(m.host_passes);
+    CAPTURE(m.host_completions);
+    CAPTURE(m.host_passes_cut);
+    CHECK(m.completed == launched);
+    CHECK(m.failed + m.cancelled == 0);
+    if (budget.count() == 0) {
+      CHECK(m.host_passes_cut >= wanted);
+    } else {
+      CHECK(m.host_passes_cut == 0);
+    }
+  }
+}

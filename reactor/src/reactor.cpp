@@ -61,6 +61,7 @@ const reactor_options& validated(const reactor_options& o) {
   non_negative(o.final_sleep, "final_sleep");
   non_negative(o.coalesce, "coalesce");
   non_negative(o.shutdown_drain, "shutdown_drain");
+  non_negative(o.host_pass_deliver_after, "host_pass_deliver_after");
   if (o.poll_period.count() <= 0) refuse("poll_period must be > 0");
   if (o.fault_probe_interval.count() <= 0) refuse("fault_probe_interval must be > 0");
   if (!(o.spin_fraction >= 0.0 && o.spin_fraction <= 1.0))

@@ -120,8 +120,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   intake intake_{submitter_, registry_, idle_};
   stream_sweep sweep_{backend_, options_, traits_, registry_, idle_, devices_, counters_};
   detach_coordinator detach_{wake_, registry_, batch_, counters_};
-  host_pass hosts_{
-      {pass_, inbox_, intake_, registry_, sweep_, idle_, batch_, devices_, counters_, wake_}};
+  host_pass hosts_{{options_, pass_, inbox_, intake_, registry_, sweep_, idle_, batch_, devices_,
+                    counters_, wake_}};
 
   // The thread.
   std::mutex stop_mutex_;  // serializes stop() callers (join once)

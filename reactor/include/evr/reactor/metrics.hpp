@@ -50,6 +50,9 @@ struct reactor_metrics {
   std::uint64_t host_passes = 0;
   /// The completions those passes found.
   std::uint64_t host_completions = 0;
+  /// Those passes that delivered what they had found before looking at all their due streams,
+  /// leaving the rest to the next pass (reactor_options::host_pass_deliver_after).
+  std::uint64_t host_passes_cut = 0;
   /// Those passes that took submitted waits into the reactor's timelines (waits submitted on a
   /// host's thread are taken by its next look, without waking the reactor thread).
   std::uint64_t host_intakes = 0;

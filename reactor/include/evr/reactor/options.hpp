@@ -148,6 +148,16 @@ struct reactor_options {
   /// with more streams than hardware queues (max_fence_streams), where waits record events.
   /// false: the reactor finds event-marker waits and posts them.
   bool host_event_waits = true;
+  /// delivery::post on an io_context: a pass of the context's thread over its due streams that
+  /// has found a completion and has run this long stops, delivers what it found and leaves its
+  /// other due looks to its next pass, which comes right after the completions' handlers. Why:
+  /// the handlers run only once the pass has ended, and with event markers each look is a driver
+  /// query (about half a microsecond): 16 streams in lockstep made each pass 8 us long, and every
+  /// completion it found waited for the rest of it. Only passes that made driver queries, on a
+  /// thread that is not saturated (its polls do not wait long behind other handlers): passes of
+  /// memory reads (fence words, signals) are cheaper whole. 0: deliver after the first
+  /// completion found.
+  std::chrono::nanoseconds host_pass_deliver_after = std::chrono::microseconds(2);
   /// fence / adaptive: streams with waits per device up to which waits get fence markers; once a
   /// device has more streams that evr has waited on, new waits there record pooled events
   /// instead (the sweep queries them). A fence write holds the hardware queue it is in until the

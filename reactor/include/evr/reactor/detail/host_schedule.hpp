@@ -52,14 +52,15 @@ class basic_host_schedule {
     while (!heap_.empty() && !current(heap_.front())) pop();
     return heap_.empty() ? never : heap_.front().look_ns;
   }
-  /// Moves the current entries due at `now_ns` into `out` (in look order; a stream once).
+  /// Appends the current entries due at `now_ns` to `out` (in look order), each stream once:
+  /// not again when `out` has it already (a look a pass left for the next, host_pass.cpp).
   template <typename Current>
-  void take_due(std::int64_t now_ns, Current&& current, std::vector<Stream*>& out) {
+  void take_due(std::int64_t now_ns, Current&& current, std::vector<entry>& out) {
     while (!heap_.empty() && heap_.front().look_ns <= now_ns) {
       const entry e = heap_.front();
       pop();
-      if (current(e) && std::find(out.begin(), out.end(), e.stream) == out.end())
-        out.push_back(e.stream);
+      const auto same = [&](const entry& o) { return o.stream == e.stream; };
+      if (current(e) && std::none_of(out.begin(), out.end(), same)) out.push_back(e);
     }
   }
   std::size_t size() const noexcept { return heap_.size(); }

@@ -71,9 +71,10 @@ class poll_host {
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
 
   /// (the reactor's, under its pass lock) When this host should look at each of its streams;
-  /// `due` is a pass's scratch list. A front end never touches either.
+  /// `due`, the looks of a pass, and between passes those a cut pass left for the next
+  /// (reactor_options::host_pass_deliver_after). A front end never touches either.
   host_schedule schedule;
-  std::vector<stream_state*> due;
+  std::vector<host_schedule::entry> due;
 
  protected:
   ~poll_host() = default;
