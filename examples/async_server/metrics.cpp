@@ -267,6 +267,8 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
             "Passes run by the io threads themselves (the last hop).", m.host_passes);
     counter(out, "evr_reactor_host_completions_total",
             "Completions the io threads' own passes found.", m.host_completions);
+    counter(out, "evr_reactor_host_passes_cut_total",
+            "io threads' passes that delivered before their other due looks.", m.host_passes_cut);
     counter(out, "evr_reactor_host_event_queries_total",
             "Event queries the io threads' own passes made (part of event_queries).",
             m.host_event_queries);
