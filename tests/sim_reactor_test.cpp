@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <stdexcept>
@@ -209,6 +210,9 @@ TEST_CASE("options that cannot work are refused, naming the option") {
   CHECK(refused([](auto& o) { o.poll_budget = -0.1; }).find("poll_budget") != std::string::npos);
   CHECK(refused([](auto& o) { o.poll_budget = std::nan(""); }).find("poll_budget") !=
         std::string::npos);
+  const std::string pass_budget = refused([](auto& o) { o.host_pass_deliver_after = -1us; });
+  CHECK(pass_budget.find("host_pass_deliver_after") != std::string::npos);
+  CHECK(refused([](auto& o) { o.host_pass_deliver_after = 0ns; }) == "accepted");
   CHECK(refused([](auto& o) { o.poll_budget = 0.0; }) == "accepted");
   CHECK(refused([](auto& o) { o.coalesce = 100us; }) == "accepted");
 }
