@@ -1,0 +1,160 @@
+// bench/studies/event_queries.cu — what one look at an event marker costs the thread that makes
+// it (a driver query), by the event's state and by the device's hardware queues.
+//
+//   CUDA_DEVICE_MAX_CONNECTIONS=8  evr-event-queries [--rounds 20] [--work-us 1000]
+//   CUDA_DEVICE_MAX_CONNECTIONS=32 evr-event-queries
+//
+// For N = 16, 64 and 128 streams, each round launches a one-thread kernel of --work-us on every
+// stream and records an event behind it, then times single calls (ns per call, p50 and p90 over
+// the rounds' calls):
+//   pending        cudaEventQuery of an event whose work still runs
+//   done, first    the first cudaEventQuery of an event whose work has ended (the device idle)
+//   done, again    the next query of the same event
+//   done, busy     the first query of an ended event while every stream runs its next kernel
+//   stream, first  the first cudaStreamQuery of a stream whose work has ended (no event asked)
+// A look that finds a wait done is a "done, first" (or "done, busy" on a loaded device); every
+// look before it a "pending". The last column says how many calls found the work done: 0 % for
+// "pending", 100 % for the rest; otherwise the streams' launches outlasted --work-us (about 3 us
+// a stream) and the rows mean something else: raise it. docs/architecture.md, "Markers and hardware queues", has the
+// figures and what they mean for evr's markers.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+__global__ void busy_kernel(unsigned long long ns) {
+  unsigned long long start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  for (;;) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start >= ns) break;
+  }
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+using clock_type = std::chrono::steady_clock;
+
+/// Samples of one kind of call, ns, and how many of the calls said "done".
+struct samples {
+  std::vector<double> ns;
+  int done = 0;
+  template <typename F>
+  void time(F&& call) {
+    const clock_type::time_point a = clock_type::now();
+    const bool finished = call() == cudaSuccess;
+    ns.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - a).count());
+    done += finished ? 1 : 0;
+  }
+  void clear() {
+    ns.clear();
+    done = 0;
+  }
+  double quantile(double q) {
+    if (ns.empty()) return 0;
+    std::sort(ns.begin(), ns.end());
+    return ns[std::min(ns.size() - 1, static_cast<std::size_t>(q * static_cast<double>(ns.size())))];
+  }
+};
+
+struct lanes {
+  std::vector<cudaStream_t> streams;
+  std::vector<cudaEvent_t> events, next_events;
+  explicit lanes(int n) : streams(n), events(n), next_events(n) {
+    for (int i = 0; i < n; ++i) {
+      check(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), "stream");
+      check(cudaEventCreateWithFlags(&events[i], cudaEventDisableTiming), "event");
+      check(cudaEventCreateWithFlags(&next_events[i], cudaEventDisableTiming), "event");
+    }
+  }
+  ~lanes() {
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      cudaEventDestroy(events[i]);
+      cudaEventDestroy(next_events[i]);
+      cudaStreamDestroy(streams[i]);
+    }
+  }
+  /// A kernel of `work_ns` on every stream, an event of `ev` recorded behind it.
+  void launch(std::vector<cudaEvent_t>& ev, unsigned long long work_ns) {
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      busy_kernel<<<1, 1, 0, streams[i]>>>(work_ns);
+      check(cudaEventRecord(ev[i], streams[i]), "record");
+    }
+    check(cudaGetLastError(), "launch");
+  }
+};
+
+void run(int n, int rounds, double work_us) {
+  lanes l(n);
+  const auto work_ns = static_cast<unsigned long long>(work_us * 1000);
+  samples pending, first, again, busy, stream_first;
+  for (int r = 0; r < rounds + 2; ++r) {  // two warm-up rounds
+    const bool keep = r >= 2;
+    // pending, then done first and again on an idle device
+    l.launch(l.events, work_ns);
+    for (cudaEvent_t e : l.events) pending.time([&] { return cudaEventQuery(e); });
+    check(cudaDeviceSynchronize(), "synchronize");
+    for (cudaEvent_t e : l.events) first.time([&] { return cudaEventQuery(e); });
+    for (cudaEvent_t e : l.events) again.time([&] { return cudaEventQuery(e); });
+    // done first while the device runs the next kernel of every stream
+    l.launch(l.next_events, work_ns / 4);
+    check(cudaDeviceSynchronize(), "synchronize");
+    l.launch(l.events, work_ns);
+    for (cudaEvent_t e : l.next_events) busy.time([&] { return cudaEventQuery(e); });
+    check(cudaDeviceSynchronize(), "synchronize");
+    // a stream's first query after its work ended
+    l.launch(l.next_events, work_ns / 4);
+    check(cudaDeviceSynchronize(), "synchronize");
+    for (cudaStream_t s : l.streams) stream_first.time([&] { return cudaStreamQuery(s); });
+    if (!keep) {
+      for (samples* s : {&pending, &first, &again, &busy, &stream_first}) s->clear();
+    }
+  }
+  const auto row = [n](const char* what, samples& s) {
+    const double done_pct = s.ns.empty() ? 0 : 100.0 * s.done / static_cast<double>(s.ns.size());
+    std::printf("%8d %-15s %10.0f %10.0f %8.0f%%\n", n, what, s.quantile(0.5), s.quantile(0.9),
+                done_pct);
+  };
+  row("pending", pending);
+  row("done, first", first);
+  row("done, again", again);
+  row("done, busy", busy);
+  row("stream, first", stream_first);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double work_us = 1000;
+  int rounds = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--work-us"))
+      work_us = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--rounds"))
+      rounds = std::atoi(argv[i + 1]);
+  }
+  if (work_us <= 0 || rounds < 1) {
+    std::fprintf(stderr, "usage: evr-event-queries [--work-us US > 0] [--rounds N >= 1]\n");
+    return 2;
+  }
+  check(cudaSetDevice(0), "cudaSetDevice");
+  const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  std::printf("event-queries: work %.0f us, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s\n", work_us,
+              rounds, conn ? conn : "unset (8)");
+  std::printf("%8s %-15s %10s %10s %9s\n", "streams", "call", "p50 ns", "p90 ns", "done");
+  for (int n : {16, 64, 128}) run(n, rounds, work_us);
+  return 0;
+}
