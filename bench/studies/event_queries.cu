@@ -15,8 +15,8 @@
 // A look that finds a wait done is a "done, first" (or "done, busy" on a loaded device); every
 // look before it a "pending". The last column says how many calls found the work done: 0 % for
 // "pending", 100 % for the rest; otherwise the streams' launches outlasted --work-us (about 3 us
-// a stream) and the rows mean something else: raise it. docs/architecture.md, "Markers and hardware queues", has the
-// figures and what they mean for evr's markers.
+// a stream) and the rows mean something else: raise it. docs/architecture.md, "Markers and
+// hardware queues", has the figures and what they mean for evr's markers.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -65,7 +65,8 @@ struct samples {
   double quantile(double q) {
     if (ns.empty()) return 0;
     std::sort(ns.begin(), ns.end());
-    return ns[std::min(ns.size() - 1, static_cast<std::size_t>(q * static_cast<double>(ns.size())))];
+    return ns[std::min(ns.size() - 1,
+                       static_cast<std::size_t>(q * static_cast<double>(ns.size())))];
   }
 };
 
