@@ -23,27 +23,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
+
+#include "study_common.cuh"
 
 namespace {
 
-__global__ void busy_kernel(unsigned long long ns) {
-  unsigned long long start;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  for (;;) {
-    unsigned long long now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (now - start >= ns) break;
-  }
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using study::busy_kernel;
+using study::check;
 
 using clock_type = std::chrono::steady_clock;
 
@@ -139,18 +126,9 @@ void run(int n, int rounds, double work_us) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  double work_us = 1000;
-  int rounds = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--work-us"))
-      work_us = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds"))
-      rounds = std::atoi(argv[i + 1]);
-  }
-  if (work_us <= 0 || rounds < 1) {
-    std::fprintf(stderr, "usage: evr-event-queries [--work-us US > 0] [--rounds N >= 1]\n");
-    return 2;
-  }
+  const study::options opt = study::parse(argc, argv, "evr-event-queries");
+  const double work_us = opt.work_us;
+  const int rounds = opt.rounds;
   check(cudaSetDevice(0), "cudaSetDevice");
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   std::printf("event-queries: work %.0f us, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s\n", work_us,

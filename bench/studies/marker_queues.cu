@@ -26,17 +26,12 @@
 #include <string>
 #include <vector>
 
+#include "study_common.cuh"
+
 namespace {
 
-__global__ void busy_kernel(unsigned long long ns) {
-  unsigned long long start;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  for (;;) {
-    unsigned long long now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (now - start >= ns) break;
-  }
-}
+using study::busy_kernel;
+using study::check;
 
 __global__ void marker_kernel(volatile unsigned long long* word, unsigned long long value) {
   __threadfence_system();  // the work before it (other kernels' writes) visible first
@@ -44,13 +39,6 @@ __global__ void marker_kernel(volatile unsigned long long* word, unsigned long l
 }
 
 using write_value_fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
 
 double now_us() {
   return std::chrono::duration<double, std::micro>(
@@ -134,18 +122,9 @@ result run(int n, const std::string& marker, double work_us, int rounds, write_v
 }  // namespace
 
 int main(int argc, char** argv) {
-  double work_us = 1000;
-  int rounds = 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--work-us"))
-      work_us = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--rounds"))
-      rounds = std::atoi(argv[i + 1]);
-  }
-  if (work_us <= 0 || rounds < 1) {
-    std::fprintf(stderr, "usage: evr-marker-queues [--work-us US > 0] [--rounds N >= 1]\n");
-    return 2;
-  }
+  const study::options opt = study::parse(argc, argv, "evr-marker-queues");
+  const double work_us = opt.work_us;
+  const int rounds = opt.rounds;
   check(cudaSetDevice(0), "cudaSetDevice");
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};

@@ -1,0 +1,55 @@
+// bench/studies/study_common.cuh — what the CUDA studies (marker_queues.cu, event_queries.cu)
+// share: the work kernel, the error check and the command line. Each study is one executable;
+// this header is included by one translation unit of each.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace study {
+
+/// One thread that spins for `ns` of the GPU's global timer: work of a known length.
+__global__ void busy_kernel(unsigned long long ns) {
+  unsigned long long start;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  for (;;) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start >= ns) break;
+  }
+}
+
+/// Exits with the CUDA error's text, naming `what`, unless `e` is cudaSuccess.
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+/// The studies' command line: [--work-us US] [--rounds N].
+struct options {
+  double work_us = 1000;
+  int rounds = 20;
+};
+
+/// Parses argv; prints the usage of `program` and exits with 2 on a bad value.
+inline options parse(int argc, char** argv, const char* program) {
+  options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--work-us"))
+      o.work_us = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--rounds"))
+      o.rounds = std::atoi(argv[i + 1]);
+  }
+  if (o.work_us <= 0 || o.rounds < 1) {
+    std::fprintf(stderr, "usage: %s [--work-us US > 0] [--rounds N >= 1]\n", program);
+    std::exit(2);
+  }
+  return o;
+}
+
+}  // namespace study
