@@ -345,7 +345,7 @@ class io_context_host final : public poll_host {
     poll_result r;
     r.what = poll_result::outcome::stopped;
     if (std::shared_ptr<reactor_core> core = core_.lock()) r = poll_here(*core, *this);
-    const std::int64_t now = r.at_ns != 0 ? r.at_ns : now_ns();  // one clock read per poll
+    const std::int64_t now = r.at_ns != 0 ? r.at_ns : now_ns();  // the pass's start
     std::lock_guard<std::mutex> lock(mutex_);
     // Whether this poll waited behind other handlers (the thread is awake anyway).
     // poll_posted_ns_ is written by post_poll and timer_fired, neither of which runs while a poll
@@ -365,7 +365,11 @@ class io_context_host final : public poll_host {
                        (r.what == poll_result::outcome::busy ||
                         (swept && (r.spin || next - now < min_sleep_ns ||
                                    ((awake || r.delivered > 0) && next - now < awake_horizon_ns))));
-    if (again && post_poll(now)) return;
+    // Posted with the time of posting, not the pass's start: the next poll's delay is then its
+    // wait behind other handlers, not that plus this pass (a pass of event queries takes
+    // microseconds, and counting it made an idle thread look awake and re-post instead of
+    // arming its timer).
+    if (again && post_poll()) return;
     polling_ = false;
     if (swept && next != never && pending_ > 0) {
       arm(next, now);
