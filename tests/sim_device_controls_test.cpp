@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -254,6 +255,32 @@ TEST_CASE("sim: call counters") {
   CHECK(c.host_funcs_run == 0);
   CHECK(c.fence_writes_landed == 0);
   d.free_fence_block(block);
+}
+
+TEST_CASE("sim: a query costs its caller options::query_cost, and a negative cost is refused") {
+  // The cost is a lower bound on the caller's time (a loaded machine only adds to it), which is
+  // what tests of the reactor's slow looks rely on.
+  evr::sim::options opts = manual();
+  opts.query_cost = std::chrono::microseconds(200);
+  evr::sim::device d(opts);
+  native_stream s = make_stream(d);
+  native_event e = make_event(d);
+  REQUIRE_FALSE(d.record_event(e, s));
+  for (int i = 0; i < 2; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::error_code ec = i == 0 ? d.query_event(e) : d.query_stream(s);
+    CHECK(std::chrono::steady_clock::now() - start >= opts.query_cost);
+    CHECK(ec == not_ready);  // the cost changes no answer
+  }
+  d.destroy_event(e);
+
+  opts.query_cost = std::chrono::nanoseconds(-1);
+  try {
+    evr::sim::device refused(opts);
+    FAIL("a negative query_cost was accepted");
+  } catch (const std::invalid_argument& bad) {
+    CHECK(std::string(bad.what()).find("query_cost") != std::string::npos);
+  }
 }
 
 TEST_CASE("sim: manual synchronize runs the stream forward, and refuses to deadlock") {

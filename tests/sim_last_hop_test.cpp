@@ -355,56 +355,93 @@ TEST_CASE("last hop: waits submitted from another thread are hosted too") {
   CHECK(r.metrics().host_completions > 0);
 }
 
+namespace {
+
+/// Eight closed loops of the same 3 ms work on their own streams, event markers (a look is a
+/// query), posted to one context's thread, until `enough(metrics)` or `cap` waits a lane; checks
+/// that every wait completed exactly once on that thread and returns the reactor's metrics.
+/// The lanes' windows overlap, so the host's passes have several streams due at once.
+evr::reactor_metrics run_eight_lanes(evr::sim::device& sim, evr::reactor_options opts,
+                                     const std::function<bool(const evr::reactor_metrics&)>& enough) {
+  evr::reactor r(sim, opts);
+  asio::io_context io(1);
+  evr::gpu_waiter waiter(io.get_executor(), r);
+  const int cap = 400;
+  std::vector<std::unique_ptr<closed_loop>> lanes;
+  for (int i = 0; i < 8; ++i)
+    lanes.push_back(std::make_unique<closed_loop>(sim, waiter, 3ms, cap));
+  for (auto& lane : lanes) lane->start();
+  auto all = [&](auto&& pred) {
+    return std::all_of(lanes.begin(), lanes.end(), [&](const auto& l) { return pred(*l); });
+  };
+  REQUIRE(run_until(
+      io,
+      [&] {
+        if (enough(r.metrics()))
+          for (auto& lane : lanes) lane->stopping = true;
+        return all(
+            [](const closed_loop& l) { return l.settled() && (l.stopping || l.launched == cap); });
+      },
+      60s));
+  std::uint64_t launched = 0;
+  for (auto& lane : lanes) {
+    CHECK(lane->failed.load() == 0);
+    CHECK(lane->wrong_thread.load() == 0);
+    launched += static_cast<std::uint64_t>(lane->launched.load());
+  }
+  const evr::reactor_metrics m = r.metrics();
+  CAPTURE(m.host_passes);
+  CAPTURE(m.host_completions);
+  CAPTURE(m.host_passes_cut);
+  CHECK(m.completed == launched);
+  CHECK(m.failed + m.cancelled == 0);
+  return m;
+}
+
+}  // namespace
+
 TEST_CASE("last hop: a pass that found a completion delivers it before its other due looks") {
-  // Eight closed loops of the same work on their own streams: their windows overlap, so the
-  // host's passes have several streams due at once. With host_pass_deliver_after 0 a pass that
-  // finds a completion ends there (its looks are event queries, and the context's thread is not
-  // saturated), and the streams it did not look at are the next pass's; every wait still
-  // completes exactly once. With a budget no pass reaches, no pass is cut.
+  // With host_pass_deliver_after 0 a pass that finds a completion ends there (its looks are event
+  // queries, and the context's thread is not saturated), and the streams it did not look at are
+  // the next pass's; every wait still completes exactly once. With a budget no pass reaches, no
+  // pass is cut.
+  const std::uint64_t wanted = 10;
   for (const auto budget : {std::chrono::nanoseconds(0), std::chrono::nanoseconds(1s)}) {
     CAPTURE(budget.count());
     evr::sim::device sim(threaded);
-    auto opts = predictive(evr::strategy::poll);  // event markers: a look is a query
+    auto opts = predictive(evr::strategy::poll);
     opts.host_pass_deliver_after = budget;
-    evr::reactor r(sim, opts);
-    asio::io_context io(1);
-    evr::gpu_waiter waiter(io.get_executor(), r);
-    const int cap = 400;
-    const std::uint64_t wanted = 10;
-    std::vector<std::unique_ptr<closed_loop>> lanes;
-    for (int i = 0; i < 8; ++i)
-      lanes.push_back(std::make_unique<closed_loop>(sim, waiter, 3ms, cap));
-    for (auto& lane : lanes) lane->start();
-    auto all = [&](auto&& pred) {
-      return std::all_of(lanes.begin(), lanes.end(), [&](const auto& l) { return pred(*l); });
-    };
-    REQUIRE(run_until(
-        io,
-        [&] {
-          if (budget.count() == 0 ? r.metrics().host_passes_cut >= wanted
-                                  : r.metrics().host_completions >= 8 * wanted)
-            for (auto& lane : lanes) lane->stopping = true;
-          return all([](const closed_loop& l) {
-            return l.settled() && (l.stopping || l.launched == cap);
-          });
-        },
-        60s));
-    std::uint64_t launched = 0;
-    for (auto& lane : lanes) {
-      CHECK(lane->failed.load() == 0);
-      CHECK(lane->wrong_thread.load() == 0);
-      launched += static_cast<std::uint64_t>(lane->launched.load());
-    }
-    const evr::reactor_metrics m = r.metrics();
-    CAPTURE(m.host_passes);
-    CAPTURE(m.host_completions);
-    CAPTURE(m.host_passes_cut);
-    CHECK(m.completed == launched);
-    CHECK(m.failed + m.cancelled == 0);
+    const evr::reactor_metrics m = run_eight_lanes(sim, opts, [&](const evr::reactor_metrics& now) {
+      return budget.count() == 0 ? now.host_passes_cut >= wanted
+                                 : now.host_completions >= 8 * wanted;
+    });
     if (budget.count() == 0) {
       CHECK(m.host_passes_cut >= wanted);
     } else {
       CHECK(m.host_passes_cut == 0);
     }
   }
+}
+
+TEST_CASE("last hop: a host's slow pass does not make its thread look saturated") {
+  // Every look takes 60 us (the simulated query's cost), so a pass that makes one lasts longer
+  // than the 50 us after which a host's polls count as waiting behind other handlers
+  // (host_pass::saturated_queue_delay_ns), and a saturated host's passes are never cut. The
+  // delay a poll waited must not include the pass before it: this context's thread runs only
+  // the lanes' short handlers, so its passes are still cut. (Counting the pass, 0-9 passes of
+  // 400 host completions were cut on a 2-core machine; not counting it, 20 within the first 30,
+  // also beside two busy loops.)
+  const std::uint64_t wanted = 20;
+  evr::sim::options slow = threaded;
+  slow.query_cost = 60us;
+  evr::sim::device sim(slow);
+  auto opts = predictive(evr::strategy::poll);
+  opts.host_pass_deliver_after = 0ns;
+  const evr::reactor_metrics m = run_eight_lanes(sim, opts, [&](const evr::reactor_metrics& now) {
+    return now.host_passes_cut >= wanted || now.host_completions >= 400;
+  });
+  // Under a sanitizer, 60 us spins beside the slowed handlers on two cores leave too few cut
+  // passes to judge (3-7 of 400 under TSan, against 20 at once with cheap queries): the count is
+  // checked without one, exactly once in every build.
+  if (!evr::test::sanitized()) CHECK(m.host_passes_cut >= wanted);
 }

@@ -100,6 +100,7 @@ std::error_code device::record_event(native_event event, native_stream stream) n
 
 std::error_code device::query_event(native_event event) noexcept {
   impl_->count.event_queries.bump();
+  impl_->spend_query_cost();
   event_state e;
   if (auto ec = impl_->reg.find_event(event, e)) return ec;
   if (auto ec = impl_->fault_of(e.device)) return ec;
@@ -247,6 +248,7 @@ std::error_code device::stream_priority(native_stream stream, int& priority) noe
 
 std::error_code device::query_stream(native_stream stream) noexcept {
   impl_->count.stream_queries.bump();
+  impl_->spend_query_cost();
   std::shared_ptr<stream_state> s;
   if (auto ec = impl_->reg.find_stream(stream, s)) return ec;
   if (auto ec = impl_->fault_of(s->device)) return ec;

@@ -1,11 +1,21 @@
 // sim::device: construction, destruction and identity (the parts are described in impl.hpp).
+#include <stdexcept>
 #include <string>
 
 #include "impl.hpp"
 
 namespace evr::sim {
 
-device::device(options opts) : impl_(std::make_unique<impl>(opts)) {}
+namespace {
+options checked(options opts) {
+  if (opts.query_cost.count() < 0)
+    throw std::invalid_argument("evr::sim::options::query_cost must not be negative (got " +
+                                std::to_string(opts.query_cost.count()) + " ns)");
+  return opts;
+}
+}  // namespace
+
+device::device(options opts) : impl_(std::make_unique<impl>(checked(opts))) {}
 
 device::~device() {
   // Every worker stops (pending work is dropped; a running body or host function finishes) and

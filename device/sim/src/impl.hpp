@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,15 @@ struct device::impl {
   detail::scheduler sched;
 
   bool threaded() const noexcept { return opts.mode == run_mode::threaded; }
+
+  /// A query's modelled cost (options::query_cost): spins, as a driver call costs the caller's
+  /// CPU, not a sleep.
+  void spend_query_cost() const noexcept {
+    if (opts.query_cost.count() == 0) return;
+    const auto until = std::chrono::steady_clock::now() + opts.query_cost;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
 
   std::error_code check_device(int index) const noexcept {
     if (index < 0 || static_cast<std::size_t>(index) >= gpus) {

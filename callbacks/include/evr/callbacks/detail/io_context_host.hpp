@@ -326,13 +326,15 @@ class io_context_host final : public poll_host {
   /// (mutex_) Posts the first poll (a continuation: run after what is queued on this thread).
   void start_polling() noexcept { polling_ = post_poll(); }
 
-  /// (mutex_) Posts a poll; false when posting failed (out of memory: the reactor's look after
-  /// the window finds the waits instead).
-  bool post_poll(std::int64_t now = now_ns()) noexcept {
+  /// (mutex_) Posts a poll, stamped with the time of posting (its queue delay is measured from
+  /// there); false when posting failed (out of memory: the reactor's look after the window finds
+  /// the waits instead).
+  bool post_poll() noexcept {
     if (!post(poll_slot_, /*continuation=*/true, [this] { poll(/*posted=*/true); })) {
       looks_at_ns.store(never, std::memory_order_relaxed);
       return false;
     }
+    const std::int64_t now = now_ns();
     poll_posted_ns_ = now;
     looks_at_ns.store(now, std::memory_order_relaxed);
     return true;
@@ -365,10 +367,9 @@ class io_context_host final : public poll_host {
                        (r.what == poll_result::outcome::busy ||
                         (swept && (r.spin || next - now < min_sleep_ns ||
                                    ((awake || r.delivered > 0) && next - now < awake_horizon_ns))));
-    // Posted with the time of posting, not the pass's start: the next poll's delay is then its
-    // wait behind other handlers, not that plus this pass (a pass of event queries takes
-    // microseconds, and counting it made an idle thread look awake and re-post instead of
-    // arming its timer).
+    // post_poll stamps the time of posting, not this pass's start: the next poll's delay is its
+    // wait behind other handlers, not that plus this pass (a pass of event queries can take
+    // longer than busy_after_ns, and an idle thread then looked awake and saturated).
     if (again && post_poll()) return;
     polling_ = false;
     if (swept && next != never && pending_ > 0) {

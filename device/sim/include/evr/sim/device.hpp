@@ -45,7 +45,8 @@
 // Thread safety: every member may be called from any thread concurrently. Host functions and
 // kernel bodies run on the stream's worker thread (threaded) or on the thread calling step()
 // (manual). Destroying the device with streams alive destroys them (pending work is dropped).
-// The constructor throws std::system_error when the runner thread cannot be started.
+// The constructor throws std::system_error when the runner thread cannot be started, and
+// std::invalid_argument for options it cannot model (a negative query_cost).
 #pragma once
 
 #include <chrono>
@@ -68,6 +69,11 @@ enum class run_mode {
 struct options {
   int devices = 1;                     ///< number of simulated GPUs (device indices 0..devices-1)
   run_mode mode = run_mode::threaded;  ///< who runs the operations
+  /// How long each event or stream query takes, spent spinning before it answers (as the
+  /// driver's does: a few hundred ns to a few us on a GPU, docs/architecture.md "Markers and
+  /// hardware queues"). 0: as fast as the model allows. Negative: the constructor throws
+  /// std::invalid_argument.
+  std::chrono::nanoseconds query_cost{0};
 };
 
 /// Counters of the calls made into the simulated device (to assert, e.g., how many queries a
@@ -88,8 +94,8 @@ struct call_counters {
 /// Thread safety: every member may be called from any thread concurrently. Lifetime: destroying
 /// it destroys the streams still alive (pending work is dropped); reactors and events using it
 /// must be gone first. Errors: the backend calls report std::error_code as CUDA would; the
-/// constructor throws std::system_error when its threads cannot start. See the file comment for
-/// the model and the two run modes.
+/// constructor throws std::system_error when its threads cannot start and std::invalid_argument
+/// for a negative options::query_cost. See the file comment for the model and the two run modes.
 class device final : public evr::device::backend {
  public:
   /// A device of `opts.devices` simulated GPUs, run as `opts.mode` says.
