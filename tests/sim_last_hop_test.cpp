@@ -361,15 +361,15 @@ namespace {
 /// query), posted to one context's thread, until `enough(metrics)` or `cap` waits a lane; checks
 /// that every wait completed exactly once on that thread and returns the reactor's metrics.
 /// The lanes' windows overlap, so the host's passes have several streams due at once.
-evr::reactor_metrics run_eight_lanes(evr::sim::device& sim, evr::reactor_options opts,
-                                     const std::function<bool(const evr::reactor_metrics&)>& enough) {
+evr::reactor_metrics run_eight_lanes(
+    evr::sim::device& sim, evr::reactor_options opts,
+    const std::function<bool(const evr::reactor_metrics&)>& enough) {
   evr::reactor r(sim, opts);
   asio::io_context io(1);
   evr::gpu_waiter waiter(io.get_executor(), r);
   const int cap = 400;
   std::vector<std::unique_ptr<closed_loop>> lanes;
-  for (int i = 0; i < 8; ++i)
-    lanes.push_back(std::make_unique<closed_loop>(sim, waiter, 3ms, cap));
+  for (int i = 0; i < 8; ++i) lanes.push_back(std::make_unique<closed_loop>(sim, waiter, 3ms, cap));
   for (auto& lane : lanes) lane->start();
   auto all = [&](auto&& pred) {
     return std::all_of(lanes.begin(), lanes.end(), [&](const auto& l) { return pred(*l); });
