@@ -164,3 +164,35 @@ TEST_CASE("idle governor: an unhurried wait's steady window is looked at on the 
     }
   }
 }
+
+TEST_CASE("idle governor: a probed wait is not looked at before its caller's window closes") {
+  // wait_target::probed() with a fence marker: the caller (Python's event loop) reads the word
+  // itself until covered_until_. The reactor naps through that time, even where its own model
+  // says the work ends and it would spin, and looks once it has passed.
+  governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
+  const auto now = std::chrono::steady_clock::now();
+  evr::detail::stream_state st;
+  evr::detail::wait_op op{&never_completes};
+  op.stream_ = &st;
+  op.seq_ = 1;
+  op.device_ = 0;
+  op.submitted_at_ = now;
+  op.covered_until_ = now + 1500us;  // before the fault probe (quick_options: 2 ms)
+  const auto taken = g.registry.accept(&op, now);
+  REQUIRE(taken.activated);
+  g.idle.new_wait(st, op, now, /*activated=*/true);
+  for (int i = 0; i < 8; ++i) st.plan.model.add(1ms);  // steady 1 ms work: the window is at 1 ms
+  const auto in_window = now + 1ms;
+  const evr::detail::rest_step step = g.idle.rest(in_window, false, false, false);
+  CHECK_FALSE(st.plan.spin);
+  CHECK(step.what == evr::detail::rest_step::kind::nap);
+  CHECK(step.until == op.covered_until_);
+  evr::detail::poll_tick tick = g.idle.begin_sweep(in_window);
+  CHECK_FALSE(g.idle.wants_look(st, in_window, tick));  // a sweep for other streams skips it
+  g.idle.end_sweep(in_window, tick);
+  // The window closed without the caller seeing the word: the reactor looks now.
+  const auto after = op.covered_until_;
+  (void)g.idle.rest(after, false, false, false);
+  evr::detail::poll_tick at_close = g.idle.begin_sweep(after);
+  CHECK(g.idle.wants_look(st, after, at_close));
+}

@@ -284,7 +284,8 @@ def set_loop_spin(max_seconds: float, max_waits: int = 4) -> None:
 def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = None) -> Optional[dict]:
     """How completions reached ``loop`` (default: the running loop), or None if it never waited.
 
-    ``completions``; ``hop_log2_ns`` (bucket i counts completions that took < 2**i ns from the
+    ``completions``; ``probe_hits`` (completions a poll saw in the wait's fence word before the
+    reactor handed them over); ``hop_log2_ns`` (bucket i counts completions that took < 2**i ns from the
     reactor's push to the loop's drain); the polling of :func:`set_loop_spin`: ``predicted``
     (waits given a wake-up time), ``timer_fires``, ``spins`` (windows a coroutine polled in),
     ``spin_hits`` (its completion came meanwhile), ``spin_misses`` (windows or due waits that
@@ -364,14 +365,31 @@ class _GpuWait(_Wait):
         self._number = 0  # the open window's number (sink.window_closed); 0: none is open
         self._window: Optional[asyncio.Future] = None  # what its coroutine sleeps on till then
 
-    # Called by the loop's timer (C++, loop_sink::on_timer): True when a coroutine will poll.
-    def _open_window(self, until_ns: int, number: int) -> bool:
+    # Called by the loop's timer (C++, loop_sink::on_timer): True when someone will poll. A
+    # probed wait (its fence word is read by the polls) that nobody awaits (a gathered future) is
+    # polled by a callback instead: the reactor leaves it to this loop until the window ends.
+    def _open_window(self, until_ns: int, number: int, probed: bool = False) -> bool:
+        if self.done():
+            return False
         w = self._window
-        if w is None or w.done() or self.done():
+        if w is None and probed:
+            self.get_loop().call_soon(self._poll_unawaited, until_ns, number, time.monotonic_ns())
+            return True
+        if w is None or w.done():
             return False
         self._until, self._number = until_ns, number
         w.set_result(None)
         return True
+
+    # The window of a probed wait nobody awaits: one poll a round of the loop, as _near_the_end's.
+    def _poll_unawaited(self, until_ns: int, number: int, opened_ns: int) -> None:
+        sink = self._sink
+        sink.poll()
+        now = time.monotonic_ns()
+        if self.done() or now >= until_ns or self.get_loop().is_closed():
+            sink.window_closed(number, self.done() and not self.cancelled(), opened_ns, now, True)
+            return
+        self.get_loop().call_soon(self._poll_unawaited, until_ns, number, opened_ns)
 
     # Called by the drain (C++, resolve_all) after resolving a wait that got a wake-up time: a
     # completion (or a cancellation's aborted one) before the window ends the sleep.

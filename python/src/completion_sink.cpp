@@ -216,6 +216,29 @@ void stop_resolver() {
 
 bool resolver_running() noexcept { return resolver_started; }
 
+namespace {
+
+void settle_asyncio(const completion* c, const std::error_code& ec) noexcept {
+  if (!call_truthy(c->obj, s_cancelled)) settle(c->obj, ec);
+  // A wait that got a wake-up time: its coroutine may sleep on the window future
+  // (python/evr/__init__.py, _GpuWait), which the completion ends.
+  if (c->wake_at != 0) call(c->obj, s_wake_sleeper, nullptr);
+}
+
+}  // namespace
+
+bool settle_from_probe(completion* c) noexcept {
+  intern_names();
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  settle_asyncio(c, std::error_code{});  // the fence word is written only after the work
+  PyErr_Restore(type, value, tb);
+  Py_DECREF(c->obj);
+  c->obj = nullptr;  // settled_by_loop(c) from now on
+  return c->settled.exchange(completion::the_loop, std::memory_order_acq_rel) ==
+         completion::the_reactor;
+}
+
 void resolve_all(completion* list) noexcept {
   intern_names();
   // Keep the error indicator of whoever called us (a reader callback has none, but be safe).
@@ -224,13 +247,12 @@ void resolve_all(completion* list) noexcept {
   while (list != nullptr) {
     completion* c = list;
     list = list->next;
+    if (settled_by_loop(c)) {  // its future was resolved from its probe
+      delete c;
+      continue;
+    }
     switch (c->what) {
-      case completion::kind::asyncio_future:
-        if (!call_truthy(c->obj, s_cancelled)) settle(c->obj, c->ec);
-        // A wait that got a wake-up time: its coroutine may sleep on the window future
-        // (python/evr/__init__.py, _GpuWait), which the completion ends.
-        if (c->wake_at != 0) call(c->obj, s_wake_sleeper, nullptr);
-        break;
+      case completion::kind::asyncio_future: settle_asyncio(c, c->ec); break;
       case completion::kind::concurrent_future:
         if (call_truthy(c->obj, s_set_running)) settle(c->obj, c->ec);
         break;
@@ -246,7 +268,7 @@ void discard_all(completion* list) noexcept {
   while (list != nullptr) {
     completion* c = list;
     list = list->next;
-    Py_DECREF(c->obj);
+    Py_XDECREF(c->obj);  // null: settled from its probe
     delete c;
   }
 }

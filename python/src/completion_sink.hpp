@@ -47,6 +47,23 @@ struct completion {
   std::int64_t wake_at = 0;       ///< the schedule entry (wake_ticket 0: none)
   std::uint64_t wake_ticket = 0;
   std::int64_t spin_until = 0;
+  // A probed wait (evr::wait_target::probed): the fence word its loop reads while polling, and
+  // the value that completes it (word null: not probed). Readable while *reactor_alive (GIL).
+  const std::uint64_t* probe_word = nullptr;
+  std::uint64_t probe_value = 0;
+  std::shared_ptr<const bool> reactor_alive;
+  /// A probed wait is finished by whoever comes first: the loop, whose probe saw the word (it
+  /// resolves the future and drops `obj`; the reactor's callback, later, only frees the node),
+  /// or the reactor's callback (it pushes the node as usual). Exchanged by both (acq_rel): the
+  /// second one learns what the first did. Only probed nodes use it.
+  enum settled_by : std::uint8_t { nobody = 0, the_loop = 1, the_reactor = 2 };
+  std::atomic<std::uint8_t> settled{nobody};
+
+  /// The probe says the work is done (GIL held; false once the reactor is gone).
+  bool probe_reached() const noexcept {
+    return probe_word != nullptr && reactor_alive && *reactor_alive &&
+           __atomic_load_n(probe_word, __ATOMIC_ACQUIRE) >= probe_value;
+  }
 };
 
 class completion_sink {
@@ -104,6 +121,14 @@ bool resolver_running() noexcept;
 void resolve_all(completion* list) noexcept;
 /// Drops the references of `list` without resolving anything, and frees it (GIL held).
 void discard_all(completion* list) noexcept;
+/// The loop's probe saw `c`'s work done before the reactor pushed it (GIL held): resolves its
+/// future with success (unless cancelled) and drops the reference. Then hands the node to whoever
+/// comes second: returns true when the reactor already pushed it (the loop's drain frees it, see
+/// settled_by_loop), false when the reactor's callback will free it. `c` must not be touched after
+/// a false return.
+bool settle_from_probe(completion* c) noexcept;
+/// A node the loop settled from its probe before the reactor pushed it: only to be freed.
+inline bool settled_by_loop(const completion* c) noexcept { return c->obj == nullptr; }
 
 /// The exception for `ec` (evr._errors makes it); a new reference, or nullptr with a Python error.
 PyObject* make_exception(const std::error_code& ec) noexcept;

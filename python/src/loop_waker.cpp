@@ -99,6 +99,7 @@ void loop_waker::drop(std::set<slot>::iterator it) noexcept {
 }
 
 void loop_waker::forget(const completion* c) noexcept {
+  if (c->probe_word != nullptr) std::erase(probed_, c);
   if (c->wake_ticket == 0) return;
   auto it = schedule_.find(slot{c->wake_at, c->wake_ticket, c->spin_until, nullptr});
   if (it != schedule_.end()) drop(it);
@@ -109,22 +110,40 @@ void loop_waker::on_refused(const completion* c) noexcept {
   if (in_flight_ > 0) --in_flight_;
 }
 
+void loop_waker::on_probed(completion* c) { probed_.push_back(c); }
+
+completion* loop_waker::take_reached(std::int64_t now) noexcept {
+  // Pushed already (the reactor came first): the drain resolves it.
+  const auto it = std::find_if(probed_.begin(), probed_.end(), [](const completion* c) {
+    return c->settled.load(std::memory_order_relaxed) == completion::nobody && c->probe_reached();
+  });
+  if (it == probed_.end()) return nullptr;
+  completion* c = *it;
+  ++stats_.probe_hits;
+  left_flight(c, now, now);  // takes it out of probed_
+  return c;
+}
+
 void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
-  ++stats_.completions;
-  if (in_flight_ > 0) --in_flight_;
+  // Learn only from waits that completed: a cancelled or failed one says nothing of the work.
+  left_flight(c, now, c->ec ? 0 : c->pushed_ns);
   const std::int64_t hop = std::max<std::int64_t>(1, now - c->pushed_ns);
   const auto bucket = std::min<std::size_t>(stats_.hop_log2_ns.size() - 1,
                                             64 - __builtin_clzll(static_cast<std::uint64_t>(hop)));
   ++stats_.hop_log2_ns[bucket];
-  last_ = {c->submitted_ns, c->pushed_ns, now};
+}
+
+void loop_waker::left_flight(const completion* c, std::int64_t now, std::int64_t done_ns) noexcept {
+  ++stats_.completions;
+  if (in_flight_ > 0) --in_flight_;
+  last_ = {c->submitted_ns, done_ns != 0 ? done_ns : c->pushed_ns, now};
   forget(c);
-  // Learn only from waits that completed: a cancelled or failed one says nothing of the work.
-  if (c->ec) return;
+  if (done_ns == 0) return;
   // Bounded: a program that waits on ever new handles (events made per request) must not grow
   // the table forever; forgetting every model costs a few unpredicted waits per stream.
   if (models_.size() >= max_models && models_.find(c->key) == models_.end()) models_.clear();
   model& m = models_[c->key];
-  update(m.mean_ns, m.dev_ns, static_cast<double>(c->pushed_ns - c->submitted_ns), m.samples == 0);
+  update(m.mean_ns, m.dev_ns, static_cast<double>(done_ns - c->submitted_ns), m.samples == 0);
   if (m.samples < min_samples) ++m.samples;
 }
 
@@ -190,6 +209,7 @@ void loop_waker::rearm(std::int64_t now) noexcept {
 }
 
 void loop_waker::clear() noexcept {
+  probed_.clear();  // the loop closed: nobody polls, the reactor finishes every wait
   while (!schedule_.empty()) drop(schedule_.begin());
   open_window_ = 0;
   arm();

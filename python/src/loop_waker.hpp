@@ -20,6 +20,12 @@
 //     when its completion is there it returns at once, without another trip through the loop.
 //     The window ends at the predicted end plus three deviations, at most `max_spin` after it
 //     opened (window_closed).
+// A wait with a wake-up time is probed (evr::wait_target::probed) when its marker is a fence word:
+// the pollers read that word between their yields, and a wait whose word is written is resolved
+// there (take_reached), without the reactor, which leaves the wait to this loop until the window
+// ends (it sleeps instead of spinning beside the poller) and whose completion, later, only frees
+// the node (completion::settled). Waits with event markers are found as before: the reactor
+// spins for them and the poller drains its queue.
 // One wait per stream is scheduled at a time (the first one pending; those queued behind it
 // complete with it or later, and its poller drains whatever comes), and waits get windows only
 // while the loop has fewer than max_waits (4) waits in flight, predicted or not: a loop with more
@@ -42,6 +48,7 @@
 #include <cstdint>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "completion_sink.hpp"
 
@@ -59,6 +66,7 @@ struct loop_stats {
   std::uint64_t spin_misses = 0;  ///< windows (or due waits) that passed without it (fell back)
   std::uint64_t not_polled = 0;   ///< due waits nobody awaited (a gathered future): eventfd
   std::int64_t spin_ns = 0;       ///< time spent in open windows
+  std::uint64_t probe_hits = 0;   ///< waits resolved from their probe (before the reactor's push)
   /// log2 histogram of "pushed by the reactor -> drained by the loop" (bucket i: < 2^i ns).
   std::array<std::uint64_t, 40> hop_log2_ns{};
   std::int64_t lead_ns = 0;  ///< the current lead (timer lateness estimate + margin)
@@ -68,8 +76,9 @@ struct loop_stats {
 /// first): where a single await's time went, for benches and diagnosis.
 struct last_completion {
   std::int64_t submitted_ns = 0;  ///< evr.wait submitted it (loop thread)
-  std::int64_t pushed_ns = 0;     ///< the reactor pushed it to this loop's queue
-  std::int64_t drained_ns = 0;    ///< the loop took it from the queue
+  /// the reactor pushed it to this loop's queue (or a poll saw its fence word)
+  std::int64_t pushed_ns = 0;
+  std::int64_t drained_ns = 0;  ///< the loop took it from the queue
 };
 
 class loop_waker {
@@ -97,6 +106,14 @@ class loop_waker {
   std::int64_t on_submit(completion* c, std::uintptr_t key) noexcept;
   /// The reactor refused the wait submitted with on_submit: it is not in flight.
   void on_refused(const completion* c) noexcept;
+  /// The wait submitted with on_submit got a probe (c->probe_word): its pollers read it.
+  void on_probed(completion* c);
+  /// Waits in flight with a probe.
+  bool probing() const noexcept { return !probed_.empty(); }
+  /// A probed wait in flight whose probe says done (not yet pushed by the reactor), taken out of
+  /// flight as on_drained does and learnt from `now`; nullptr when there is none. The caller
+  /// settles it (settle_from_probe).
+  completion* take_reached(std::int64_t now) noexcept;
   /// Waits submitted on this loop and not yet drained.
   std::size_t in_flight() const noexcept { return in_flight_; }
   /// Every node of a drained batch, before it is resolved and freed.
@@ -149,8 +166,12 @@ class loop_waker {
   void rearm(std::int64_t now) noexcept;
 
  private:
-  /// Takes `c`'s entry out of the schedule, if it has one (drained, or refused).
+  /// Takes `c`'s entry out of the schedule, if it has one (drained, or refused), and out of the
+  /// probed waits.
   void forget(const completion* c) noexcept;
+  /// A wait of this loop left flight at `now` (drained, or seen done by its probe): stats, the
+  /// stages of the last completion, and its stream's model learns from `done_ns`.
+  void left_flight(const completion* c, std::int64_t now, std::int64_t done_ns) noexcept;
   /// Takes an entry out of the schedule: its node is unscheduled, its stream may schedule another.
   void drop(std::set<slot>::iterator it) noexcept;
   /// The timerfd for the earliest entry (disarmed when there is none or a window is open).
@@ -172,6 +193,9 @@ class loop_waker {
   std::uint64_t windows_ = 0;      ///< windows opened so far (the last number given)
   std::uint64_t next_ticket_ = 1;
   std::set<slot> schedule_;
+  /// The waits in flight with a probe, at most a few (probed waits have windows: fewer than
+  /// max_waits in flight); a node here is alive (not yet freed by this loop's drain).
+  std::vector<completion*> probed_;
   std::unordered_map<std::uintptr_t, model> models_;
   double late_mean_ns_ = 10'000;  ///< this loop's timer wake-ups: mean lateness
   double late_dev_ns_ = 5'000;    ///< ... and its mean absolute deviation

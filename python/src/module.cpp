@@ -204,6 +204,8 @@ class py_reactor {
   ~py_reactor() {
     // Stops and joins; the reactor's callbacks take no GIL, so releasing it is only for the
     // other Python threads' sake.
+    // Under the GIL, before the fence words can go: no loop reads a probe from now on.
+    *alive_ = false;
     py::gil_scoped_release nogil;
     r_.reset();
   }
@@ -226,8 +228,16 @@ class py_reactor {
     // Before the reactor can see the node (it may be drained and freed right after on_complete).
     const std::int64_t wake_at = waker != nullptr ? waker->on_submit(c, key) : 0;
     // A wait without a wake-up time reaches its loop (or the resolver thread) through an
-    // eventfd: that wake-up (tens of us) dwarfs what the reactor's spinning would save.
-    const evr::wait_target target = wake_at == 0 ? t.unhurried() : t;
+    // eventfd: that wake-up (tens of us) dwarfs what the reactor's spinning would save. A wait
+    // with one is polled through its window: it is probed (a fence word its pollers read, and the
+    // reactor sleeps until the window ends), or, with an event marker, the reactor spins for it.
+    evr::wait_probe probe;
+    evr::wait_target target = t.unhurried();
+    if (wake_at != 0) {
+      const auto window_end = std::chrono::steady_clock::now() +
+                              std::chrono::nanoseconds(c->spin_until - monotonic_ns());
+      target = t.probed(probe, window_end);
+    }
     auto canceller = std::make_unique<wait_canceller>();
     std::shared_ptr<completion_sink> keep = sink;  // the sink outlives the pending wait
     std::error_code ec = evr::on_complete(
@@ -235,6 +245,12 @@ class py_reactor {
         [c, keep = std::move(keep)](std::error_code e) {
           c->ec = e;
           c->pushed_ns = monotonic_ns();
+          // The loop settled it from its probe first: nobody waits for the node but its free.
+          if (c->settled.exchange(completion::the_reactor, std::memory_order_acq_rel) ==
+              completion::the_loop) {
+            delete c;
+            return;
+          }
           keep->push(c);
         },
         canceller->handle);
@@ -243,6 +259,13 @@ class py_reactor {
       Py_DECREF(c->obj);
       delete c;
       raise(ec);
+    }
+    if (probe && waker != nullptr) {
+      // After the submission: the node is this loop's to free (drain), pushed or not.
+      c->probe_word = probe.word;
+      c->probe_value = probe.value;
+      c->reactor_alive = alive_;
+      waker->on_probed(c);
     }
     // How cancelling the future cancels the wait; the canceller holds the handle (memory-safe
     // whenever it is used). An asyncio future (evr._Wait) keeps it in a slot and calls it from its
@@ -341,6 +364,8 @@ class py_reactor {
 
   std::shared_ptr<evr::sim::device> sim_;  // destroyed after the reactor (declared first)
   std::unique_ptr<evr::reactor> r_;
+  /// The reactor's fence words are readable (GIL): probed waits' nodes share it (completion).
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 // --- the per-loop sink ---------------------------------------------------------------------------
@@ -361,16 +386,34 @@ struct loop_sink {
   void drain() { resolve(sink->take()); }
   void resolve(completion* list) {
     const std::int64_t now = monotonic_ns();
-    for (completion* c = list; c != nullptr; c = c->next) waker.on_drained(c, now);
+    for (completion* c = list; c != nullptr; c = c->next) {
+      if (!settled_by_loop(c)) waker.on_drained(c, now);  // else it left flight when settled
+    }
     if (list != nullptr) resolve_all(list);
     waker.rearm(monotonic_ns());
   }
-  /// The poller's check between its yields: resolves what arrived, without a system call (the
-  /// resumed coroutine should not wait for one). Returns whether something had arrived.
+  /// The poller's check between its yields: resolves what arrived, and the probed waits whose
+  /// fence word is written, without a system call (the resumed coroutine should not wait for
+  /// one). Returns whether something was resolved.
   bool poll() {
-    if (!sink->has_pending()) return false;
-    resolve(sink->take_nodes());  // the eventfd is left to its reader: no system call here
-    return true;
+    bool any = false;
+    if (sink->has_pending()) {
+      resolve(sink->take_nodes());  // the eventfd is left to its reader: no system call here
+      any = true;
+    }
+    if (waker.probing()) any |= settle_probed();
+    return any;
+  }
+  /// Resolves the probed waits whose probe says done (loop_waker::take_reached).
+  bool settle_probed() {
+    bool any = false;
+    const std::int64_t now = monotonic_ns();
+    while (completion* c = waker.take_reached(now)) {
+      (void)settle_from_probe(c);  // true: pushed meanwhile, the drain frees it
+      any = true;
+    }
+    if (any) waker.rearm(monotonic_ns());
+    return any;
   }
   /// The timerfd's reader: a predicted completion is near. Drains what came, then opens the
   /// window of the earliest due wait: its future's `_open_window(until_ns)` wakes the coroutine
@@ -386,8 +429,9 @@ struct loop_sink {
     if (c == nullptr) return;
     static PyObject* s_open_window = PyUnicode_InternFromString("_open_window");  // leaked
     bool taken = false;
+    PyObject* probed = c->probe_word != nullptr ? Py_True : Py_False;
     if (PyObject* r = PyObject_CallMethodObjArgs(c->obj, s_open_window, py::int_(until).ptr(),
-                                                 py::int_(window).ptr(), nullptr)) {
+                                                 py::int_(window).ptr(), probed, nullptr)) {
       taken = PyObject_IsTrue(r) == 1;
       Py_DECREF(r);
     }
@@ -415,6 +459,7 @@ struct loop_sink {
     const loop_stats& s = waker.stats();
     py::dict d;
     d["completions"] = s.completions;
+    d["probe_hits"] = s.probe_hits;
     d["predicted"] = s.predicted;
     d["timer_fires"] = s.timer_fires;
     d["spins"] = s.spins;

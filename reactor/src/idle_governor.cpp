@@ -140,7 +140,10 @@ void idle_governor::learn(stream_state& st, clock::time_point now) {
   // while the reactor polls). Its service started when it was submitted, or when the wait before
   // it finished, whichever is later (idle_policy.hpp).
   stream_state::plan_state& p = st.plan;
-  if (!st.retired_in_sweep) {  // only cancelled waits' markers retired: nothing to sample
+  // Only cancelled waits' markers retired, or a probed wait (wait_target::probed): its caller
+  // looked, the reactor did not, so the time between its looks says little of the work.
+  if (!st.retired_in_sweep || st.retired_probed) {
+    st.retired_in_sweep = false;
     p.last_done = p.last_look + (now - p.last_look) / 2;
     return;
   }

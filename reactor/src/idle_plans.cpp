@@ -80,6 +80,15 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   // and a skipped stream whose work ended early is found only when its window opens.
   p.query_after = {};
   p.on_poll_tick = false;
+  // A probed oldest wait (wait_target::probed): its caller reads the fence word itself until its
+  // window closes; the reactor looks only then (and for a due fault probe), asleep meanwhile.
+  if (const wait_op* front = st.entries.empty() ? nullptr : st.entries.front().op;
+      front != nullptr && front->covered_until_ > now) {
+    skip_until(st, front->covered_until_);
+    p.spin = false;
+    p.wake = std::min(wake, front->covered_until_);
+    return;
+  }
   // An unhurried oldest wait (wait_target::unhurried: its consumer takes it tens of us later
   // anyway) is not spun for: its steady window is looked at on the tick, as irregular work is.
   if (o.where == phase::window_spin && !st.entries.empty() && st.entries.front().op != nullptr &&

@@ -79,6 +79,7 @@ struct stream_state {
   std::uint64_t completed_seq = 0;
   idle_time retired_submit{};     // submission of the newest wait retired by the current look
   bool retired_in_sweep = false;  // ... and one was (idle_governor learns from it, then clears it)
+  bool retired_probed = false;    // ... and it was probed (wait_target::probed): not looked at
   idle_time last_probe{};         // the last fault probe (stream_sweep), or the activation
 
   // --- reactor side: the plan (idle_governor, idle_policy.hpp) --------------------------------

@@ -1,6 +1,7 @@
 // reactor/src/submitter.cpp — see submitter.hpp.
 #include "submitter.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -60,6 +61,8 @@ std::error_code submitter::prepare(wait_op& op, const wait_target& target) noexc
   op.event_ = nullptr;
   op.signalled_ = false;
   op.unhurried_ = target.unhurried_;
+  op.covered_until_ = {};
+  if (target.probe_ != nullptr) *target.probe_ = {};  // filled only for a fence marker
   switch (target.what_) {
     case wait_target::kind::event: return prepare_event(op, target);
     case wait_target::kind::signal: return prepare_signal(op, target);
@@ -110,6 +113,7 @@ std::error_code submitter::prepare_stream(wait_op& op, const wait_target& target
   stream_state* st = nullptr;
   std::error_code ec = find_stream(target, st);
   if (!ec) ec = put_marker(*st, op);
+  if (!ec && target.probe_ != nullptr) give_probe(*st, op, target);
   if (ec && is_sticky(ec)) {
     // The device is dead: fail its pending waits too. Where the stream's device is unknown (its
     // very first wait), the calling thread's current device is the best guess: a sticky error
@@ -120,6 +124,16 @@ std::error_code submitter::prepare_stream(wait_op& op, const wait_target& target
     p_.inbox.report_fault(device, ec);
   }
   return ec;
+}
+
+void submitter::give_probe(const stream_state& st, wait_op& op,
+                           const wait_target& target) noexcept {
+  // Only a fence word is a look the caller can make itself: an event is a driver query, a host
+  // function has no word. The fence write of `seq` completes this wait and every one before it.
+  if (!p_.traits.fence_markers || op.event_ != nullptr || st.fence_host == nullptr) return;
+  *target.probe_ = wait_probe{st.fence_host, op.seq_};
+  op.covered_until_ = target.probe_until_;
+  op.unhurried_ = true;  // once the caller's window closed: its consumer wakes for it anyway
 }
 
 std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
@@ -138,13 +152,16 @@ std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
   const bool covered = open != 0 && host != nullptr && host->host_role() == poll_host::role::polls;
   // Read before the push too: the host lives as long as a wait of its is pending.
   const std::int64_t hosted_deadline = covered ? p_.idle.hosted_deadline_ns(open, *host) : 0;
+  // A probed wait's caller looks until covered_until_: the reactor need not be woken before.
+  const std::int64_t probed_until = op.covered_until_.time_since_epoch().count();
   const stack::push_result pushed = submissions_.push(&op);
   if (pushed != stack::push_result::closed) {
     // A parked reactor is woken by the push that makes the stack non-empty; a napping one only
     // when this wait could be done before it looks again (the idle governor's rule), or, for a
     // covered wait, when the reactor would look later than its host's safety net allows.
     p_.wake->wake_for_submission(pushed == stack::push_result::pushed_to_empty, [&] {
-      return covered ? hosted_deadline : p_.idle.earliest_completion_ns(st, seq);
+      if (covered) return hosted_deadline;
+      return std::max(probed_until, p_.idle.earliest_completion_ns(st, seq));
     });
     return {};
   }

@@ -5,6 +5,9 @@
 // of_event / of_signal; what it holds is read only by the reactor (private, friend access).
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+
 #include <evr/device/backend.hpp>
 #include <evr/device/event.hpp>
 #include <evr/device/stream.hpp>
@@ -15,6 +18,20 @@ namespace detail {
 class submitter;
 struct reactor_access;
 }  // namespace detail
+
+/// What wait_target::probed() gives its caller: a word the GPU writes when the wait's work is done,
+/// and the value it then reaches (at least). Empty when the wait's marker is not such a word.
+struct wait_probe {
+  const std::uint64_t* word = nullptr;
+  std::uint64_t value = 0;
+
+  explicit operator bool() const noexcept { return word != nullptr; }
+  /// The work is done (acquire: what the work wrote is visible after a true result). Only while
+  /// the reactor that filled the probe lives; on an empty probe, false.
+  bool reached() const noexcept {
+    return word != nullptr && __atomic_load_n(word, __ATOMIC_ACQUIRE) >= value;
+  }
+};
 
 /// What a wait waits for: the work queued so far on a stream (at the moment the wait starts), or
 /// an event as last recorded. A cheap value type that does not own what it names, built
@@ -108,6 +125,24 @@ class wait_target {
     return t;
   }
 
+  /// This target, for a caller that polls through a window of its own until `until` (Python's
+  /// event loop between its other callbacks). When the wait's marker is a fence word (strategies
+  /// fence and adaptive, within the fence budget), the submission writes the word and the value
+  /// that completes the wait to `probe`: the caller sees the work done with a memory read
+  /// (wait_probe::reached). The reactor then does not look at the wait before `until` (it sleeps
+  /// rather than spin beside the caller), and after it looks as for unhurried(). It still
+  /// completes the wait exactly once, as every wait; its callback may come well after the caller
+  /// saw the word. With any other marker (an event, a host function, a wait on an event or a
+  /// signal) `probe` is left empty and the wait is as without this call. `probe` must stay valid
+  /// during the submission; its word stays readable while the reactor lives.
+  [[nodiscard]] wait_target probed(wait_probe& probe,
+                                   std::chrono::steady_clock::time_point until) const noexcept {
+    wait_target t = *this;
+    t.probe_ = &probe;
+    t.probe_until_ = until;
+    return t;
+  }
+
  private:
   friend class detail::submitter;
   friend struct detail::reactor_access;
@@ -119,8 +154,10 @@ class wait_target {
   int device_ = -1;              ///< event's device; -1: the submitting thread's current device
   bool never_recorded_ = false;  ///< an evr::event that was never recorded (refused)
   bool unhurried_ = false;       ///< unhurried(): looked at on the poll tick, not spun for
-  const std::uint64_t* signal_word_ = nullptr;  ///< kind::signal: the slot's word
-  std::uint64_t signal_value_ = 0;              ///< kind::signal: the count to reach
+  wait_probe* probe_ = nullptr;  ///< probed(): written by the submission (fence markers only)
+  std::chrono::steady_clock::time_point probe_until_{};  ///< probed(): the caller's window end
+  const std::uint64_t* signal_word_ = nullptr;           ///< kind::signal: the slot's word
+  std::uint64_t signal_value_ = 0;                       ///< kind::signal: the count to reach
 };
 
 }  // namespace evr

@@ -92,6 +92,9 @@ class wait_op {
   device::native_event event_ = nullptr;
   std::uint64_t seq_ = 0;  ///< position in its stream (marker order)
   std::chrono::steady_clock::time_point submitted_at_{};
+  /// (set by reactor::submit) wait_target::probed() with a fence marker: its caller reads the
+  /// word itself until then, and the reactor does not look at the wait before. {}: not probed.
+  std::chrono::steady_clock::time_point covered_until_{};
 
   complete_fn complete_;  ///< called through complete(), exactly once
   /// Set by the front end before submit, never written by the reactor: the thread this wait is
