@@ -177,7 +177,8 @@ TEST_CASE("idle governor: a probed wait is not looked at before its caller's win
   op.seq_ = 1;
   op.device_ = 0;
   op.submitted_at_ = now;
-  op.covered_until_ = now + 1500us;  // before the fault probe (quick_options: 2 ms)
+  op.probed_ = true;
+  op.covered_until_ns_ = (now + 1500us).time_since_epoch().count();  // before the fault probe
   const auto taken = g.registry.accept(&op, now);
   REQUIRE(taken.activated);
   g.idle.new_wait(st, op, now, /*activated=*/true);
@@ -186,13 +187,45 @@ TEST_CASE("idle governor: a probed wait is not looked at before its caller's win
   const evr::detail::rest_step step = g.idle.rest(in_window, false, false, false);
   CHECK_FALSE(st.plan.spin);
   CHECK(step.what == evr::detail::rest_step::kind::nap);
-  CHECK(step.until == op.covered_until_);
+  CHECK(step.until == op.covered_until());
   evr::detail::poll_tick tick = g.idle.begin_sweep(in_window);
   CHECK_FALSE(g.idle.wants_look(st, in_window, tick));  // a sweep for other streams skips it
   g.idle.end_sweep(in_window, tick);
   // The window closed without the caller seeing the word: the reactor looks now.
-  const auto after = op.covered_until_;
+  const auto after = op.covered_until();
   (void)g.idle.rest(after, false, false, false);
   evr::detail::poll_tick at_close = g.idle.begin_sweep(after);
   CHECK(g.idle.wants_look(st, after, at_close));
+}
+
+TEST_CASE("idle governor: a probed wait is learnt from when its caller saw the word") {
+  // The reactor did not look during the caller's window, so its own looks (the wait's submission,
+  // then 5 ms later) say nothing of when the work ended; wait_probe::saw_reached does.
+  for (const bool reported : {false, true}) {
+    CAPTURE(reported);
+    governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
+    const auto now = std::chrono::steady_clock::now();
+    evr::detail::stream_state st;
+    evr::detail::wait_op op{&never_completes};
+    op.stream_ = &st;
+    op.seq_ = 1;
+    op.device_ = 0;
+    op.submitted_at_ = now;
+    op.probed_ = true;
+    op.covered_until_ns_ = (now + 1ms).time_since_epoch().count();
+    REQUIRE(g.registry.accept(&op, now).activated);
+    g.idle.new_wait(st, op, now, /*activated=*/true);
+    if (reported) st.probe_seen_ns.store((now + 700us).time_since_epoch().count());
+    // The wait retired by the reactor's first look, 5 ms on (as wait_registry::retire_front).
+    st.retired_submit = now;
+    st.retired_in_sweep = true;
+    st.retired_probed = true;
+    g.idle.looked_at(st, now + 5ms, /*moved=*/true);
+    if (reported) {
+      CHECK(st.plan.last_done == now + 700us);
+      CHECK(st.plan.model.samples() == 1);
+    } else {
+      CHECK(st.plan.model.samples() == 0);  // no sample rather than a wrong one
+    }
+  }
 }

@@ -28,6 +28,8 @@
 
 #include <Python.h>
 
+#include <evr/reactor/wait_target.hpp>
+
 namespace evr_py {
 
 struct completion {
@@ -47,10 +49,9 @@ struct completion {
   std::int64_t wake_at = 0;       ///< the schedule entry (wake_ticket 0: none)
   std::uint64_t wake_ticket = 0;
   std::int64_t spin_until = 0;
-  // A probed wait (evr::wait_target::probed): the fence word its loop reads while polling, and
-  // the value that completes it (word null: not probed). Readable while *reactor_alive (GIL).
-  const std::uint64_t* probe_word = nullptr;
-  std::uint64_t probe_value = 0;
+  // A probed wait (evr::wait_target::probed): the fence word its loop reads while polling
+  // (empty: not probed). Readable while *reactor_alive (GIL).
+  evr::wait_probe probe;
   std::shared_ptr<const bool> reactor_alive;
   /// A probed wait is finished by whoever comes first: the loop, whose probe saw the word (it
   /// resolves the future and drops `obj`; the reactor's callback, later, only frees the node),
@@ -61,8 +62,7 @@ struct completion {
 
   /// The probe says the work is done (GIL held; false once the reactor is gone).
   bool probe_reached() const noexcept {
-    return probe_word != nullptr && reactor_alive && *reactor_alive &&
-           __atomic_load_n(probe_word, __ATOMIC_ACQUIRE) >= probe_value;
+    return probe && reactor_alive && *reactor_alive && probe.reached();
   }
 };
 

@@ -99,7 +99,7 @@ void loop_waker::drop(std::set<slot>::iterator it) noexcept {
 }
 
 void loop_waker::forget(const completion* c) noexcept {
-  if (c->probe_word != nullptr) std::erase(probed_, c);
+  if (c->probe) std::erase(probed_, c);
   if (c->wake_ticket == 0) return;
   auto it = schedule_.find(slot{c->wake_at, c->wake_ticket, c->spin_until, nullptr});
   if (it != schedule_.end()) drop(it);
@@ -119,6 +119,7 @@ completion* loop_waker::take_reached(std::int64_t now) noexcept {
   });
   if (it == probed_.end()) return nullptr;
   completion* c = *it;
+  c->probe.saw_reached();  // the reactor learns the stream's work from it
   ++stats_.probe_hits;
   left_flight(c, now, now);  // takes it out of probed_
   return c;

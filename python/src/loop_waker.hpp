@@ -106,7 +106,7 @@ class loop_waker {
   std::int64_t on_submit(completion* c, std::uintptr_t key) noexcept;
   /// The reactor refused the wait submitted with on_submit: it is not in flight.
   void on_refused(const completion* c) noexcept;
-  /// The wait submitted with on_submit got a probe (c->probe_word): its pollers read it.
+  /// The wait submitted with on_submit got a probe (c->probe): its pollers read it.
   void on_probed(completion* c);
   /// Waits in flight with a probe.
   bool probing() const noexcept { return !probed_.empty(); }

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -234,9 +235,12 @@ class py_reactor {
     evr::wait_probe probe;
     evr::wait_target target = t.unhurried();
     if (wake_at != 0) {
-      const auto window_end = std::chrono::steady_clock::now() +
-                              std::chrono::nanoseconds(c->spin_until - monotonic_ns());
-      target = t.probed(probe, window_end);
+      // The earliest its window can end (loop_waker::open_next): the reactor looks from then
+      // on, spinning (the target as given) if the work has not ended, so that a missed window
+      // is found at once and the loop's model learns the right time.
+      const std::int64_t window_end = std::min(c->spin_until, wake_at + waker->max_spin_ns());
+      target = t.probed(probe, std::chrono::steady_clock::now() +
+                                   std::chrono::nanoseconds(window_end - monotonic_ns()));
     }
     auto canceller = std::make_unique<wait_canceller>();
     std::shared_ptr<completion_sink> keep = sink;  // the sink outlives the pending wait
@@ -262,8 +266,7 @@ class py_reactor {
     }
     if (probe && waker != nullptr) {
       // After the submission: the node is this loop's to free (drain), pushed or not.
-      c->probe_word = probe.word;
-      c->probe_value = probe.value;
+      c->probe = probe;
       c->reactor_alive = alive_;
       waker->on_probed(c);
     }
@@ -429,7 +432,7 @@ struct loop_sink {
     if (c == nullptr) return;
     static PyObject* s_open_window = PyUnicode_InternFromString("_open_window");  // leaked
     bool taken = false;
-    PyObject* probed = c->probe_word != nullptr ? Py_True : Py_False;
+    PyObject* probed = c->probe ? Py_True : Py_False;
     if (PyObject* r = PyObject_CallMethodObjArgs(c->obj, s_open_window, py::int_(until).ptr(),
                                                  py::int_(window).ptr(), probed, nullptr)) {
       taken = PyObject_IsTrue(r) == 1;

@@ -140,17 +140,17 @@ void idle_governor::learn(stream_state& st, clock::time_point now) {
   // while the reactor polls). Its service started when it was submitted, or when the wait before
   // it finished, whichever is later (idle_policy.hpp).
   stream_state::plan_state& p = st.plan;
-  // Only cancelled waits' markers retired, or a probed wait (wait_target::probed): its caller
-  // looked, the reactor did not, so the time between its looks says little of the work.
-  if (!st.retired_in_sweep || st.retired_probed) {
-    st.retired_in_sweep = false;
+  if (!st.retired_in_sweep) {  // only cancelled waits' markers retired: nothing to sample
     p.last_done = p.last_look + (now - p.last_look) / 2;
     return;
   }
   st.retired_in_sweep = false;
   const clock::time_point start = std::max(st.retired_submit, p.last_done);
-  const clock::time_point seen_pending = std::max(p.last_look, start);
-  const clock::time_point done = seen_pending + (now - seen_pending) / 2;
+  clock::time_point done;
+  if (!done_time(st, start, now, done)) {
+    p.last_done = p.last_look + (now - p.last_look) / 2;
+    return;
+  }
   p.model.add(done - start);
   p.last_done = done;
   // For submitters deciding whether a new wait could finish before a napping reactor looks: the
@@ -168,6 +168,25 @@ void idle_governor::learn(stream_state& st, clock::time_point now) {
   st.published_open_ns.store(
       ready ? std::max<std::int64_t>(1, window_open_offset(settings_, p.model).count()) : 0,
       std::memory_order_relaxed);
+}
+
+bool idle_governor::done_time(const stream_state& st, clock::time_point start,
+                              clock::time_point now, clock::time_point& done) const noexcept {
+  const stream_state::plan_state& p = st.plan;
+  if (st.retired_probed) {
+    // Its caller looked through its window, the reactor did not: when the caller saw the word,
+    // if it did (wait_probe::saw_reached), is the sample. Else only a look of the reactor after
+    // the work started brackets the end.
+    const clock::time_point seen{nanoseconds(st.probe_seen_ns.load(std::memory_order_relaxed))};
+    if (seen >= start && seen <= now) {
+      done = seen;
+      return true;
+    }
+    if (p.last_look <= start) return false;
+  }
+  const clock::time_point seen_pending = std::max(p.last_look, start);
+  done = seen_pending + (now - seen_pending) / 2;
+  return true;
 }
 
 rest_step idle_governor::rest(clock::time_point now, bool progress, bool took_new, bool closing) {

@@ -163,6 +163,10 @@ class idle_governor {
   rest_step rest_ladder(clock::time_point now, bool closing);
   rest_step rest_predictive(clock::time_point now, bool closing);
   void learn(stream_state& st, clock::time_point now);
+  /// When the newest wait `learn` retired was done, as its looks (or its caller's, for a probed
+  /// wait) tell; false when they do not bracket it.
+  bool done_time(const stream_state& st, clock::time_point start, clock::time_point now,
+                 clock::time_point& done) const noexcept;
   void plan(stream_state& st, clock::time_point now);
   void plan_reactor(stream_state& st, stream_outlook o, clock::time_point start,
                     clock::time_point now, clock::time_point wake);

@@ -83,10 +83,10 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   // A probed oldest wait (wait_target::probed): its caller reads the fence word itself until its
   // window closes; the reactor looks only then (and for a due fault probe), asleep meanwhile.
   if (const wait_op* front = st.entries.empty() ? nullptr : st.entries.front().op;
-      front != nullptr && front->covered_until_ > now) {
-    skip_until(st, front->covered_until_);
+      front != nullptr && front->covered_until() > now) {
+    skip_until(st, front->covered_until());
     p.spin = false;
-    p.wake = std::min(wake, front->covered_until_);
+    p.wake = std::min(wake, front->covered_until());
     return;
   }
   // An unhurried oldest wait (wait_target::unhurried: its consumer takes it tens of us later

@@ -70,6 +70,10 @@ struct stream_state {
   std::atomic<bool> doorbell_rang{false};
   std::atomic<std::int64_t> host_funcs_outstanding{0};
   std::shared_ptr<wakeup> wake;  // shared: a host function may outlive the reactor
+  /// When a probed wait's caller last saw the fence word reach its value (steady clock ns;
+  /// wait_probe::saw_reached, any thread, relaxed): the plan learns the work from it, as the
+  /// reactor did not look during the caller's window.
+  std::atomic<std::int64_t> probe_seen_ns{0};
 
   // --- reactor side: the timeline (wait_registry) --------------------------------------------
   // On cache lines of its own: submitters write the fields above on every submission, and the

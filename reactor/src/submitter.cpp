@@ -61,7 +61,7 @@ std::error_code submitter::prepare(wait_op& op, const wait_target& target) noexc
   op.event_ = nullptr;
   op.signalled_ = false;
   op.unhurried_ = target.unhurried_;
-  op.covered_until_ = {};
+  op.probed_ = false;
   if (target.probe_ != nullptr) *target.probe_ = {};  // filled only for a fence marker
   switch (target.what_) {
     case wait_target::kind::event: return prepare_event(op, target);
@@ -126,14 +126,13 @@ std::error_code submitter::prepare_stream(wait_op& op, const wait_target& target
   return ec;
 }
 
-void submitter::give_probe(const stream_state& st, wait_op& op,
-                           const wait_target& target) noexcept {
+void submitter::give_probe(stream_state& st, wait_op& op, const wait_target& target) noexcept {
   // Only a fence word is a look the caller can make itself: an event is a driver query, a host
   // function has no word. The fence write of `seq` completes this wait and every one before it.
   if (!p_.traits.fence_markers || op.event_ != nullptr || st.fence_host == nullptr) return;
-  *target.probe_ = wait_probe{st.fence_host, op.seq_};
-  op.covered_until_ = target.probe_until_;
-  op.unhurried_ = true;  // once the caller's window closed: its consumer wakes for it anyway
+  *target.probe_ = wait_probe{st.fence_host, op.seq_, &st.probe_seen_ns};
+  op.probed_ = true;
+  op.covered_until_ns_ = target.probe_until_.time_since_epoch().count();
 }
 
 std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
@@ -153,7 +152,7 @@ std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
   // Read before the push too: the host lives as long as a wait of its is pending.
   const std::int64_t hosted_deadline = covered ? p_.idle.hosted_deadline_ns(open, *host) : 0;
   // A probed wait's caller looks until covered_until_: the reactor need not be woken before.
-  const std::int64_t probed_until = op.covered_until_.time_since_epoch().count();
+  const std::int64_t probed_until = op.probed_ ? op.covered_until_ns_ : 0;
   const stack::push_result pushed = submissions_.push(&op);
   if (pushed != stack::push_result::closed) {
     // A parked reactor is woken by the push that makes the stack non-empty; a napping one only

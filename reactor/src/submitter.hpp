@@ -79,7 +79,7 @@ class submitter {
                              device::native_event& ev) noexcept;
   std::error_code put_marker(stream_state& st, wait_op& op) noexcept;
   /// wait_target::probed(): gives the caller the fence word `op` was given, if it was.
-  void give_probe(const stream_state& st, wait_op& op, const wait_target& target) noexcept;
+  void give_probe(stream_state& st, wait_op& op, const wait_target& target) noexcept;
   static void host_func_done(void* state) noexcept;  // host_func strategy marker
 
   parts p_;

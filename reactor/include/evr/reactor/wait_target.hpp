@@ -5,6 +5,7 @@
 // of_event / of_signal; what it holds is read only by the reactor (private, friend access).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 
@@ -24,12 +25,20 @@ struct reactor_access;
 struct wait_probe {
   const std::uint64_t* word = nullptr;
   std::uint64_t value = 0;
+  std::atomic<std::int64_t>* seen = nullptr;  ///< the reactor's note of it (saw_reached)
 
   explicit operator bool() const noexcept { return word != nullptr; }
   /// The work is done (acquire: what the work wrote is visible after a true result). Only while
   /// the reactor that filled the probe lives; on an empty probe, false.
   bool reached() const noexcept {
     return word != nullptr && __atomic_load_n(word, __ATOMIC_ACQUIRE) >= value;
+  }
+  /// Tells the reactor that reached() just said true: it learns the stream's work from when the
+  /// caller saw it, since it did not look itself. Any thread, while the reactor lives.
+  void saw_reached() const noexcept {
+    if (seen != nullptr)
+      seen->store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                  std::memory_order_relaxed);
   }
 };
 
@@ -129,8 +138,10 @@ class wait_target {
   /// event loop between its other callbacks). When the wait's marker is a fence word (strategies
   /// fence and adaptive, within the fence budget), the submission writes the word and the value
   /// that completes the wait to `probe`: the caller sees the work done with a memory read
-  /// (wait_probe::reached). The reactor then does not look at the wait before `until` (it sleeps
-  /// rather than spin beside the caller), and after it looks as for unhurried(). It still
+  /// (wait_probe::reached; wait_probe::saw_reached then tells the reactor, which learns the
+  /// stream's work from it). The reactor does not look at the wait before `until` (it sleeps
+  /// rather than spin beside the caller), and after it as the target says (spun for, or
+  /// unhurried()): the caller's window missed the work, so it is found at once. It still
   /// completes the wait exactly once, as every wait; its callback may come well after the caller
   /// saw the word. With any other marker (an event, a host function, a wait on an event or a
   /// signal) `probe` is left empty and the wait is as without this call. `probe` must stay valid

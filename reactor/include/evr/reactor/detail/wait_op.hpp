@@ -78,6 +78,8 @@ class wait_op {
   /// (set by reactor::submit) wait_target::unhurried(): while it is its stream's oldest wait, the
   /// reactor looks at the stream on the poll tick through its window instead of spinning.
   bool unhurried_ : 1 = false;
+  /// (set by reactor::submit) wait_target::probed() and a fence marker: covered_until_ns_ holds.
+  bool probed_ : 1 = false;
 
   std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
   std::uintptr_t group_ = 0;  ///< its execution context (for detach_group); 0: none
@@ -92,17 +94,26 @@ class wait_op {
   device::native_event event_ = nullptr;
   std::uint64_t seq_ = 0;  ///< position in its stream (marker order)
   std::chrono::steady_clock::time_point submitted_at_{};
-  /// (set by reactor::submit) wait_target::probed() with a fence marker: its caller reads the
-  /// word itself until then, and the reactor does not look at the wait before. {}: not probed.
-  std::chrono::steady_clock::time_point covered_until_{};
 
   complete_fn complete_;  ///< called through complete(), exactly once
   /// Set by the front end before submit, never written by the reactor: the thread this wait is
   /// delivered to, when it lends itself to the reactor near the wait's predicted completion
   /// (poll_host.hpp); nullptr: a plain delivery. It outlives the wait.
   poll_host* host_ = nullptr;
-  /// A device-signalled wait: done when *signal_word() reaches this count.
-  std::uint64_t signal_value_ = 0;
+  union {
+    /// A device-signalled wait (signalled_): done when *signal_word() reaches this count.
+    std::uint64_t signal_value_ = 0;
+    /// (set by reactor::submit) A probed wait (probed_, wait_target::probed): its caller reads
+    /// the fence word itself until then (steady clock, ns), and the reactor does not look before.
+    std::int64_t covered_until_ns_;
+  };
+
+  /// When a probed wait's caller stops looking; {} for any other wait.
+  std::chrono::steady_clock::time_point covered_until() const noexcept {
+    using clock = std::chrono::steady_clock;
+    return probed_ ? clock::time_point(std::chrono::nanoseconds(covered_until_ns_))
+                   : clock::time_point{};
+  }
 
   /// The word a device-signalled wait (signalled_) reads.
   const std::uint64_t* signal_word() const noexcept {
