@@ -385,8 +385,12 @@ struct loop_sink {
 
   int fd() const { return sink->fd(); }
   int timer_fd() const { return waker.fd(); }
-  /// The eventfd's reader: resolves every completion that arrived.
-  void drain() { resolve(sink->take()); }
+  /// The eventfd's reader (and the timer's, first): resolves every completion that arrived, and
+  /// the probed waits whose word is written (none is pushed before its window has ended).
+  void drain() {
+    resolve(sink->take());
+    if (waker.probing()) settle_probed();
+  }
   void resolve(completion* list) {
     const std::int64_t now = monotonic_ns();
     for (completion* c = list; c != nullptr; c = c->next) {
