@@ -23,10 +23,11 @@ struct reactor_access;
 /// What wait_target::probed() gives its caller: a word the GPU writes when the wait's work is done,
 /// and the value it then reaches (at least). Empty when the wait's marker is not such a word.
 struct wait_probe {
-  const std::uint64_t* word = nullptr;
-  std::uint64_t value = 0;
+  const std::uint64_t* word = nullptr;        ///< the fence word (pinned host memory)
+  std::uint64_t value = 0;                    ///< the wait is done once *word >= value
   std::atomic<std::int64_t>* seen = nullptr;  ///< the reactor's note of it (saw_reached)
 
+  /// The wait got a fence word (else the probe is empty).
   explicit operator bool() const noexcept { return word != nullptr; }
   /// The work is done (acquire: what the work wrote is visible after a true result). Only while
   /// the reactor that filled the probe lives; on an empty probe, false.
