@@ -68,6 +68,21 @@ struct governor_alone {
   evr::detail::idle_governor idle{options, traits, sim, registry, counters};
 };
 
+/// A stream with one wait of its own (no host), submitted at `now`, accepted by `g`'s registry
+/// and new to its governor. The wait's flags may be set until the governor first plans it.
+struct lone_wait {
+  lone_wait(governor_alone& g, std::chrono::steady_clock::time_point now) {
+    op.stream_ = &st;
+    op.seq_ = 1;
+    op.device_ = 0;
+    op.submitted_at_ = now;
+    REQUIRE(g.registry.accept(&op, now).activated);
+    g.idle.new_wait(st, op, now, /*activated=*/true);
+  }
+  evr::detail::stream_state st;
+  evr::detail::wait_op op{&never_completes};
+};
+
 }  // namespace
 
 TEST_CASE("idle governor: a covered stream is left to its host only by a reactor that sleeps") {
@@ -129,16 +144,9 @@ TEST_CASE("idle governor: an unhurried wait's steady window is looked at on the 
     CAPTURE(unhurried);
     governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
     const auto now = std::chrono::steady_clock::now();
-    evr::detail::stream_state st;
-    evr::detail::wait_op op{&never_completes};
-    op.stream_ = &st;
-    op.seq_ = 1;
-    op.device_ = 0;
-    op.submitted_at_ = now;
-    op.unhurried_ = unhurried;
-    const auto taken = g.registry.accept(&op, now);
-    REQUIRE(taken.activated);
-    g.idle.new_wait(st, op, now, /*activated=*/true);
+    lone_wait w(g, now);
+    evr::detail::stream_state& st = w.st;
+    w.op.unhurried_ = unhurried;
     // Steady 1 ms work (before the fault probe, 2 ms after the wait came, is due).
     for (int i = 0; i < 8; ++i) st.plan.model.add(1ms);
     const auto in_window = now + 1ms;  // the work is expected to end now
@@ -171,17 +179,11 @@ TEST_CASE("idle governor: a probed wait is not looked at before its caller's win
   // says the work ends and it would spin, and looks once it has passed.
   governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
   const auto now = std::chrono::steady_clock::now();
-  evr::detail::stream_state st;
-  evr::detail::wait_op op{&never_completes};
-  op.stream_ = &st;
-  op.seq_ = 1;
-  op.device_ = 0;
-  op.submitted_at_ = now;
-  op.probed_ = true;
-  op.covered_until_ns_ = (now + 1500us).time_since_epoch().count();  // before the fault probe
-  const auto taken = g.registry.accept(&op, now);
-  REQUIRE(taken.activated);
-  g.idle.new_wait(st, op, now, /*activated=*/true);
+  lone_wait w(g, now);
+  evr::detail::stream_state& st = w.st;
+  const evr::detail::wait_op& op = w.op;
+  w.op.probed_ = true;
+  w.op.covered_until_ns_ = (now + 1500us).time_since_epoch().count();  // before the fault probe
   for (int i = 0; i < 8; ++i) st.plan.model.add(1ms);  // steady 1 ms work: the window is at 1 ms
   const auto in_window = now + 1ms;
   const evr::detail::rest_step step = g.idle.rest(in_window, false, false, false);
@@ -205,16 +207,10 @@ TEST_CASE("idle governor: a probed wait is learnt from when its caller saw the w
     CAPTURE(reported);
     governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
     const auto now = std::chrono::steady_clock::now();
-    evr::detail::stream_state st;
-    evr::detail::wait_op op{&never_completes};
-    op.stream_ = &st;
-    op.seq_ = 1;
-    op.device_ = 0;
-    op.submitted_at_ = now;
-    op.probed_ = true;
-    op.covered_until_ns_ = (now + 1ms).time_since_epoch().count();
-    REQUIRE(g.registry.accept(&op, now).activated);
-    g.idle.new_wait(st, op, now, /*activated=*/true);
+    lone_wait w(g, now);
+    evr::detail::stream_state& st = w.st;
+    w.op.probed_ = true;
+    w.op.covered_until_ns_ = (now + 1ms).time_since_epoch().count();
     if (reported) st.probe_seen_ns.store((now + 700us).time_since_epoch().count());
     // The wait retired by the reactor's first look, 5 ms on (as wait_registry::retire_front).
     st.retired_submit = now;
