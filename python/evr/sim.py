@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Optional
 
 from . import _evr
 

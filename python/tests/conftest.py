@@ -30,3 +30,11 @@ def reactor(dev):
     r = evr.Reactor(device=dev, shutdown_drain=0.2)
     yield r
     r.shutdown()
+
+
+@pytest.fixture
+def spin_default():
+    """The loop's polling windows at their default (set_loop_spin(200 us)), before and after."""
+    evr.set_loop_spin(200e-6)
+    yield
+    evr.set_loop_spin(200e-6)

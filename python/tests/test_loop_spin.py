@@ -10,66 +10,16 @@ import pytest
 import evr
 import evr.sim
 from conftest import run
-
-REGULAR = 0.005  # seconds: the sim's kernels of one length, back to back
-
-
-@pytest.fixture
-def spin_default():
-    evr.set_loop_spin(200e-6)
-    yield
-    evr.set_loop_spin(200e-6)
-
-
-async def _kernel_then_wait(dev, s, reactor, seconds):
-    t0 = time.perf_counter()  # before the launch: on a loaded machine the launch may take long
-    dev.launch_kernel(s, seconds)
-    done = dev.event()
-    done.record(s)
-    await evr.wait(s, reactor=reactor)
-    assert done.query(), "the wait finished before the stream's work"
-    return time.perf_counter() - t0
-
-
-def _hop_total(st):
-    return sum(st["hop_log2_ns"])
-
-
-def _settled(reactor, seconds=5.0):
-    """The reactor's metrics once every wait it took is finished there. A wait its loop resolved
-    from its probe (the fence word, read while polling) is still the reactor's until the wait's
-    window has closed: it then completes it too, and only frees its node."""
-    deadline = time.monotonic() + seconds
-    m = reactor.metrics()
-    while m["in_flight"] != 0 and time.monotonic() < deadline:
-        time.sleep(0.001)
-        m = _settled(reactor)
-    return m
-
-
-def _attempts(seconds=10.0, at_least=60):
-    """0, 1, 2, ...: at least `at_least` numbers, and more until `seconds` have passed. How long a
-    test waits for the loop's model to predict a stream. The model predicts only work whose
-    service times (submission to the reactor's push) deviate by at most a quarter of their mean
-    (loop_waker.cpp): a guarantee about what the loop observes, and a loaded machine scatters
-    5 ms simulated kernels by more than that for stretches of a second or so (60 waits, 0.3 s,
-    passed in vain now and then under load). The tests wait such stretches out; a machine whose
-    scheduling never lets 5 ms of work look regular for 10 s fails them."""
-    deadline = time.monotonic() + seconds
-    i = 0
-    while i < at_least or time.monotonic() < deadline:
-        yield i
-        i += 1
-
+from loop_helpers import REGULAR, attempts, hop_total, kernel_then_wait, settled
 
 def test_regular_work_is_predicted_and_polled(dev, reactor, spin_default):
     s = dev.stream()
 
     async def main():
         assert evr.loop_stats() is None  # this loop has not waited yet
-        # 15 waits, more while none was predicted yet (see _attempts)
-        for i in _attempts():
-            assert await _kernel_then_wait(dev, s, reactor, REGULAR) >= REGULAR * 0.8
+        # 15 waits, more while none was predicted yet (see attempts)
+        for i in attempts():
+            assert await kernel_then_wait(dev, s, reactor, REGULAR) >= REGULAR * 0.8
             if i >= 14 and evr.loop_stats()["spins"] >= 1:
                 break
         return evr.loop_stats()
@@ -78,7 +28,7 @@ def test_regular_work_is_predicted_and_polled(dev, reactor, spin_default):
     n = st["completions"]
     # Each completion reached the loop once: pushed by the reactor and drained, or seen in its
     # fence word by a poll (the sim's default strategy gives a lone stream fence words).
-    assert n >= 15 and _hop_total(st) + st["probe_hits"] == n, st
+    assert n >= 15 and hop_total(st) + st["probe_hits"] == n, st
     assert st["probe_hits"] <= st["predicted"], st
     # The first three samples train the model; the later waits get a wake-up time.
     assert st["predicted"] >= 1, st
@@ -86,7 +36,7 @@ def test_regular_work_is_predicted_and_polled(dev, reactor, spin_default):
     assert st["spins"] >= 1 and st["spins"] + st["not_polled"] <= st["timer_fires"], st
     assert st["spin_hits"] + st["spin_misses"] >= st["spins"], st
     assert st["spin_seconds"] >= 0 and st["lead_seconds"] > 0
-    m = _settled(reactor)
+    m = settled(reactor)
     assert m["completed"] == n and m["in_flight"] == 0
 
 
@@ -110,7 +60,7 @@ def test_stages_of_the_last_completion(dev, reactor, spin_default):
     deadline = time.monotonic() + 5
     while reactor.metrics()["busy_seconds"] == 0 and time.monotonic() < deadline:
         time.sleep(0.001)
-    m = _settled(reactor)
+    m = settled(reactor)
     for key in ("sweeps", "event_queries", "parks", "wakeups", "prediction_misses"):
         assert m[key] >= 0, key
     assert m["sweeps"] >= 1 and m["busy_seconds"] > 0
@@ -124,7 +74,7 @@ def test_disabled_never_arms_the_timer(dev, reactor, spin_default):
 
     async def main():
         for _ in range(10):
-            await _kernel_then_wait(dev, s, reactor, REGULAR)
+            await kernel_then_wait(dev, s, reactor, REGULAR)
         return evr.loop_stats()
 
     st = run(main())
@@ -138,10 +88,10 @@ def test_missed_prediction_falls_back(dev, reactor, spin_default):
     async def main():
         n = 0
         for _ in range(20):  # retried while the long wait was not predicted (a loaded machine)
-            for _ in _attempts():  # regular waits until one is predicted
+            for _ in attempts():  # regular waits until one is predicted
                 n += 1
                 before = evr.loop_stats() or {"predicted": 0}
-                await _kernel_then_wait(dev, s, reactor, REGULAR)
+                await kernel_then_wait(dev, s, reactor, REGULAR)
                 if evr.loop_stats()["predicted"] > before["predicted"]:
                     break
             # Ten times longer than the model learned: the window near 5 ms passes in vain, and
@@ -168,19 +118,19 @@ def test_cancelling_a_predicted_wait(dev, reactor, spin_default):
 
     async def main():
         for _ in range(8):
-            await _kernel_then_wait(dev, s, reactor, REGULAR)
+            await kernel_then_wait(dev, s, reactor, REGULAR)
         dev.launch_kernel(s, 10 * REGULAR)
         task = asyncio.ensure_future(evr.wait(s, reactor=reactor))
         await asyncio.sleep(REGULAR / 2)  # the wait is scheduled for a wake-up at ~5 ms
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await _kernel_then_wait(dev, s, reactor, REGULAR)  # the loop still works
+        await kernel_then_wait(dev, s, reactor, REGULAR)  # the loop still works
         return evr.loop_stats()
 
     st = run(main())
     assert st["completions"] == 10  # the cancelled wait completed once (aborted), and drained
-    m = _settled(reactor)
+    m = settled(reactor)
     assert m["cancelled"] == 1 and m["in_flight"] == 0
 
 
@@ -196,9 +146,9 @@ def test_cancelled_while_polling(dev, reactor, spin_default):
         # Retried when the window came and went unseen (a loaded machine may not run this
         # task during it) or the wait was not predicted: each attempt ends its long kernel.
         for _ in range(20):
-            for _ in _attempts():  # until the model predicts (a loaded machine scatters kernels)
+            for _ in attempts():  # until the model predicts (a loaded machine scatters kernels)
                 before = evr.loop_stats() or {"predicted": 0}
-                await _kernel_then_wait(dev, s, reactor, REGULAR)
+                await kernel_then_wait(dev, s, reactor, REGULAR)
                 if evr.loop_stats()["predicted"] > before["predicted"]:
                     break
             dev.launch_kernel(s, 10 * REGULAR)  # 50 ms: the window (near 5 ms) passes in vain
@@ -223,12 +173,12 @@ def test_cancelled_while_polling(dev, reactor, spin_default):
             st = evr.loop_stats()
             assert not st["window_open"] and st["spins"] == polls_before + 1, st
             await asyncio.sleep(10 * REGULAR)  # the long kernel ends
-            await _kernel_then_wait(dev, s, reactor, REGULAR)  # the loop goes on
+            await kernel_then_wait(dev, s, reactor, REGULAR)  # the loop goes on
             return True
         return False
 
     assert run(main(), timeout=120), "no attempt saw the predicted wait's window open"
-    m = _settled(reactor)
+    m = settled(reactor)
     assert m["cancelled"] == 1 and m["in_flight"] == 0, m
 
 
@@ -249,47 +199,8 @@ def test_two_coroutines_awaiting_one_predicted_wait(dev, reactor, spin_default):
         return sorted(resumed)
 
     assert run(main()) == ["a", "b"]
-    m = _settled(reactor)
+    m = settled(reactor)
     assert m["in_flight"] == 0
-
-
-@pytest.mark.parametrize("strategy", ["poll", "fence"])
-def test_gathered_waits_all_complete(dev, spin_default, strategy):
-    """Futures nobody awaits directly (asyncio.gather). With event markers (poll) a due one
-    declines its window and the eventfd brings it. With fence words its window is polled by a
-    callback of the loop, since the reactor leaves a probed wait to its loop until the window
-    ends. Either way every wait completes exactly once."""
-    reactor = evr.Reactor(strategy, device=dev, shutdown_drain=0.2)
-    streams = [dev.stream() for _ in range(3)]
-    probed = strategy == "fence"
-
-    def seen(st):  # the case this strategy is about, at least once
-        return st["spins"] >= 1 if probed else st["not_polled"] >= 1
-
-    async def main():
-        rounds = 0
-        for rounds in _attempts():  # until a due wait found nobody awaiting it
-            rounds += 1
-            for s in streams:
-                dev.launch_kernel(s, REGULAR)
-            assert await asyncio.gather(*(evr.wait(s, reactor=reactor) for s in streams)) == [
-                None, None, None]
-            if rounds >= 5 and seen(evr.loop_stats()):
-                break
-        return rounds, evr.loop_stats()
-
-    try:
-        rounds, st = run(main())
-        assert st["completions"] == 3 * rounds
-        assert seen(st), st
-        if probed:
-            assert st["not_polled"] == 0, st
-        else:
-            assert st["spins"] == 0 and st["probe_hits"] == 0, st
-        m = _settled(reactor)
-        assert m["completed"] == 3 * rounds and m["in_flight"] == 0, m
-    finally:
-        reactor.shutdown()
 
 
 def test_at_most_max_waits_of_a_loop_are_predicted_at_once(dev, reactor, spin_default):
@@ -298,7 +209,7 @@ def test_at_most_max_waits_of_a_loop_are_predicted_at_once(dev, reactor, spin_de
     streams = [dev.stream() for _ in range(8)]
 
     async def main():
-        for _ in _attempts():  # every stream's model learned (see _attempts)
+        for _ in attempts():  # every stream's model learned (see attempts)
             for s in streams:
                 dev.launch_kernel(s, REGULAR)
             futs = [evr.wait(s, reactor=reactor) for s in streams]
@@ -324,7 +235,7 @@ def test_at_most_max_waits_of_a_loop_are_predicted_at_once(dev, reactor, spin_de
     # Without the limit all 8 (each stream has a model and nothing scheduled) would be.
     assert 1 <= sum(predicted) <= 4, predicted
     assert sum(predicted_two) <= 2, predicted_two
-    m = _settled(reactor)
+    m = settled(reactor)
     assert m["in_flight"] == 0
 
 
@@ -336,7 +247,7 @@ def test_waits_in_flight_without_a_wake_up_time_count_against_max_waits(dev, rea
     others = [dev.stream() for _ in range(4)]  # fresh streams: no model, so never predicted
 
     async def main():
-        for _ in _attempts():  # `learned` gets a model (see _attempts)
+        for _ in attempts():  # `learned` gets a model (see attempts)
             dev.launch_kernel(learned, REGULAR)
             fut = evr.wait(learned, reactor=reactor)
             await fut
@@ -354,7 +265,7 @@ def test_waits_in_flight_without_a_wake_up_time_count_against_max_waits(dev, rea
         crowded_predicted = bool(getattr(crowded, "_wake_at", 0))
         assert await asyncio.gather(crowded, *busy) == [None] * 5
         assert evr.loop_stats()["in_flight"] == 0
-        for _ in _attempts():  # alone again: predicted (unless a loaded machine scattered it)
+        for _ in attempts():  # alone again: predicted (unless a loaded machine scattered it)
             dev.launch_kernel(learned, REGULAR)
             fut = evr.wait(learned, reactor=reactor)
             await fut
@@ -365,7 +276,7 @@ def test_waits_in_flight_without_a_wake_up_time_count_against_max_waits(dev, rea
     crowded_predicted, predicted_again = run(main())
     assert not crowded_predicted
     assert predicted_again
-    assert _settled(reactor)["in_flight"] == 0
+    assert settled(reactor)["in_flight"] == 0
 
 
 def test_loop_spin_arguments_checked():
@@ -377,8 +288,8 @@ def test_loop_spin_arguments_checked():
 
 async def _predicted_wait(dev, s, reactor, seconds):
     """Regular waits until one is predicted; returns that one's future (its kernel of `seconds`
-    launched), or fails (see _attempts)."""
-    for _ in _attempts():
+    launched), or fails (see attempts)."""
+    for _ in attempts():
         dev.launch_kernel(s, REGULAR if seconds is None else seconds)
         fut = evr.wait(s, reactor=reactor)
         if getattr(fut, "_wake_at", 0):  # a polling future: predicted
@@ -407,7 +318,7 @@ def test_future_cancelled_while_its_coroutine_sleeps(dev, reactor, spin_default)
         await asyncio.sleep(10 * REGULAR)  # the long kernel ends
 
     run(main())
-    m = _settled(reactor)
+    m = settled(reactor)
     assert m["cancelled"] == 1 and m["in_flight"] == 0, m
 
 
@@ -431,15 +342,15 @@ def test_polling_switched_off_and_on_mid_window(dev, reactor, spin_default):
         evr.set_loop_spin(200e-6)
         await task
         spins = evr.loop_stats()["spins"]
-        for _ in _attempts():  # polled again once predicted again
-            await _kernel_then_wait(dev, s, reactor, REGULAR)
+        for _ in attempts():  # polled again once predicted again
+            await kernel_then_wait(dev, s, reactor, REGULAR)
             if evr.loop_stats()["spins"] > spins:
                 break
         st = evr.loop_stats()
         assert st["spins"] > spins and not st["window_open"], st
 
     run(scenario(), timeout=60)
-    m = _settled(reactor)
+    m = settled(reactor)
     assert m["in_flight"] == 0 and m["completed"] >= 1
 
 
@@ -450,8 +361,8 @@ def test_uvloop_polls_too(dev, reactor, spin_default):
     async def main():
         # 12 waits, more while no wait was predicted yet: on a loaded machine the simulated
         # kernels scatter, and the model waits for a few regular ones before it predicts.
-        for i in _attempts():
-            await _kernel_then_wait(dev, s, reactor, REGULAR)
+        for i in attempts():
+            await kernel_then_wait(dev, s, reactor, REGULAR)
             if i >= 11 and evr.loop_stats()["spins"] >= 1:
                 break
         return evr.loop_stats()
@@ -493,37 +404,3 @@ def test_set_loop_spin_rejects_bad_input():
         evr.set_loop_spin(-1e-6)
     with pytest.raises(ValueError, match="0 <= seconds <= 0.1"):
         evr.set_loop_spin(1.0)
-
-
-def test_a_probed_wait_is_resolved_by_the_loop_and_finished_by_the_reactor(dev, spin_default):
-    """With fence words (one stream) a predicted wait is probed: the loop's poll reads the word
-    and resolves the future itself, and the reactor, which left the wait to the loop until the
-    window closed, completes it later, once, only freeing it. Then the reactor shuts down with
-    a probed wait in flight: that wait fails once, with ReactorStopped."""
-    reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05)
-    s = dev.stream()
-
-    async def main():
-        n = 0
-        for _ in _attempts():  # until a poll saw a fence word (a loaded machine may miss windows)
-            n += 1
-            assert await _kernel_then_wait(dev, s, reactor, REGULAR) >= REGULAR * 0.8
-            if evr.loop_stats()["probe_hits"] >= 1:
-                break
-        st = evr.loop_stats()
-        m = _settled(reactor)
-        # Shut down with a wait in flight on a stream that does not finish before the drain.
-        dev.launch_kernel(s, 1.0)
-        fut = evr.wait(s, reactor=reactor)
-        reactor.shutdown()
-        with pytest.raises(evr.ReactorStopped):
-            await fut
-        return n, st, m
-
-    try:
-        n, st, m = run(main(), timeout=60)
-    finally:
-        reactor.shutdown()
-    assert st["probe_hits"] >= 1 and st["completions"] == n, st
-    assert _hop_total(st) + st["probe_hits"] == n, st
-    assert m["completed"] == n and m["in_flight"] == 0, m
