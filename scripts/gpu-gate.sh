@@ -64,11 +64,25 @@ have_git=0
 git rev-parse --git-dir >/dev/null 2>&1 && have_git=1
 
 # The baseline: a commit, a tarball, "self" (the tree's own build), or by default the tree of
-# the newest record in docs/bench/gate/ (its "tree" field names the commit).
+# the newest record in docs/bench/gate/ (its "tree" field names the commit). Newest: the latest
+# date, and of one date's records the one whose commit is the latest in the history (their
+# names sort by commit hash, not by time); without the history, the last name.
 last_record() {
-  local f
-  f=$(ls docs/bench/gate/*.json 2>/dev/null | sort | tail -n 1)
-  [[ -n "$f" ]] && python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tree"])' "$f"
+  python3 - "$have_git" docs/bench/gate/*.json <<'PY'
+import json, os, subprocess, sys
+have_git, files = sys.argv[1] == "1", sorted(f for f in sys.argv[2:] if os.path.isfile(f))
+def commit_time(rev):
+    if not have_git:
+        return 0
+    r = subprocess.run(["git", "log", "-1", "--format=%ct", rev], capture_output=True, text=True)
+    return int(r.stdout.strip() or 0) if r.returncode == 0 else 0
+records = []
+for f in files:
+    d = json.load(open(f))
+    records.append((d.get("date", ""), commit_time(d["tree"]), f, d["tree"]))
+if records:
+    print(max(records)[3])
+PY
 }
 [[ -z "$baseline" ]] && baseline=$(last_record)
 tree_label() {
