@@ -113,7 +113,7 @@ TEST_CASE("idle governor: a covered stream is left to its host only by a reactor
 TEST_CASE("idle governor: a polling host's new wait is planned as covered before a sweep looks") {
   // A wait that makes its stream active is its host's, but is planned only at the host's next
   // pass; a sweep of the reactor in between saw it unplanned and queried it (an event marker:
-  // a driver query) in the host's place. plan_unplanned_hosted plans it first.
+  // a driver query) in the host's place. plan_unplanned plans it first.
   for (const bool learned : {true, false}) {
     CAPTURE(learned);
     governor_alone g(evr::strategy::poll, evr::idle_mode::predictive);
@@ -128,11 +128,31 @@ TEST_CASE("idle governor: a polling host's new wait is planned as covered before
     evr::detail::poll_tick tick{true, 0};
     const auto in_window = now + 3ms;  // the work is expected done: a look would be due
     REQUIRE(idle.wants_look(st, in_window, tick));  // unplanned: nothing covers it yet
-    idle.plan_unplanned_hosted(st, in_window);
+    idle.plan_unplanned(st, in_window);
     // Learned: the host covers it; the reactor looks only once the host's promise and its grace
     // have passed. Learning: the reactor's own plan, which looks.
     CHECK(idle.wants_look(st, in_window, tick) == !learned);
     CHECK(idle.wants_look(st, now + 2s, tick));
+  }
+}
+
+TEST_CASE("idle governor: the reactor's own new wait is planned before a sweep looks") {
+  // A wait on a stream without a host has no plan until the reactor rests, and a sweep that found
+  // completions is followed by another at once, without a rest: each queried the new wait (an
+  // event marker: a driver query) for work just enqueued. plan_unplanned plans it first: skipped
+  // until its window once the stream's work is learned, looked at as before while learning.
+  for (const bool learned : {true, false}) {
+    CAPTURE(learned);
+    governor_alone g(evr::strategy::poll, evr::idle_mode::predictive);
+    const auto now = std::chrono::steady_clock::now();
+    lone_wait w(g, now);
+    for (int i = 0; learned && i < 8; ++i) w.st.plan.model.add(3ms);
+    const auto soon = now + 10us;
+    evr::detail::poll_tick tick = g.idle.begin_sweep(soon);
+    REQUIRE(g.idle.wants_look(w.st, soon, tick));  // unplanned: every sweep looks
+    g.idle.plan_unplanned(w.st, soon);
+    CHECK(g.idle.wants_look(w.st, soon, tick) == !learned);
+    CHECK(g.idle.wants_look(w.st, now + 3ms, tick));  // its window
   }
 }
 
@@ -166,11 +186,61 @@ TEST_CASE("idle governor: an unhurried wait's steady window is looked at on the 
     CHECK((step.what == evr::detail::rest_step::kind::nap) == unhurried);
     if (unhurried) {
       CHECK(step.until > later);
-      CHECK(step.until <= in_window + g.options.poll_period);
+      CHECK(step.until <= in_window + g.options.poll_period);  // a 32nd of 1 ms is less
       evr::detail::poll_tick at_tick = g.idle.begin_sweep(step.until);
       CHECK(g.idle.wants_look(st, step.until, at_tick));
     }
   }
+}
+
+TEST_CASE("idle governor: unhurried long work is polled at a 32nd of its length, others sooner") {
+  // Irregular work in its window is looked at on the shared poll tick. An unhurried wait asks for
+  // a look every 1/32 of its stream's shorter work (4 ms here: 125 us), so a tick with only such
+  // streams comes that far apart; a prompt stream joining brings the next tick forward to
+  // poll_period after the last.
+  governor_alone g(evr::strategy::poll, evr::idle_mode::predictive);
+  const auto now = std::chrono::steady_clock::now();
+  lone_wait slow(g, now), prompt(g, now);
+  slow.op.unhurried_ = true;
+  // Irregular 4-8 ms work on both streams (the spread is wider than spin_fraction of it).
+  for (int i = 0; i < 8; ++i) {
+    slow.st.plan.model.add(i % 2 == 0 ? 4ms : 8ms);
+    prompt.st.plan.model.add(i % 2 == 0 ? 4ms : 8ms);
+  }
+  const auto spacing = std::chrono::nanoseconds(4ms) / 32;
+  REQUIRE(spacing > g.options.poll_period);
+  const auto in_window = now + 4ms;
+  const auto later = in_window + spacing;  // the slow stream's second tick
+  // The prompt stream's work was submitted later: its window opens (2.99 ms after its start: its
+  // shortest work less a quarter of the spread and prespin) 100 us after that second tick.
+  prompt.op.submitted_at_ = later + 100us - 2990us;
+  (void)g.idle.rest(in_window, false, false, false);
+  REQUIRE(slow.st.plan.on_poll_tick);
+  REQUIRE_FALSE(prompt.st.plan.on_poll_tick);
+  evr::detail::poll_tick tick = g.idle.begin_sweep(in_window);
+  REQUIRE(g.idle.wants_look(slow.st, in_window, tick));
+  CHECK_FALSE(g.idle.wants_look(prompt.st, in_window, tick));  // before its window
+  g.idle.looked_at(slow.st, in_window, /*moved=*/false);
+  g.idle.end_sweep(in_window, tick);
+  // Only the unhurried stream on the tick: the reactor naps a 32nd of its work.
+  evr::detail::rest_step step = g.idle.rest(in_window + 10us, false, false, false);
+  REQUIRE(step.what == evr::detail::rest_step::kind::nap);
+  CHECK(step.until == later);
+  CHECK_FALSE(g.idle.begin_sweep(in_window + g.options.poll_period).due);
+  tick = g.idle.begin_sweep(later);
+  REQUIRE(tick.due);
+  REQUIRE(g.idle.wants_look(slow.st, later, tick));
+  g.idle.looked_at(slow.st, later, /*moved=*/false);
+  g.idle.end_sweep(later, tick);
+  // The prompt stream's window is about to open: it joins the tick, which then comes
+  // poll_period after the last (already past) rather than a 32nd of the slow work after it.
+  const auto joined = later + 90us;
+  step = g.idle.rest(joined, false, false, false);
+  REQUIRE(prompt.st.plan.on_poll_tick);
+  CHECK(step.what != evr::detail::rest_step::kind::nap);
+  tick = g.idle.begin_sweep(joined);
+  CHECK(tick.due);
+  CHECK(g.idle.wants_look(prompt.st, joined, tick));
 }
 
 TEST_CASE("idle governor: a probed wait is not looked at before its caller's window closes") {

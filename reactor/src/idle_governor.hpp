@@ -73,10 +73,12 @@ struct rest_step {
   bool learn_overshoot = false;                   // nap: how late it ends teaches the sleep margins
 };
 
-/// The poll tick as one sweep sees it: whether it has come, and the streams looked at on it.
+/// The poll tick as one sweep sees it: whether it has come, the streams looked at on it, and the
+/// shortest spacing they asked for (stream_state::plan_state::tick_spacing).
 struct poll_tick {
   bool due = false;
   std::size_t polled = 0;
+  std::chrono::nanoseconds spacing = std::chrono::nanoseconds::max();
 };
 
 class idle_governor {
@@ -103,13 +105,14 @@ class idle_governor {
   }
 
   // --- the sweep and the registry ------------------------------------------------------------
-  poll_tick begin_sweep(clock::time_point now) const noexcept { return {now >= poll_tick_, 0}; }
-  /// Before the sweep decides on `st`: a stream whose oldest wait is a polling host's and that has
-  /// a stale plan without a look of its host (its wait came since the last plan, which the host
-  /// would make at its next pass; or its last plan was the reactor's: learning, missed) is
-  /// planned now, so that the sweep sees a new wait covered by its host rather than unplanned
-  /// (and looked at). A plan that stays the reactor's changes nothing the sweep does.
-  void plan_unplanned_hosted(stream_state& st, clock::time_point now);
+  poll_tick begin_sweep(clock::time_point now) const noexcept { return {now >= poll_tick_}; }
+  /// Before the sweep decides on `st`: a stream with a stale plan is planned now, so that the
+  /// sweep sees a new wait before its window (skipped), or covered by its host, rather than
+  /// unplanned (and looked at). The reactor's own streams under the predictive policy; a polling
+  /// host's without a look of its host (its wait came since the last plan, which the host would
+  /// make at its next pass; or its last plan was the reactor's: learning, missed), while the
+  /// reactor leaves covered streams to their hosts.
+  void plan_unplanned(stream_state& st, clock::time_point now);
   /// Whether this sweep looks at `st` (before its window it is skipped; irregular work in its
   /// window only on the tick, or when its fault probe is due).
   bool wants_look(const stream_state& st, clock::time_point now, poll_tick& tick) const noexcept;
@@ -175,6 +178,9 @@ class idle_governor {
   void plan_host_polls(stream_state& st, poll_host& host, const stream_outlook& o,
                        clock::time_point now, nanoseconds grace);
   void skip_until(stream_state& st, clock::time_point t) const noexcept;
+  /// Puts `st` (irregular work in its window) on the poll tick, looked at every `spacing` at
+  /// least: the next tick comes no later than that after the last one.
+  clock::time_point join_poll_tick(stream_state& st, nanoseconds spacing) noexcept;
   clock::time_point service_start(const stream_state& st) const noexcept;
   /// A stream planned for a polling host (its look is the host's): until when the host covers
   /// it. The host's promise to look (or the stream's last look, whoever made it, when later) plus
@@ -202,8 +208,10 @@ class idle_governor {
   look_cost look_cost_;            // what a poll tick's sweep costs (poll_budget)
   clock::time_point poll_tick_{};  // when irregular work in its windows is looked at
   nanoseconds tick_period_{};      // the last spacing of the ticks
-  clock::time_point replan_at_{};  // while spinning, plan again no sooner than this
-  const nanoseconds host_grace_;   // host_grace()
+  nanoseconds tick_soonest_{};     // ... the shortest it could have been (poll_looks_per_second)
+  clock::time_point tick_began_{};  // when the last tick's sweep began
+  clock::time_point replan_at_{};   // while spinning, plan again no sooner than this
+  const nanoseconds host_grace_;    // host_grace()
   /// The reactor spins for streams of its own: its sweeps then look at hosted streams in their
   /// windows too (while it spins, a host's passes get in only between its passes).
   bool reactor_spins_ = false;

@@ -101,6 +101,9 @@ struct stream_state {
     /// Irregular work in its window (phase::window_poll): looked at only by the sweeps of the poll
     /// tick, or when its fault probe is due; not by the sweeps other streams' completions ask.
     bool on_poll_tick = false;
+    /// On the tick: how often the stream wants looking at (the tick comes at this spacing or
+    /// sooner; idle_governor::plan_reactor).
+    nanoseconds tick_spacing{};
     /// The plan below is kept until the stream is looked at, gets a new wait, or its time comes:
     /// planning every active stream before every nap cost about as much as the looks themselves
     /// with 64 streams.

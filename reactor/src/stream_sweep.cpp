@@ -34,7 +34,7 @@ bool stream_sweep::sweep(clock::time_point now) {
       progress = true;
       continue;
     }
-    if (!rang) idle_.plan_unplanned_hosted(st, now);
+    if (!rang) idle_.plan_unplanned(st, now);
     if (!rang && !idle_.wants_look(st, now, tick)) continue;
     progress |= look_at(st, now, /*may_probe=*/true);
   }
