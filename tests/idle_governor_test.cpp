@@ -153,6 +153,12 @@ TEST_CASE("idle governor: the reactor's own new wait is planned before a sweep l
     g.idle.plan_unplanned(w.st, soon);
     CHECK(g.idle.wants_look(w.st, soon, tick) == !learned);
     CHECK(g.idle.wants_look(w.st, now + 3ms, tick));  // its window
+    // Planned once: a plan that is only stale (the stream was looked at) is not made again by
+    // the sweep; the reactor's rest plans it.
+    g.idle.looked_at(w.st, soon, /*moved=*/false);
+    const auto epoch = w.st.plan.epoch;
+    g.idle.plan_unplanned(w.st, soon + 1us);
+    CHECK(w.st.plan.epoch == epoch);
   }
 }
 

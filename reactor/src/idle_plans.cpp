@@ -51,6 +51,7 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   using phase = stream_outlook::phase;
   stream_state::plan_state& p = st.plan;
   p.stale = false;
+  p.planned_seq = st.entries.front().seq;
   ++p.epoch;  // a new plan: a host schedules it anew (plan_host_polls)
   const clock::time_point start = service_start(st);
   const stream_outlook o = predict(settings_, p.model, start, now, overshoot_);

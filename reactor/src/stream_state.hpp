@@ -108,8 +108,9 @@ struct stream_state {
     /// planning every active stream before every nap cost about as much as the looks themselves
     /// with 64 streams.
     bool stale = true;
-    bool spin = false;  // the plan wants the reactor polling now
-    idle_time wake{};   // when the plan wants the reactor awake (its next look, fault probe)
+    std::uint64_t planned_seq = 0;  // the oldest wait when the plan was made
+    bool spin = false;              // the plan wants the reactor polling now
+    idle_time wake{};  // when the plan wants the reactor awake (its next look, fault probe)
     /// When the oldest wait has a host (poll_host.hpp): when the host should look (max: not its
     /// business now) and whether it should spin from then on; and the last wait the host was told
     /// of (look_by, wake_until), so that it is told once.
