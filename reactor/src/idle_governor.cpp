@@ -70,7 +70,7 @@ void idle_governor::plan_unplanned(stream_state& st, clock::time_point now) {
     // or came behind one just retired. It has no plan until the reactor rests, and a sweep that
     // found completions is followed by another at once, without a rest: each such sweep queried
     // the new wait (an event marker: a driver query) for work just enqueued (an H200, 64 torch
-    // streams of 2 ms work: 1.5 such looks a wait, finding 0.05 % of the completions). A plan
+    // streams of 2 ms work: event queries a wait 6.8 -> 5.8 once planned here). A plan
     // that is only stale (its stream was looked at) still says what the sweeps should do, and a
     // spun window is planned again every replan_interval, not every sweep.
     if (mode_.between_looks == idle_traits::rest::predictive && !st.entries.empty() &&
