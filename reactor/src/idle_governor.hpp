@@ -106,12 +106,12 @@ class idle_governor {
 
   // --- the sweep and the registry ------------------------------------------------------------
   poll_tick begin_sweep(clock::time_point now) const noexcept { return {now >= poll_tick_}; }
-  /// Before the sweep decides on `st`: a stream with a stale plan is planned now, so that the
-  /// sweep sees a new wait before its window (skipped), or covered by its host, rather than
-  /// unplanned (and looked at). The reactor's own streams under the predictive policy; a polling
-  /// host's without a look of its host (its wait came since the last plan, which the host would
-  /// make at its next pass; or its last plan was the reactor's: learning, missed), while the
-  /// reactor leaves covered streams to their hosts.
+  /// Before the sweep decides on `st`: a new wait is planned now, so that the sweep sees it
+  /// before its window (skipped), or covered by its host, rather than unplanned (and looked at).
+  /// The reactor's own stream (predictive policy) whose oldest wait was never planned; a polling
+  /// host's stream with a stale plan and no look of its host (its wait came since the last plan,
+  /// which the host would make at its next pass; or its last plan was the reactor's: learning,
+  /// missed), while the reactor leaves covered streams to their hosts.
   void plan_unplanned(stream_state& st, clock::time_point now);
   /// Whether this sweep looks at `st` (before its window it is skipped; irregular work in its
   /// window only on the tick, or when its fault probe is due).
