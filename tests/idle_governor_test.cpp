@@ -162,6 +162,46 @@ TEST_CASE("idle governor: the reactor's own new wait is planned before a sweep l
   }
 }
 
+TEST_CASE("idle governor: a sleep towards a window is slept again without a look") {
+  // A long sleep towards a window ends early by its margin and is slept again with a narrower
+  // one. The reactor's wake-ups before the window plan the stream again instead of looking at it
+  // (an event marker: a driver query for work not expected done); the wake at the window's
+  // margin looks, once, before the window opens: it brackets an early end for learning.
+  for (const bool unhurried : {false, true}) {
+    CAPTURE(unhurried);
+    governor_alone g(evr::strategy::poll, evr::idle_mode::predictive);
+    const auto now = std::chrono::steady_clock::now();
+    lone_wait w(g, now);
+    w.op.unhurried_ = unhurried;
+    for (int i = 0; i < 8; ++i) w.st.plan.model.add(3ms);  // steady 3 ms work
+    g.idle.plan_unplanned(w.st, now);
+    REQUIRE(w.st.plan.asleep_before_window);
+    const auto first_wake = w.st.plan.query_after;
+    REQUIRE(first_wake > now);
+    CHECK_FALSE(g.idle.reached_window(w.st, first_wake - 1us));  // asleep: nothing to plan yet
+    // 3 ms ahead, the first sleep ends final_sleep before the window: it is slept again.
+    evr::detail::poll_tick tick = g.idle.begin_sweep(first_wake);
+    CHECK_FALSE(g.idle.reached_window(w.st, first_wake));
+    CHECK(w.st.plan.query_after > first_wake);
+    CHECK_FALSE(g.idle.wants_look(w.st, first_wake, tick));
+    // The later wakes, until one reaches the window's margin: that one looks, whatever the tick.
+    auto wake = w.st.plan.query_after;
+    int wakes = 1;
+    while (!g.idle.reached_window(w.st, wake)) {
+      REQUIRE(++wakes < 8);
+      REQUIRE(w.st.plan.query_after > wake);
+      wake = w.st.plan.query_after;
+    }
+    CHECK(wake < now + 3ms);  // before the work's expected end
+    CHECK_FALSE(w.st.plan.asleep_before_window);
+    CHECK(w.st.plan.on_poll_tick == unhurried);
+    // Looked at then, the stream is not planned again by the sweeps until its wake: the next
+    // sweep's decision is the plan's (an unhurried wait's on the tick).
+    g.idle.looked_at(w.st, wake, /*moved=*/false);
+    CHECK_FALSE(g.idle.reached_window(w.st, wake + 1us));
+  }
+}
+
 TEST_CASE("idle governor: an unhurried wait's steady window is looked at on the tick, not spun") {
   // wait_target::unhurried(): the Python module's waits that reach their loop through its eventfd
   // (the loop wakes tens of us later anyway). In its window the reactor naps until the poll tick

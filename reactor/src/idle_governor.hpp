@@ -113,6 +113,10 @@ class idle_governor {
   /// which the host would make at its next pass; or its last plan was the reactor's: learning,
   /// missed), while the reactor leaves covered streams to their hosts.
   void plan_unplanned(stream_state& st, clock::time_point now);
+  /// Before the sweep decides on `st`: a stream asleep before its window whose wake has come is
+  /// planned again, not looked at (its work is not expected done). True when the new plan is its
+  /// window (or past it): the sweep then looks once, whatever the tick.
+  bool reached_window(stream_state& st, clock::time_point now);
   /// Whether this sweep looks at `st` (before its window it is skipped; irregular work in its
   /// window only on the tick, or when its fault probe is due).
   bool wants_look(const stream_state& st, clock::time_point now, poll_tick& tick) const noexcept;

@@ -42,6 +42,7 @@ void idle_governor::went_idle(stream_state& st) noexcept {
   stream_state::plan_state& p = st.plan;
   ++p.epoch;  // the hosts' entries for it are stale
   p.query_after = {};
+  p.asleep_before_window = false;
   p.on_poll_tick = false;
   p.host_look = clock::time_point::max();
   p.host_spin = false;
@@ -51,6 +52,7 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   using phase = stream_outlook::phase;
   stream_state::plan_state& p = st.plan;
   p.stale = false;
+  p.asleep_before_window = false;
   p.planned_seq = st.entries.front().seq;
   ++p.epoch;  // a new plan: a host schedules it anew (plan_host_polls)
   const clock::time_point start = service_start(st);
@@ -105,6 +107,7 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   if (o.where == phase::window_spin && unhurried) o.where = phase::window_poll;
   if (o.where == phase::before_window && p.model.samples() >= service_time_model::window / 2) {
     skip_until(st, o.next_look);
+    p.asleep_before_window = true;
   } else if (o.where == phase::window_poll) {
     // Looked at on the poll tick, with every other stream in such a window, and not by the sweeps
     // other streams' completions ask for. A tick already due (no stream was on it) comes at once.

@@ -98,6 +98,9 @@ struct stream_state {
     /// still comes on time): each look at a stream with event markers is a driver query. {}: every
     /// sweep looks.
     idle_time query_after{};
+    /// query_after is the reactor's wake before the window: a sweep that reaches it plans the
+    /// stream again rather than looking (idle_governor::reached_window).
+    bool asleep_before_window = false;
     /// Irregular work in its window (phase::window_poll): looked at only by the sweeps of the poll
     /// tick, or when its fault probe is due; not by the sweeps other streams' completions ask.
     bool on_poll_tick = false;

@@ -34,8 +34,10 @@ bool stream_sweep::sweep(clock::time_point now) {
       progress = true;
       continue;
     }
-    if (!rang) idle_.plan_unplanned(st, now);
-    if (!rang && !idle_.wants_look(st, now, tick)) continue;
+    if (!rang) {
+      idle_.plan_unplanned(st, now);
+      if (!idle_.reached_window(st, now) && !idle_.wants_look(st, now, tick)) continue;
+    }
     progress |= look_at(st, now, /*may_probe=*/true);
   }
   drop_idle_streams();
