@@ -1,5 +1,5 @@
 // python/src/conversions.hpp — small conversions between the module's C++ and Python values,
-// shared by module.cpp and loop_sink.hpp. GIL held.
+// shared by the bindings (module.cpp, py_reactor.cpp, sim_binding.cpp, loop_sink.hpp). GIL held.
 #pragma once
 
 #include <array>
