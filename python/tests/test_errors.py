@@ -169,6 +169,11 @@ def test_reactor_options_checked(dev):
     # Every duration option of evr::reactor_options is accepted, in seconds.
     r = evr.Reactor(device=dev, final_sleep=0.0005, coalesce=0.0001, prespin=1e-5)
     r.shutdown()
+    # Counts must not be negative; fractions and counts of every kind are accepted.
+    with pytest.raises(ValueError, match="pool_batch must be >= 0"):
+        evr.Reactor(device=dev, pool_batch=-1)
+    r = evr.Reactor(device=dev, spin_fraction=0.1, poll_budget=0.2, poll_looks_per_second=50000)
+    r.shutdown()
 
 
 def test_no_cuda_backend_is_explained():
