@@ -15,7 +15,8 @@ the reactor thread's share of it and how completions reached the loop (evr.loop_
 memory (--many 0: not). --tasks N: N tasks, each on a stream of its own, launching a kernel of
 --task-kernel-us and awaiting it, back to back for --task-seconds: completions per second and
 the process's CPU (a server's many requests in flight). Runs on torch on the GPU when there is one, else on evr's simulated device (it says
-which). --json FILE writes the figures; --smoke is a short run for ctest (goals not enforced).
+which); --torch-launch set_stream launches after torch.cuda.set_stream(s) rather than inside
+`with torch.cuda.stream(s)` (every method alike). --json FILE writes the figures; --smoke is a short run for ctest (goals not enforced).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import asyncio
 import gc
 import json
 import os
-import statistics
 import sys
 import threading
 import time
@@ -56,8 +56,13 @@ class SimDevice:
 
 
 class TorchDevice:
-    def __init__(self, torch):
+    def __init__(self, torch, launch="context"):
         self.torch = torch
+        # How a launch picks its stream: `with torch.cuda.stream(s)` (the usual idiom), or
+        # torch.cuda.set_stream(s), which leaves s the thread's current stream and costs a
+        # fraction of the context's entry and exit (docs/python.md, "Where a loop's core goes").
+        if launch == "set_stream":
+            self.launch = self._launch_set_stream
         self.name = f"CUDA: {torch.cuda.get_device_name()} (torch {torch.__version__})"
         self.stream = torch.cuda.Stream()
         self.reactor = None
@@ -77,6 +82,10 @@ class TorchDevice:
         with self.torch.cuda.stream(stream or self.stream):
             self.torch.cuda._sleep(max(1, int(seconds * self.cycles_per_s)))
 
+    def _launch_set_stream(self, seconds, stream=None):
+        self.torch.cuda.set_stream(stream or self.stream)
+        self.torch.cuda._sleep(max(1, int(seconds * self.cycles_per_s)))
+
     def new_stream(self):
         return self.torch.cuda.Stream()
 
@@ -87,13 +96,13 @@ class TorchDevice:
         self.stream.synchronize()
 
 
-def pick_device(which):
+def pick_device(which, torch_launch="context"):
     if which in ("auto", "cuda") and evr.cuda_available():
         try:
             import torch
 
             if torch.cuda.is_available():
-                return TorchDevice(torch)
+                return TorchDevice(torch, torch_launch)
         except ImportError:
             pass
     if which == "cuda":
@@ -389,6 +398,9 @@ def main():
     ap.add_argument("--strategy", choices=["adaptive", "fence", "poll", "host_func"], default=None,
                     help="wait on an evr.Reactor of this marker strategy (default: the default "
                          "reactor's, adaptive); combines with --reactor-options")
+    ap.add_argument("--torch-launch", choices=["context", "set_stream"], default="context",
+                    help="how each launch on torch picks its stream: `with torch.cuda.stream(s)` "
+                         "(default) or torch.cuda.set_stream(s), the same for every method")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--smoke", action="store_true", help="short run, goals reported not enforced")
     args = ap.parse_args()
@@ -410,7 +422,7 @@ def main():
     if args.smoke:
         args.samples, args.many = 30, 2000
     SPIN_WAITS[0] = args.spin_waits
-    d = pick_device(args.device)
+    d = pick_device(args.device, args.torch_launch)
     opts = {}
     if args.reactor_options:
         for kv in args.reactor_options.split(","):
@@ -431,14 +443,16 @@ def main():
         kernels = [args.kernel_us]
     else:
         kernels = [1000.0] if sim else [200.0, 1000.0, 5000.0]
-    print(f"device: {d.name}")
+    print(f"device: {d.name}" + ("" if sim else f"; launches pick their stream by "
+                                               f"{args.torch_launch}"))
     if sim:
         print("note: SIMULATED device: figures show evr's Python path, not a GPU's")
     if args.loop == "uvloop":
         import uvloop
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     spin = args.spin_us * 1e-6
-    out = {"device": d.name, "loop": args.loop, "spin_us": args.spin_us, "kernels": {}}
+    out = {"device": d.name, "loop": args.loop, "spin_us": args.spin_us,
+           "torch_launch": None if sim else args.torch_launch, "kernels": {}}
 
     async def run_all():
         for k in kernels:
