@@ -5,7 +5,7 @@
                                     [--rounds 2] [--seconds 2]
 
 N tasks, each on a stream of its own, launch a kernel and `await evr.wait(stream)` in a loop
-(bench/python/bench_await.py's devices: torch on a GPU, or evr's simulated device). Each run
+(bench/python/bench_devices.py: torch on a GPU, or evr's simulated device). Each run
 pins the loop thread and the reactor thread (`evr-reactor`) with sched_setaffinity to
   * "hyperthreads": the two hardware threads of one core (when the machine has SMT),
   * "two cores": two different cores,
