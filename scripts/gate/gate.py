@@ -142,9 +142,48 @@ def markdown(lines, doc):
                   f"{'-' if ratio is None else f'{ratio:.2f}'} | "
                   f"{'-' if spread is None else f'{spread * 100:.0f} %'} | "
                   f"{'**WORSE**' if v == 'WORSE' else v} |")
+    md += busy_reactor_points(doc.get("diagnostics") or {})
     if doc["errors"]:
         md += ["", "Errors:", ""] + [f"- {e}" for e in doc["errors"]]
     return "\n".join(md) + "\n"
+
+
+BUSY_REACTOR_CORES = 0.1  # a reactor thread above this in a server point is listed with its counters
+REACTOR_COUNTERS = ("completed", "sweeps", "parks", "wakeups", "event_queries",
+                    "host_event_queries", "prediction_misses", "host_completions")
+
+
+def busy_reactor_points(diags):
+    """Markdown lines: every point whose reactor thread ran above BUSY_REACTOR_CORES, with what
+    the reactor did per second there and, for comparison, the same row's quietest point."""
+    def reactor(p):
+        return p["cores_by_thread"].get("reactor", 0)
+
+    by_name = {}  # row -> [(side, point)] over both sides and every round
+    for side, by_row in diags.items():
+        for name, points in by_row.items():
+            by_name.setdefault(name, []).extend((side, p) for p in points)
+    rows = []
+    for name, points in by_name.items():
+        quiet = min(points, key=lambda sp: reactor(sp[1]))
+        busy = [sp for sp in points if reactor(sp[1]) > BUSY_REACTOR_CORES]
+        rows += [(name, sp, quiet) for sp in busy]
+    if not rows:
+        return []
+    md = ["", f"Points with the reactor thread above {BUSY_REACTOR_CORES} core, and their row's "
+          "quietest point (per second; io = the io threads' cores):", "",
+          "| row | side, round | reactor cores | io cores | req/s | "
+          + " | ".join(REACTOR_COUNTERS) + " |", "|---|---|---|---|---|" + "---|" * len(REACTOR_COUNTERS)]
+    for name, (side, p), (quiet_side, quiet) in rows:
+        shown = [(p, f"{side}, {p['round']}")]
+        if quiet is not p:
+            shown.append((quiet, f"{quiet_side}, {quiet['round']} (quietest)"))
+        for q, tag in shown:
+            per_s = q.get("reactor_per_s") or {}
+            md.append(f"| {name} | {tag} | {reactor(q):.3f} | "
+                      f"{q['cores_by_thread'].get('io', 0):.2f} | {fmt(q.get('rps'))} | "
+                      + " | ".join(fmt(per_s.get(c)) for c in REACTOR_COUNTERS) + " |")
+    return md
 
 
 def wanted_groups(text, names):
@@ -189,6 +228,7 @@ def main():
             ap.error(f"--groups: no group {unknown[0]!r} here (there are: {'; '.join(names)})")
         groups = [g for g in groups if g.name in wanted]
     results = {s: {} for s in SIDES}
+    diags = {s: {} for s in SIDES}  # row -> [its diagnostics in each round], never judged
     order, errors = [], []
     rounds_done = 0
     for rnd in range(1, args.rounds + 1):
@@ -211,6 +251,9 @@ def main():
                 for name, figures in got.items():
                     if name not in order:
                         order.append(name)
+                    diagnostics = figures.pop("diagnostics", None)
+                    if diagnostics is not None:
+                        diags[side].setdefault(name, []).append({"round": rnd, **diagnostics})
                     if figures.pop("failed", False):
                         errors.append(f"round {rnd}, {side}, {name}: the row reported errors")
                     for m, v in figures.items():
@@ -223,7 +266,8 @@ def main():
     doc = {"date": date, "base": args.base_label, "tree": args.tree_label, "sim": args.sim,
            "rounds": rounds_done, "machine": machine_facts(args.sim), "ctest": args.ctest,
            "command": " ".join(os.environ.get("EVR_GATE_COMMAND", "").split()) or
-           " ".join(sys.argv), "errors": errors, "results": results}
+           " ".join(sys.argv), "errors": errors, "results": results,
+           "diagnostics": diags}
     lines = table(results, order)
     doc["table"] = [dict(zip(("row", "figure", "unit", "baseline", "now", "ratio", "spread",
                               "verdict"), l)) for l in lines]

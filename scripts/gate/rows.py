@@ -6,7 +6,8 @@ A *row* is one condition a user meets (1 stream of 1 ms work, posted; 16 streams
 /busy?us=200 on one io thread ...) with its metrics, each marked better lower or higher.
 
 Every group is given the build folder of one side (the baseline or the tree under test) and
-returns {row name: {metric: value}}; rows.py knows nothing of rounds or verdicts (gate.py).
+returns {row name: {metric: value}}; rows.py knows nothing of rounds or verdicts (gate.py). A row
+may add "diagnostics" (any JSON), which the record keeps per round and side and never judges.
 """
 import importlib.util
 import json
@@ -177,6 +178,12 @@ class server_group:
             out[name] = {"rps_per_core": st.per_core(p), "server_p99_ms": (p["p99_us"] or 0) / 1e3}
             if label.startswith("evr"):
                 out[name]["reactor_cores"] = reactor or 0.0
+            # Kept beside the figures, never judged: what the reactor did over the point (per
+            # second) and each thread group's cores, to tell why a point ran unlike the others.
+            out[name]["diagnostics"] = {
+                "reactor_per_s": {k: round(v, 1) for k, v in (p.get("reactor_per_s") or {}).items()},
+                "cores_by_thread": {k: round(v, 3) for k, v in p["cores_by_thread"].items()},
+                "rps": p.get("rps")}
         # evr over the poll mode per core, at the same io threads and route: the ratio users decide on.
         for (label, route), p in points.items():
             if not label.startswith("evr N=") or "stream-waits" in label:
