@@ -248,7 +248,7 @@ def groups(sim, all_gpus=False):
     """The gate's groups, in the order a round runs them."""
     busy200, busy1000, mlp = "/busy?us=200", "/busy?us=1000", "/mlp?seed=1"
     plan = [("evr N=1", [busy200, busy1000]), ("poll N=1", [busy200, busy1000]),
-            ("evr N=2", [busy200, busy1000, mlp]), ("poll N=2", [busy200, busy1000]),
+            ("evr N=2", [busy200, busy1000, mlp]), ("poll N=2", [busy200, busy1000, mlp]),
             ("evr N=1 stream-waits", [busy200, busy1000])]
     if all_gpus:
         # Every GPU of the host: two io threads a GPU against the poll mode, and /mlp on all.
