@@ -261,13 +261,18 @@ class io_context_host final : public poll_host {
     if (::timerfd_settime(timer_->native_handle(), TFD_TIMER_ABSTIME, &spec, nullptr) != 0) return;
     armed_for_ = at;
     looks_at_ns.store(at, std::memory_order_relaxed);
-    if (!waiting_) {
-      waiting_ = true;
-      timer_->async_wait(asio::posix::stream_descriptor::wait_read,
-                         [this](const asio_error_code& ec) { timer_fired(ec); });
-    }
+    if (!waiting_) wait_for_timer();
 #endif
   }
+
+#if EVR_HAS_IO_CONTEXT_HOST
+  /// (mutex_) Starts the one wait on the timerfd (`waiting_`); it ends in timer_fired.
+  void wait_for_timer() {
+    waiting_ = true;
+    timer_->async_wait(asio::posix::stream_descriptor::wait_read,
+                       [this](const asio_error_code& ec) { timer_fired(ec); });
+  }
+#endif
 
   /// (mutex_) No hosted wait is left: the timer's wait ends (run() may return).
   void disarm() noexcept {
@@ -300,7 +305,18 @@ class io_context_host final : public poll_host {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       waiting_ = false;
-      if (ec || !timer_) return;  // cancelled (no hosted wait left) or closed
+      if (!timer_) return;  // closed
+      if (ec) {
+        // Cancelled when the last hosted wait finished (disarm). A wait submitted before this
+        // handler ran armed the timer again but found waiting_ still set, so it started no wait
+        // of its own: wait for that expiry now. Without this the timerfd expired unread, and
+        // every later arm() found armed_for_ already due and returned: the host never looked
+        // again until its waits ran out (an H200 server at full load: 0 host passes for a whole
+        // second, the reactor at 0.4-0.6 of a core finding every completion).
+        if (ec == asio::error::operation_aborted && !closed_ && pending_ > 0 && armed_for_ != never)
+          wait_for_timer();
+        return;
+      }
       std::uint64_t expirations = 0;
       if (::read(timer_->native_handle(), &expirations, sizeof expirations) < 0) expirations = 0;
       const std::int64_t now = now_ns();
