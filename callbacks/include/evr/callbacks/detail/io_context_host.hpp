@@ -243,7 +243,9 @@ class io_context_host final : public poll_host {
   /// (mutex_) Looks from `look_ns` on: arms the timer for it less the margin, unless the host
   /// polls now or its timer fires before that anyway; starts polling if that is now.
   void arm(std::int64_t look_ns, std::int64_t now) {
-    if (polling_ || closed_) return;
+    // pending_ == 0: the wait submitted has finished already (wait_submitted runs after it was
+    // handed to the reactor); nothing is left to look for.
+    if (polling_ || closed_ || pending_ == 0) return;
     // Early by the timer's lateness, but at most by half the time to the look: a look soon
     // (irregular work's next tick) is slept for, not spun towards.
     const std::int64_t at =
@@ -261,16 +263,25 @@ class io_context_host final : public poll_host {
     if (::timerfd_settime(timer_->native_handle(), TFD_TIMER_ABSTIME, &spec, nullptr) != 0) return;
     armed_for_ = at;
     looks_at_ns.store(at, std::memory_order_relaxed);
-    if (!waiting_) wait_for_timer();
+    if (!waiting_) wait_for_timer(/*learn=*/true);
 #endif
   }
 
 #if EVR_HAS_IO_CONTEXT_HOST
-  /// (mutex_) Starts the one wait on the timerfd (`waiting_`); it ends in timer_fired.
-  void wait_for_timer() {
-    waiting_ = true;
-    timer_->async_wait(asio::posix::stream_descriptor::wait_read,
-                       [this](const asio_error_code& ec) { timer_fired(ec); });
+  /// (mutex_) Starts the one wait on the timerfd (`waiting_`); it ends in timer_fired, which
+  /// learns the timer's lateness from it if `learn`. Out of memory: no wait, and nothing armed
+  /// (the next arm tries again; the reactor's look after the window finds the waits meanwhile).
+  void wait_for_timer(bool learn) noexcept {
+    try {
+      timer_->async_wait(asio::posix::stream_descriptor::wait_read,
+                         [this](const asio_error_code& ec) { timer_fired(ec); });
+    } catch (...) {
+      armed_for_ = never;
+      looks_at_ns.store(never, std::memory_order_relaxed);
+      return;
+    }
+    waiting_ = true;  // after the call: its handler takes mutex_ first, so it cannot run before
+    timer_learns_ = learn;
   }
 #endif
 
@@ -313,14 +324,18 @@ class io_context_host final : public poll_host {
         // every later arm() found armed_for_ already due and returned: the host never looked
         // again until its waits ran out (an H200 server at full load: 0 host passes for a whole
         // second, the reactor at 0.4-0.6 of a core finding every completion).
+        // Its expiry may be long past, so that wait's lateness says nothing of the timer's.
+        // Otherwise no armed time is left behind for a later arm() to trust.
         if (ec == asio::error::operation_aborted && !closed_ && pending_ > 0 && armed_for_ != never)
-          wait_for_timer();
+          wait_for_timer(/*learn=*/false);
+        else
+          armed_for_ = never;
         return;
       }
       std::uint64_t expirations = 0;
       if (::read(timer_->native_handle(), &expirations, sizeof expirations) < 0) expirations = 0;
       const std::int64_t now = now_ns();
-      if (expirations > 0 && armed_for_ != never) {
+      if (expirations > 0 && armed_for_ != never && timer_learns_) {
         margin_.add(now - armed_for_);
         timer_margin_ns.store(margin_.high(), std::memory_order_relaxed);
       }
@@ -450,6 +465,7 @@ class io_context_host final : public poll_host {
   std::int64_t armed_for_ = never;  // the timerfd's expiry (steady clock ns); never: disarmed
   std::size_t pending_ = 0;         // hosted waits not finished
   bool waiting_ = false;            // an async_wait on the timerfd is pending
+  bool timer_learns_ = true;        // its completion is a sample of the timer's lateness
   bool polling_ = false;            // a poll is posted or running
   bool closed_ = false;
   std::int64_t awake_until_ = 0;     // role woken: a keep-awake runs until then (0: none)
