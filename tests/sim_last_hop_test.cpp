@@ -22,52 +22,17 @@
 
 #include "support/asio.hpp"
 #include "support/helpers.hpp"
+#include "support/last_hop.hpp"
 
 using namespace std::chrono_literals;
+using evr::test::closed_loop;
+using evr::test::predictive;
 using evr::test::quick_options;
 using evr::test::run_until;
+using evr::test::threaded;
 using evr::test::wait_until;
 
 namespace {
-
-evr::reactor_options predictive(evr::strategy s = evr::strategy::fence) {
-  auto opts = quick_options(s);
-  opts.idle = evr::idle_mode::predictive;
-  opts.fault_probe_interval = 50ms;
-  return opts;
-}
-
-constexpr evr::sim::options threaded{.devices = 1, .mode = evr::sim::run_mode::threaded};
-
-/// A stream running jobs one after another, each launched by the previous one's handler on the
-/// io_context's thread (as a server's coroutine does): a closed loop, the case the last hop is for.
-struct closed_loop {
-  closed_loop(evr::sim::device& sim, evr::gpu_waiter& waiter, std::chrono::nanoseconds job,
-              int jobs)
-      : sim(sim), waiter(waiter), stream(sim, 0), job(job), left(jobs) {}
-
-  void start() { next(); }
-  void next() {
-    sim.launch_kernel(stream.native(), job);
-    ++launched;
-    waiter.async_wait(stream, [this](evr::asio_error_code ec) {
-      (ec ? failed : done).fetch_add(1);
-      if (std::this_thread::get_id() != runner) wrong_thread.fetch_add(1);
-      if (--left > 0 && !stopping) next();
-    });
-  }
-  /// Whether every launched job has been answered (the loop stops after `stopping` is set).
-  bool settled() const { return done + failed == launched; }
-
-  evr::sim::device& sim;
-  evr::gpu_waiter& waiter;
-  evr::stream stream;
-  std::chrono::nanoseconds job;
-  int left;
-  std::atomic<int> launched{0}, done{0}, failed{0}, wrong_thread{0};
-  std::atomic<bool> stopping{false};  // set from the context's thread: launch no more
-  std::thread::id runner = std::this_thread::get_id();  // the thread that runs the context
-};
 
 /// A closed loop with delivery::post under strategy `how`, until the host found `wanted`
 /// completions (the last hop's first case).
@@ -141,26 +106,6 @@ TEST_CASE("last hop: delivery::post_plain and post_woken deliver every wait, and
     CHECK(lane.wrong_thread.load() == 0);
     CHECK(r.metrics().host_passes == 0);  // post_woken: the reactor finds them, the thread waits
   }
-}
-
-TEST_CASE("last hop: run() returns once the hosted waits are done (the timer holds no work)") {
-  evr::sim::device sim(threaded);
-  evr::reactor r(sim, predictive());
-  asio::io_context io(1);
-  evr::gpu_waiter waiter(io.get_executor(), r);
-  const int jobs = 12;
-  closed_loop lane(sim, waiter, 2ms, jobs);
-  lane.start();
-  std::thread runner([&] { io.run(); });  // plain run(): returns when no work is left
-  REQUIRE(wait_until([&] { return lane.done + lane.failed == jobs; }, 30s));
-  // The last wait armed nothing more: run() must return promptly, not at a stale timer.
-  const auto t0 = std::chrono::steady_clock::now();
-  bool returned = wait_until([&] { return io.stopped(); }, 5s);
-  if (!returned) io.stop();
-  runner.join();
-  CHECK(returned);
-  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
-  CHECK(lane.done.load() == jobs);
 }
 
 TEST_CASE("last hop: cancellation racing the host's window completes each wait exactly once") {
@@ -452,53 +397,4 @@ TEST_CASE("last hop: a host's slow pass does not make its thread look saturated"
   // passes to judge (3-7 of 400 under TSan, against 20 at once with cheap queries): the count is
   // checked without one, exactly once in every build.
   if (!evr::test::sanitized()) CHECK(best >= wanted);
-}
-
-TEST_CASE("last hop: a wait submitted before the cancelled timer's handler ran is still hosted") {
-  // The last hosted wait finishing cancels the host's pending wait on its timerfd (disarm); the
-  // aborted handler runs later. A wait submitted from a handler that runs before it arms the
-  // timer again while the old wait still counts as pending. That wait must be looked at by the
-  // host (host passes); before the fix the timerfd expired unread, and the host never looked
-  // again until its waits ran out, leaving every completion to the reactor's safety look.
-  evr::sim::device sim(threaded);
-  asio::cancellation_signal signal;  // outlives the context (see the cancellation test above)
-  evr::reactor r(sim, predictive());
-  asio::io_context io(1);
-  evr::gpu_waiter waiter(io.get_executor(), r);
-  constexpr auto job = 3ms;
-  // Two streams whose work is learned (a closed loop of eight jobs each), so that a wait on
-  // either, with nothing of its stream before it, gets its window at submission.
-  closed_loop a(sim, waiter, job, 8), b(sim, waiter, job, 8);
-  a.start();
-  b.start();
-  REQUIRE(run_until(
-      io, [&] { return a.settled() && b.settled() && a.launched == 8 && b.launched == 8; }, 60s));
-  // Each round: a wait on stream a (the timer armed for its window), cancelled at once; from its
-  // handler (the last hosted wait finished: the timer's wait was just cancelled) a wait on stream
-  // b. A loaded machine may stall the thread past b's window and the reactor's grace, and then
-  // the reactor finds it first: so several rounds, and the host must have looked in at least
-  // one (before the fix: in none).
-  const int rounds = 5;
-  int finished = 0, b_ok = 0;
-  std::uint64_t host_passes_for_b = 0;
-  std::function<void()> round = [&] {
-    sim.launch_kernel(a.stream.native(), job);
-    waiter.async_wait(a.stream,
-                      asio::bind_cancellation_slot(signal.slot(), [&](evr::asio_error_code) {
-                        const std::uint64_t before = r.metrics().host_passes;
-                        sim.launch_kernel(b.stream.native(), job);
-                        waiter.async_wait(b.stream, [&, before](evr::asio_error_code ec) {
-                          if (!ec) ++b_ok;
-                          host_passes_for_b += r.metrics().host_passes - before;
-                          if (++finished < rounds) round();
-                        });
-                      }));
-    signal.emit(asio::cancellation_type::terminal);
-  };
-  round();
-  REQUIRE(run_until(
-      io, [&] { return finished == rounds; }, 60s));
-  CHECK(b_ok == rounds);
-  CHECK(host_passes_for_b > 0);
-  REQUIRE(wait_until([&] { return r.metrics().in_flight == 0; }, 5s));
 }
