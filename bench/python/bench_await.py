@@ -14,7 +14,8 @@ the reactor thread's share of it and how completions reached the loop (evr.loop_
 10 000 concurrent awaits on one loop: every one resumed exactly once, resumes per second,
 memory (--many 0: not). --tasks N: N tasks, each on a stream of its own, launching a kernel of
 --task-kernel-us and awaiting it, back to back for --task-seconds: completions per second and
-the process's CPU (a server's many requests in flight). Runs on torch on the GPU when there is one, else on evr's simulated device (it says
+the process's CPU (a server's many requests in flight). --phases US:N,...: work that changes
+length in phases on one stream, the mean of launch -> resumed per method. Runs on torch on the GPU when there is one, else on evr's simulated device (it says
 which); --torch-launch set_stream launches after torch.cuda.set_stream(s) rather than inside
 `with torch.cuda.stream(s)` (every method alike). --json FILE writes the figures; --smoke is a short run for ctest (goals not enforced).
 """
@@ -145,6 +146,32 @@ async def latency(method, d, kernel, samples, spin):
         row["hop_p99_us"] = hop_quantile_us(st["hop_log2_ns"], 0.99)
     set_loop_spin(spin)
     return row
+
+
+async def phased(method, d, phases, samples, spin):
+    """Work whose length changes in phases on one stream ([(us, n), ...]: n kernels of us each,
+    then the next phase, again; a stream shared by two kinds of request): launch -> resumed over
+    `samples` waits, whole cycles, after one cycle of warm-up. The mean shows the waits found
+    late after a change of phase, which p50 hides."""
+    loop = asyncio.get_running_loop()
+    if method.startswith("evr"):
+        set_loop_spin(0 if method == "evr-nospin" else spin)
+    plan = [us / 1e6 for us, n in phases for _ in range(n)]
+    for k in plan:
+        await one(method, d, k, loop)
+    lat = []
+    c0, w0 = time.process_time(), time.perf_counter()
+    while len(lat) < samples:
+        for k in plan:
+            lat.append(await one(method, d, k, loop))
+            await asyncio.sleep(0)
+    wall = time.perf_counter() - w0
+    set_loop_spin(spin)
+    mean = sum(lat) / len(lat)
+    lat.sort()
+    return {"mean_us": mean * 1e6, "p50_us": lat[len(lat) // 2] * 1e6,
+            "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6,
+            "cpu_cores": (time.process_time() - c0) / wall}
 
 
 def rss_mb():
@@ -303,6 +330,9 @@ def main():
     ap.add_argument("--spin-us", type=float, default=200, help="evr.set_loop_spin for the evr row")
     ap.add_argument("--spin-waits", type=int, default=4,
                     help="evr.set_loop_spin's max_waits: waits of the loop polled for at once")
+    ap.add_argument("--phases", default="", metavar="US:N,...",
+                    help="also work that changes length in phases on one stream (e.g. "
+                         "5000:20,200:20: 20 kernels of 5 ms, 20 of 200 us, again), --samples waits")
     ap.add_argument("--many", type=int, default=10_000)
     ap.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     ap.add_argument("--methods", default=",".join(METHODS),
@@ -343,6 +373,15 @@ def main():
             ap.error(f"--more-tasks: {spec!r} is not NxUS (tasks x microseconds, e.g. 64x500)")
         if more_tasks[-1][0] < 1 or more_tasks[-1][1] <= 0:
             ap.error(f"--more-tasks: {spec!r}: expected at least one task and work longer than 0 us")
+    phases = []
+    for spec in filter(None, args.phases.split(",")):
+        us, _, n = spec.partition(":")
+        try:
+            phases.append((float(us), int(n)))
+        except ValueError:
+            ap.error(f"--phases: {spec!r} is not US:N (microseconds : kernels, e.g. 5000:20)")
+        if phases[-1][0] <= 0 or phases[-1][1] < 1:
+            ap.error(f"--phases: {spec!r}: expected work longer than 0 us and at least one kernel")
     if args.smoke:
         args.samples, args.many = 30, 2000
     SPIN_WAITS[0] = args.spin_waits
@@ -381,6 +420,9 @@ def main():
     async def run_all():
         for k in kernels:
             out["kernels"][str(k)] = {m: await latency(m, d, k / 1e6, args.samples, spin) for m in methods}
+        if phases:
+            out["phases"] = {"spec": args.phases,
+                             "rows": {m: await phased(m, d, phases, args.samples, spin) for m in methods}}
         if args.tasks:
             out["tasks"] = await tasks(d, args.tasks, args.task_kernel_us / 1e6, args.task_seconds,
                                        args.task_method)
@@ -402,6 +444,11 @@ def main():
     out["goals"] = {}
     for k in kernels:
         out["goals"][str(k)] = report(k, out["kernels"][str(k)], args.samples, args.loop)
+    if "phases" in out:
+        print(f"\nphases {args.phases} (us:kernels) on one stream, {args.samples} samples per method")
+        for m, r in out["phases"]["rows"].items():
+            print(f"  {m:10} mean {r['mean_us']:9.1f} us, p50 {r['p50_us']:9.1f}, p99 {r['p99_us']:9.1f}, "
+                  f"{r['cpu_cores']:.3f} cores")
     for t in ([out["tasks"]] if "tasks" in out else []) + out.get("more_tasks", []):
         print(f"\ntasks: {t['n']} tasks on {t['n']} streams, {t['kernel_us']:.0f} us kernels: "
               f"{t['rps']:.0f} completions/s, {t['cpu_cores']:.3f} cores")

@@ -52,6 +52,9 @@ struct completion {
   // A probed wait (evr::wait_target::probed): the fence word its loop reads while polling
   // (empty: not probed). Readable while *reactor_alive (GIL).
   evr::wait_probe probe;
+  /// The loop's last look at the probe that found the work not done yet (the submission before
+  /// the first look; loop thread): the work ended between it and the look that found it done.
+  std::int64_t probe_short_ns = 0;
   std::shared_ptr<const bool> reactor_alive;
   /// A probed wait is finished by whoever comes first: the loop, whose probe saw the word (it
   /// resolves the future and drops `obj`; the reactor's callback, later, only frees the node),

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <system_error>
 
@@ -110,19 +111,32 @@ void loop_waker::on_refused(const completion* c) noexcept {
   if (in_flight_ > 0) --in_flight_;
 }
 
-void loop_waker::on_probed(completion* c) { probed_.push_back(c); }
+void loop_waker::on_probed(completion* c) {
+  c->probe_short_ns = c->submitted_ns;
+  probed_.push_back(c);
+}
 
 completion* loop_waker::take_reached(std::int64_t now) noexcept {
-  // Pushed already (the reactor came first): the drain resolves it.
-  const auto it = std::find_if(probed_.begin(), probed_.end(), [](const completion* c) {
-    return c->settled.load(std::memory_order_relaxed) == completion::nobody && c->probe_reached();
-  });
-  if (it == probed_.end()) return nullptr;
-  completion* c = *it;
-  c->probe.saw_reached();  // the reactor learns the stream's work from it
+  completion* found = nullptr;
+  for (completion* c : probed_) {
+    // Pushed already (the reactor came first): the drain resolves it.
+    if (c->settled.load(std::memory_order_relaxed) != completion::nobody) continue;
+    if (!c->probe_reached()) {
+      c->probe_short_ns = now;  // `now` was read before this look: the earlier bound
+    } else if (found == nullptr) {
+      found = c;
+    }
+  }
+  if (found == nullptr) return nullptr;
+  // The work ended between the last look that found it short and this one: the midpoint, as
+  // the reactor's own looks estimate it. A first look long after the end (the loop woke for an
+  // old, longer prediction) then teaches both models a shorter time than the look's, and a
+  // stream whose work got much shorter stops being predicted in a few waits, not tens.
+  const std::int64_t done_ns = found->probe_short_ns + (now - found->probe_short_ns) / 2;
+  found->probe.saw_reached(std::chrono::nanoseconds(monotonic_ns() - done_ns));
   ++stats_.probe_hits;
-  left_flight(c, now, now);  // takes it out of probed_
-  return c;
+  left_flight(found, now, done_ns);  // takes it out of probed_
+  return found;
 }
 
 void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {

@@ -111,8 +111,10 @@ class loop_waker {
   /// Waits in flight with a probe.
   bool probing() const noexcept { return !probed_.empty(); }
   /// A probed wait in flight whose probe says done (not yet pushed by the reactor), taken out of
-  /// flight as on_drained does and learnt from `now`; nullptr when there is none. The caller
-  /// settles it (settle_from_probe).
+  /// flight as on_drained does; its stream's model (and the reactor's) learns the midpoint between
+  /// this look and the last one that found it short. nullptr when there is none; every probed wait
+  /// found short notes `now` (the clock read before the looks). The caller settles the one
+  /// returned (settle_from_probe).
   completion* take_reached(std::int64_t now) noexcept;
   /// Waits submitted on this loop and not yet drained.
   std::size_t in_flight() const noexcept { return in_flight_; }

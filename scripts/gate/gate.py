@@ -113,11 +113,11 @@ def table(results, order):
 
 
 def print_table(lines, doc):
-    head = f"{'row':64} {'figure':14} {'baseline':>9} {'now':>9} {'ratio':>6} {'spread':>6}  verdict"
+    head = f"{'row':64} {'figure':17} {'baseline':>9} {'now':>9} {'ratio':>6} {'spread':>6}  verdict"
     print(head)
     print("-" * len(head))
     for name, m, unit, b, t, ratio, spread, v in lines:
-        print(f"{name[:64]:64} {m:14} {fmt(b):>9} {fmt(t):>9} "
+        print(f"{name[:64]:64} {m:17} {fmt(b):>9} {fmt(t):>9} "
               f"{'-' if ratio is None else f'{ratio:.2f}':>6} "
               f"{'-' if spread is None else f'{spread * 100:.0f}%':>6}  {v}")
 

@@ -29,6 +29,7 @@ METRICS = {
     "reactor_cores": ("cores", "lower", 0.01),
     "evr_over_poll": ("x", "higher", 0.0),
     "over_sync_us": ("us", "lower", 1.0),
+    "mean_over_sync_us": ("us", "lower", 10.0),
     "cores": ("cores", "lower", 0.02),
     "rps": ("req/s", "higher", 0.0),
 }
@@ -201,7 +202,9 @@ class python_group:
     blocking synchronize; 64 tasks on 64 streams at 2 ms (more waits in flight than the loop polls
     for, on a GPU that is the bottleneck); 4 tasks on 4 streams at 200 us (few waits, each task's
     rate bound by its own wait's latency: the case the loop's polling windows are for); 64 tasks
-    at 500 us (the loop thread saturated: a completion waits for its round; a bimodal row)."""
+    at 500 us (the loop thread saturated: a completion waits for its round; a bimodal row); one
+    stream whose work alternates 20 kernels of 5 ms and 20 of 200 us (what the loop's predictions
+    make of a change of length: the mean over the blocking floor's)."""
 
     def __init__(self, name, sim):
         self.name, self.sim = name, sim
@@ -211,7 +214,8 @@ class python_group:
         doc = self._bench(build, work, log, "await.json",
                           ["--kernels-us", kernels, "--methods", "sync,evr",
                            "--samples", "100" if self.sim else "300",
-                           "--tasks", "64", "--task-kernel-us", "2000"])
+                           "--tasks", "64", "--task-kernel-us", "2000",
+                          "--phases", "5000:20,200:20"])
         out = {}
         for k, rows in doc["kernels"].items():
             us = float(k)
@@ -219,6 +223,11 @@ class python_group:
             e = rows["evr"]
             out[f"python await evr.wait, {what}"] = {
                 "over_sync_us": e["p50_us"] - rows["sync"]["p50_us"], "cores": e["cpu_cores"]}
+        if "phases" in doc:
+            ph = doc["phases"]["rows"]
+            out["python await evr.wait, 20 x 5 ms then 20 x 200 us"] = {
+                "mean_over_sync_us": ph["evr"]["mean_us"] - ph["sync"]["mean_us"],
+                "cores": ph["evr"]["cpu_cores"]}
         few = self._bench(build, work, log, "few-tasks.json",
                           ["--kernels-us", "200", "--methods", "sync", "--samples", "20",
                            "--tasks", "4", "--task-kernel-us", "200", "--more-tasks", "64x500"])

@@ -34,11 +34,14 @@ struct wait_probe {
   bool reached() const noexcept {
     return word != nullptr && __atomic_load_n(word, __ATOMIC_ACQUIRE) >= value;
   }
-  /// Tells the reactor that reached() just said true: it learns the stream's work from when the
-  /// caller saw it, since it did not look itself. Any thread, while the reactor lives.
-  void saw_reached() const noexcept {
+  /// Tells the reactor that reached() just said true: it learns the stream's work from it, since
+  /// it did not look itself. `done_before`: how long before now the caller estimates the work
+  /// ended (half the time since its last look that found the word short: a first look long
+  /// after the end must not teach the reactor that the work took that long). Any thread, while
+  /// the reactor lives.
+  void saw_reached(std::chrono::nanoseconds done_before = {}) const noexcept {
     if (seen != nullptr)
-      seen->store(std::chrono::steady_clock::now().time_since_epoch().count(),
+      seen->store((std::chrono::steady_clock::now() - done_before).time_since_epoch().count(),
                   std::memory_order_relaxed);
   }
 };
