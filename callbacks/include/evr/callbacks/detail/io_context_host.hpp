@@ -318,14 +318,13 @@ class io_context_host final : public poll_host {
       waiting_ = false;
       if (!timer_) return;  // closed
       if (ec) {
-        // Cancelled when the last hosted wait finished (disarm). A wait submitted before this
-        // handler ran armed the timer again but found waiting_ still set, so it started no wait
-        // of its own: wait for that expiry now. Without this the timerfd expired unread, and
-        // every later arm() found armed_for_ already due and returned: the host never looked
-        // again until its waits ran out (an H200 server at full load: 0 host passes for a whole
-        // second, the reactor at 0.4-0.6 of a core finding every completion).
-        // Its expiry may be long past, so that wait's lateness says nothing of the timer's.
-        // Otherwise no armed time is left behind for a later arm() to trust.
+        // Cancelled when the last hosted wait finished (disarm).
+        //  * A wait submitted before this handler ran armed the timer again but found waiting_
+        //    still set, so it started no wait of its own: wait for that expiry now, and do not
+        //    learn from it (it may be long past). Without this the timerfd expired unread and
+        //    every later arm() found armed_for_ already due and returned: the host stopped
+        //    looking until its waits ran out, and the reactor found every completion instead.
+        //  * Otherwise clear the armed time, so that no later arm() trusts a wait that is gone.
         if (ec == asio::error::operation_aborted && !closed_ && pending_ > 0 && armed_for_ != never)
           wait_for_timer(/*learn=*/false);
         else
