@@ -128,14 +128,19 @@ completion* loop_waker::take_reached(std::int64_t now) noexcept {
     }
   }
   if (found == nullptr) return nullptr;
-  // The work ended between the last look that found it short and this one: the midpoint, as
-  // the reactor's own looks estimate it. A first look long after the end (the loop woke for an
-  // old, longer prediction) then teaches both models a shorter time than the look's, and a
-  // stream whose work got much shorter stops being predicted in a few waits, not tens.
-  const std::int64_t done_ns = found->probe_short_ns + (now - found->probe_short_ns) / 2;
-  found->probe.saw_reached(std::chrono::nanoseconds(monotonic_ns() - done_ns));
+  // The work ended between the last look that found it short and this one. The reactor learns
+  // the midpoint, as from its own looks (idle_governor::done_time). This loop's model learns it
+  // from a narrow bracket (the poller's looks, within the loop's own lateness). A wide one (the
+  // first look, at the window, found it done) gives the model only "by now": its midpoint would
+  // be a false outlier whenever steady work merely ended a little before its window, and the
+  // windows after it would open early and miss. The look's time is learnt then, as from any
+  // late look (see left_flight for two in a row).
+  const std::int64_t bracket = now - found->probe_short_ns;
+  const std::int64_t midpoint = found->probe_short_ns + bracket / 2;
+  found->probe.saw_reached(std::chrono::nanoseconds(monotonic_ns() - midpoint));
   ++stats_.probe_hits;
-  left_flight(found, now, done_ns);  // takes it out of probed_
+  const bool narrow = bracket <= 2 * stats_.lead_ns;
+  left_flight(found, now, narrow ? midpoint : now, /*only_bound=*/!narrow);  // out of probed_
   return found;
 }
 
@@ -148,7 +153,8 @@ void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
   ++stats_.hop_log2_ns[bucket];
 }
 
-void loop_waker::left_flight(const completion* c, std::int64_t now, std::int64_t done_ns) noexcept {
+void loop_waker::left_flight(const completion* c, std::int64_t now, std::int64_t done_ns,
+                             bool only_bound) noexcept {
   ++stats_.completions;
   if (in_flight_ > 0) --in_flight_;
   last_ = {c->submitted_ns, done_ns != 0 ? done_ns : c->pushed_ns, now};
@@ -158,6 +164,17 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, std::int64_t
   // the table forever; forgetting every model costs a few unpredicted waits per stream.
   if (models_.size() >= max_models && models_.find(c->key) == models_.end()) models_.clear();
   model& m = models_[c->key];
+  if (!only_bound) {
+    m.bounds_in_a_row = 0;
+  } else if (++m.bounds_in_a_row >= 2) {
+    // Two waits in a row already done at the first look: the work got shorter than the model
+    // says. Start it again (the stream's next waits get no window and teach the new length in a
+    // few waits; learning the bounds instead took tens, each found at the old window).
+    m.mean_ns = m.dev_ns = 0;
+    m.samples = 0;
+    m.bounds_in_a_row = 0;
+    return;
+  }
   update(m.mean_ns, m.dev_ns, static_cast<double>(done_ns - c->submitted_ns), m.samples == 0);
   if (m.samples < min_samples) ++m.samples;
 }

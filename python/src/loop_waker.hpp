@@ -112,9 +112,9 @@ class loop_waker {
   bool probing() const noexcept { return !probed_.empty(); }
   /// A probed wait in flight whose probe says done (not yet pushed by the reactor), taken out of
   /// flight as on_drained does; its stream's model (and the reactor's) learns the midpoint between
-  /// this look and the last one that found it short. nullptr when there is none; every probed wait
-  /// found short notes `now` (the clock read before the looks). The caller settles the one
-  /// returned (settle_from_probe).
+  /// this look and the last one that found it short when the two are close, else this look's
+  /// time. nullptr when there is none; every probed wait found short notes `now` (the clock read
+  /// before the looks). The caller settles the one returned (settle_from_probe).
   completion* take_reached(std::int64_t now) noexcept;
   /// Waits submitted on this loop and not yet drained.
   std::size_t in_flight() const noexcept { return in_flight_; }
@@ -148,6 +148,7 @@ class loop_waker {
     double mean_ns = 0;
     double dev_ns = 0;
     std::uint32_t samples = 0;
+    std::uint32_t bounds_in_a_row = 0;   ///< probed waits in a row that taught only a bound
     std::uint64_t scheduled_ticket = 0;  ///< this stream's wait in the schedule (0: none)
   };
   /// A scheduled wait, ordered by wake-up time (the ticket makes equal times distinct). The node
@@ -172,8 +173,10 @@ class loop_waker {
   /// probed waits.
   void forget(const completion* c) noexcept;
   /// A wait of this loop left flight at `now` (drained, or seen done by its probe): stats, the
-  /// stages of the last completion, and its stream's model learns from `done_ns`.
-  void left_flight(const completion* c, std::int64_t now, std::int64_t done_ns) noexcept;
+  /// stages of the last completion, and its stream's model learns from `done_ns` (0: nothing to
+  /// learn). `only_bound`: the work ended at `done_ns` or before, by how much unknown.
+  void left_flight(const completion* c, std::int64_t now, std::int64_t done_ns,
+                   bool only_bound = false) noexcept;
   /// Takes an entry out of the schedule: its node is unscheduled, its stream may schedule another.
   void drop(std::set<slot>::iterator it) noexcept;
   /// The timerfd for the earliest entry (disarmed when there is none or a window is open).
