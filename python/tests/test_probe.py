@@ -87,16 +87,17 @@ def test_a_probed_wait_is_resolved_by_the_loop_and_finished_by_the_reactor(dev, 
 
 
 
+
 def test_work_that_gets_much_shorter_is_relearnt_in_a_few_waits(dev, spin_default):
     """A probed stream's steady 8 ms work drops to 0.2 ms. The loop sleeps until the old
-    prediction's window, so the first short waits are found late; the loop then learns the
-    midpoint between its last look that found the fence word short (the submission, before any)
-    and the look that found it written, not the look's own time, and gives the old prediction up
-    within a few waits (1 of the 40 found > 6 ms late here, idle; 0-3 beside a busy loop a
-    core). Learning the look's time kept it for tens of waits (12-24 found > 6 ms late, idle):
-    the deviation then grew by only an eighth of the lead a wait. (Work of 8 ms: longer work is found by the reactor's fault probe, every 10 ms, anyway;
-    and a loaded machine delays a wake-up by a scheduler tick, 4 ms, which must not count as
-    the old window.)"""
+    prediction's window, so the first short wait is found there, late. A first look that finds
+    the work done teaches the look's time, and two in a row start the stream's model again, so
+    the loop stops waking at the old window within a wait or two (the reactor, which learns the
+    midpoint since the submission, finds the next ones). When the loop learnt only the look's
+    time it kept the old window for tens of waits (12-24 found there, more than 6 ms late, on an
+    idle machine). (Work of 8 ms: longer work is found by the reactor's fault probe, every
+    10 ms, anyway; and a loaded machine delays a wake-up by a scheduler tick, 4 ms, which must
+    not count as the old window.)"""
     reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05)
     s = dev.stream()
     long, short, waits = 0.008, 0.0002, 40
@@ -107,14 +108,19 @@ def test_work_that_gets_much_shorter_is_relearnt_in_a_few_waits(dev, spin_defaul
             if evr.loop_stats()["probe_hits"] >= 1:
                 break
         hits_before = evr.loop_stats()["probe_hits"]
-        taken = [await kernel_then_wait(dev, s, reactor, short) for _ in range(waits)]
-        return hits_before, taken
+        found_by_the_loop = []  # how long each short wait took that the loop's probe found
+        for _ in range(waits):
+            hits = evr.loop_stats()["probe_hits"]
+            took = await kernel_then_wait(dev, s, reactor, short)
+            if evr.loop_stats()["probe_hits"] > hits:
+                found_by_the_loop.append(took)
+        return hits_before, found_by_the_loop
 
     try:
-        hits_before, taken = run(main(), timeout=60)
+        hits_before, found = run(main(), timeout=60)
     finally:
         reactor.shutdown()
     assert hits_before >= 1  # the drop came while the stream was predicted
-    late = [round(t * 1e3, 1) for t in taken if t > long * 0.75]
-    # One or two late by design (the old window, each one earlier), a few on a loaded machine.
-    assert len(late) <= 6, f"{len(late)} of {waits} 0.2 ms waits took > 6 ms: {late}"
+    late = [round(t * 1e3, 1) for t in found if t > long * 0.75]
+    # One or two at the old window by design, a few more on a loaded machine.
+    assert len(late) <= 3, f"the loop found {len(late)} of {waits} 0.2 ms waits > 6 ms late: {late}"
