@@ -129,19 +129,18 @@ completion* loop_waker::take_reached(std::int64_t now) noexcept {
   }
   if (found == nullptr) return nullptr;
   // The work ended between the last look that found it short and this one. The reactor learns
-  // the midpoint, as from its own looks (idle_governor::done_time). So does this loop's model
-  // when a look since the window opened found the work pending (the prediction was not too long)
-  // or the two looks are close (within the loop's own lateness). Otherwise the work was done
-  // before the window, by how much unknown: the midpoint since the submission would be a false
-  // outlier whenever steady work merely ended a little early, and the windows after it would open
-  // early and miss. The model learns the look's time then, as from any late look (see
-  // left_flight for two in a row).
+  // the midpoint, as from its own looks (idle_governor::done_time). This loop's model learns it
+  // from a narrow bracket (the poller's looks, within the loop's own lateness). A wide one (the
+  // first look, at the window, found it done) gives the model only "by now": its midpoint would
+  // be a false outlier whenever steady work merely ended a little before its window, and the
+  // windows after it would open early and miss. The look's time is learnt then, as from any
+  // late look (see left_flight for two in a row).
   const std::int64_t bracket = now - found->probe_short_ns;
   const std::int64_t midpoint = found->probe_short_ns + bracket / 2;
   found->probe.saw_reached(std::chrono::nanoseconds(monotonic_ns() - midpoint));
   ++stats_.probe_hits;
-  const bool bracketed = found->probe_short_ns >= found->wake_at || bracket <= 2 * stats_.lead_ns;
-  left_flight(found, now, bracketed ? midpoint : now, /*only_bound=*/!bracketed);  // out of probed_
+  const bool narrow = bracket <= 2 * stats_.lead_ns;
+  left_flight(found, now, narrow ? midpoint : now, /*only_bound=*/!narrow);  // out of probed_
   return found;
 }
 
