@@ -320,6 +320,21 @@ def report(kernel_us, rows, samples, loop_name):
     return goals
 
 
+def number_pairs(ap, option, text, sep, kinds, form):
+    """`A<sep>B,...` as [(A, B), ...], each converted by `kinds` and above 0; else the parser
+    exits naming the option, the bad item and the expected `form`."""
+    out = []
+    for spec in filter(None, text.split(",")):
+        a, _, b = spec.partition(sep)
+        try:
+            out.append((kinds[0](a), kinds[1](b)))
+        except ValueError:
+            ap.error(f"{option}: {spec!r} is not {form}")
+        if out[-1][0] <= 0 or out[-1][1] <= 0:
+            ap.error(f"{option}: {spec!r}: both numbers must be above 0 ({form})")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["auto", "cuda", "sim"], default="auto")
@@ -364,24 +379,10 @@ def main():
         ap.error(f"--methods: no method {', '.join(unknown)} (there are {', '.join(METHODS)})")
     if args.tasks < 0 or args.many < 0:
         ap.error("--tasks and --many take 0 or more")
-    more_tasks = []
-    for spec in filter(None, args.more_tasks.split(",")):
-        n, _, us = spec.partition("x")
-        try:
-            more_tasks.append((int(n), float(us)))
-        except ValueError:
-            ap.error(f"--more-tasks: {spec!r} is not NxUS (tasks x microseconds, e.g. 64x500)")
-        if more_tasks[-1][0] < 1 or more_tasks[-1][1] <= 0:
-            ap.error(f"--more-tasks: {spec!r}: expected at least one task and work longer than 0 us")
-    phases = []
-    for spec in filter(None, args.phases.split(",")):
-        us, _, n = spec.partition(":")
-        try:
-            phases.append((float(us), int(n)))
-        except ValueError:
-            ap.error(f"--phases: {spec!r} is not US:N (microseconds : kernels, e.g. 5000:20)")
-        if phases[-1][0] <= 0 or phases[-1][1] < 1:
-            ap.error(f"--phases: {spec!r}: expected work longer than 0 us and at least one kernel")
+    more_tasks = number_pairs(ap, "--more-tasks", args.more_tasks, "x", (int, float),
+                              "NxUS: tasks x microseconds, e.g. 64x500")
+    phases = number_pairs(ap, "--phases", args.phases, ":", (float, int),
+                          "US:N: microseconds : kernels, e.g. 5000:20")
     if args.smoke:
         args.samples, args.many = 30, 2000
     SPIN_WAITS[0] = args.spin_waits

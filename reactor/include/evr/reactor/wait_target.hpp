@@ -36,9 +36,9 @@ struct wait_probe {
   }
   /// Tells the reactor that reached() just said true: it learns the stream's work from it, since
   /// it did not look itself. `done_before`: how long before now the caller estimates the work
-  /// ended (half the time since its last look that found the word short: a first look long
-  /// after the end must not teach the reactor that the work took that long). Any thread, while
-  /// the reactor lives.
+  /// ended (0: just now). A caller whose look may come long after the end passes its estimate
+  /// (the Python loop: the midpoint since its last look that found the word short), else the
+  /// reactor learns that the work took that long. Any thread, while the reactor lives.
   void saw_reached(std::chrono::nanoseconds done_before = {}) const noexcept {
     if (seen != nullptr)
       seen->store((std::chrono::steady_clock::now() - done_before).time_since_epoch().count(),
