@@ -12,6 +12,11 @@
 //   done, again    the next query of the same event
 //   done, busy     the first query of an ended event while every stream runs its next kernel
 //   stream, first  the first cudaStreamQuery of a stream whose work has ended (no event asked)
+// The event rows are timed twice: through the runtime (cudaEventQuery) and through the driver's
+// own entry point (cuEventQuery, fetched with cudaGetDriverEntryPointByVersion), to see what the
+// runtime's layer adds to each look. Pending events are asked through both in turn; of the ended
+// events, the even-numbered ones are asked through the runtime first, the odd ones through the
+// driver, so that every "first" is a first.
 // A look that finds a wait done is a "done, first" (or "done, busy" on a loaded device); every
 // look before it a "pending". The last column says how many calls found the work done: 0 % for
 // "pending", 100 % for the rest; otherwise the streams' launches outlasted --work-us (about 3 us
@@ -34,6 +39,20 @@ using study::check;
 
 using clock_type = std::chrono::steady_clock;
 
+/// cuEventQuery's signature with the runtime's types (CUevent is cudaEvent_t; CUresult an enum
+/// whose success is 0), so that no driver symbol is referenced at link time.
+using driver_event_query_fn = int (*)(cudaEvent_t);
+
+driver_event_query_fn driver_event_query() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  check(cudaGetDriverEntryPointByVersion("cuEventQuery", &fn, 12000, cudaEnableDefault, &found),
+        "cudaGetDriverEntryPointByVersion(cuEventQuery)");
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+    check(cudaErrorUnknown, "cuEventQuery");
+  return reinterpret_cast<driver_event_query_fn>(fn);
+}
+
 /// Samples of one kind of call, ns, and how many of the calls said "done".
 struct samples {
   std::vector<double> ns;
@@ -41,7 +60,7 @@ struct samples {
   template <typename F>
   void time(F&& call) {
     const clock_type::time_point a = clock_type::now();
-    const bool finished = call() == cudaSuccess;
+    const bool finished = static_cast<int>(call()) == 0;  // cudaSuccess and CUDA_SUCCESS
     ns.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - a).count());
     done += finished ? 1 : 0;
   }
@@ -84,35 +103,48 @@ struct lanes {
   }
 };
 
-void run(int n, int rounds, double work_us) {
+void run(int n, int rounds, double work_us, driver_event_query_fn cu_query) {
   lanes l(n);
   const auto work_ns = static_cast<unsigned long long>(work_us * 1000);
   samples pending, first, again, busy, stream_first;
+  samples cu_pending, cu_first, cu_again, cu_busy;
+  // Ended events: even-numbered ones asked through the runtime, odd ones through the driver.
+  const auto split = [&](std::vector<cudaEvent_t>& ev, samples& rt, samples& cu) {
+    for (std::size_t i = 0; i < ev.size(); ++i) {
+      if (i % 2 == 0)
+        rt.time([&] { return cudaEventQuery(ev[i]); });
+      else
+        cu.time([&] { return cu_query(ev[i]); });
+    }
+  };
   for (int r = 0; r < rounds + 2; ++r) {  // two warm-up rounds
     const bool keep = r >= 2;
     // pending, then done first and again on an idle device
     l.launch(l.events, work_ns);
     for (cudaEvent_t e : l.events) pending.time([&] { return cudaEventQuery(e); });
+    for (cudaEvent_t e : l.events) cu_pending.time([&] { return cu_query(e); });
     check(cudaDeviceSynchronize(), "synchronize");
-    for (cudaEvent_t e : l.events) first.time([&] { return cudaEventQuery(e); });
-    for (cudaEvent_t e : l.events) again.time([&] { return cudaEventQuery(e); });
+    split(l.events, first, cu_first);
+    split(l.events, again, cu_again);
     // done first while the device runs the next kernel of every stream
     l.launch(l.next_events, work_ns / 4);
     check(cudaDeviceSynchronize(), "synchronize");
     l.launch(l.events, work_ns);
-    for (cudaEvent_t e : l.next_events) busy.time([&] { return cudaEventQuery(e); });
+    split(l.next_events, busy, cu_busy);
     check(cudaDeviceSynchronize(), "synchronize");
     // a stream's first query after its work ended
     l.launch(l.next_events, work_ns / 4);
     check(cudaDeviceSynchronize(), "synchronize");
     for (cudaStream_t s : l.streams) stream_first.time([&] { return cudaStreamQuery(s); });
     if (!keep) {
-      for (samples* s : {&pending, &first, &again, &busy, &stream_first}) s->clear();
+      for (samples* s : {&pending, &first, &again, &busy, &stream_first, &cu_pending, &cu_first,
+                         &cu_again, &cu_busy})
+        s->clear();
     }
   }
   const auto row = [n](const char* what, samples& s) {
     const double done_pct = s.ns.empty() ? 0 : 100.0 * s.done / static_cast<double>(s.ns.size());
-    std::printf("%8d %-15s %10.0f %10.0f %8.0f%%\n", n, what, s.quantile(0.5), s.quantile(0.9),
+    std::printf("%8d %-17s %10.0f %10.0f %8.0f%%\n", n, what, s.quantile(0.5), s.quantile(0.9),
                 done_pct);
   };
   row("pending", pending);
@@ -120,6 +152,10 @@ void run(int n, int rounds, double work_us) {
   row("done, again", again);
   row("done, busy", busy);
   row("stream, first", stream_first);
+  row("cu: pending", cu_pending);
+  row("cu: done, first", cu_first);
+  row("cu: done, again", cu_again);
+  row("cu: done, busy", cu_busy);
   std::fflush(stdout);
 }
 
@@ -133,7 +169,8 @@ int main(int argc, char** argv) {
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   std::printf("event-queries: work %.0f us, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s\n", work_us,
               rounds, conn ? conn : "unset (8)");
-  std::printf("%8s %-15s %10s %10s %9s\n", "streams", "call", "p50 ns", "p90 ns", "done");
-  for (int n : {16, 64, 128}) run(n, rounds, work_us);
+  std::printf("%8s %-17s %10s %10s %9s\n", "streams", "call", "p50 ns", "p90 ns", "done");
+  const driver_event_query_fn cu_query = driver_event_query();
+  for (int n : {16, 64, 128}) run(n, rounds, work_us, cu_query);
   return 0;
 }
