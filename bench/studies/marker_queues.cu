@@ -11,6 +11,8 @@
 //   event   cudaEventRecord of a pooled event; the host asks cudaEventQuery (evr's event marker)
 //   write   cuStreamWriteValue64 of a word in mapped host memory; the host reads it (evr's fence)
 //   kernel  a one-thread kernel that stores the word (a marker kernel); the host reads it
+//   copy    cudaMemcpyAsync of 8 bytes from device memory into the word (pinned host memory): the
+//           copy engines do it, not the compute queue; the host reads the word
 // Per (N, marker): the round's makespan (the last stream seen done, from the round's start) and
 // the mean stream's, p50 over rounds, and the host's ns per marker enqueued. A marker that holds
 // its queue until the work before it ends makes the streams that share the queue wait: the
@@ -51,7 +53,8 @@ struct result {
 };
 
 result run(int n, const std::string& marker, double work_us, int rounds, write_value_fn write_value,
-           volatile unsigned long long* words, unsigned long long* words_dev) {
+           volatile unsigned long long* words, unsigned long long* words_dev,
+           unsigned long long* seq_dev) {
   std::vector<cudaStream_t> streams(n);
   std::vector<cudaEvent_t> events(n);
   for (int i = 0; i < n; ++i) {
@@ -63,6 +66,10 @@ result run(int n, const std::string& marker, double work_us, int rounds, write_v
   unsigned long long seq = 0;
   for (int r = 0; r < rounds + 2; ++r) {  // two warm-up rounds
     ++seq;
+    if (marker == "copy") {  // the value each copy carries: this round's sequence number
+      std::vector<unsigned long long> values(n, seq);
+      check(cudaMemcpy(seq_dev, values.data(), n * sizeof(seq), cudaMemcpyHostToDevice), "values");
+    }
     const double t0 = now_us();
     double enqueue = 0;
     for (int i = 0; i < n; ++i) {
@@ -75,6 +82,10 @@ result run(int n, const std::string& marker, double work_us, int rounds, write_v
           check(cudaErrorUnknown, "cuStreamWriteValue64");
       } else if (marker == "kernel") {
         marker_kernel<<<1, 1, 0, streams[i]>>>(words_dev + i * 8, seq);
+      } else if (marker == "copy") {
+        check(cudaMemcpyAsync(const_cast<unsigned long long*>(words + i * 8), seq_dev + i,
+                              sizeof(seq), cudaMemcpyDeviceToHost, streams[i]),
+              "cudaMemcpyAsync");
       }
       enqueue += now_us() - e0;
     }
@@ -138,22 +149,25 @@ int main(int argc, char** argv) {
   std::memset(host, 0, max_streams * 64);
   void* dev = nullptr;
   check(cudaHostGetDevicePointer(&dev, host, 0), "device pointer");
+  unsigned long long* seq_dev = nullptr;
+  check(cudaMalloc(&seq_dev, max_streams * sizeof(unsigned long long)), "cudaMalloc");
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   std::printf("marker-queues: work %.0f us, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s\n", work_us,
               rounds, conn ? conn : "unset (8)");
   std::printf("%8s %-7s %12s %12s %12s\n", "streams", "marker", "makespan us", "mean us",
               "enqueue ns");
   for (int n : {8, 16, 32, 64, 128}) {
-    for (const char* m : {"none", "event", "write", "kernel"}) {
+    for (const char* m : {"none", "event", "write", "kernel", "copy"}) {
       // Every marker kind starts from words already past this run's sequence numbers.
       std::memset(host, 0, max_streams * 64);
       const result r =
           run(n, m, work_us, rounds, write_value, static_cast<volatile unsigned long long*>(host),
-              static_cast<unsigned long long*>(dev));
+              static_cast<unsigned long long*>(dev), seq_dev);
       std::printf("%8d %-7s %12.1f %12.1f %12.0f\n", n, m, r.makespan_us, r.mean_us, r.enqueue_ns);
       std::fflush(stdout);
     }
   }
+  cudaFree(seq_dev);
   cudaFreeHost(host);
   return 0;
 }
