@@ -12,6 +12,9 @@
 //   done, again    the next query of the same event
 //   done, busy     the first query of an ended event while every stream runs its next kernel
 //   stream, first  the first cudaStreamQuery of a stream whose work has ended (no event asked)
+//   record         the cudaEventRecord behind each kernel (what a marker costs to put down)
+// All of it twice: for events made as evr's pool makes them (cudaEventDisableTiming) and for
+// interprocess events (cudaEventInterprocess), whose state other processes can read.
 // The event rows are timed twice: through the runtime (cudaEventQuery) and through the driver's
 // own entry point (cuEventQuery, fetched with cudaGetDriverEntryPointByVersion), to see what the
 // runtime's layer adds to each look. Pending events are asked through both in turn; of the ended
@@ -79,11 +82,12 @@ struct samples {
 struct lanes {
   std::vector<cudaStream_t> streams;
   std::vector<cudaEvent_t> events, next_events;
-  explicit lanes(int n) : streams(n), events(n), next_events(n) {
+  samples* records = nullptr;  // times each cudaEventRecord when set
+  lanes(int n, unsigned event_flags) : streams(n), events(n), next_events(n) {
     for (int i = 0; i < n; ++i) {
       check(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), "stream");
-      check(cudaEventCreateWithFlags(&events[i], cudaEventDisableTiming), "event");
-      check(cudaEventCreateWithFlags(&next_events[i], cudaEventDisableTiming), "event");
+      check(cudaEventCreateWithFlags(&events[i], event_flags), "event");
+      check(cudaEventCreateWithFlags(&next_events[i], event_flags), "event");
     }
   }
   ~lanes() {
@@ -97,17 +101,25 @@ struct lanes {
   void launch(std::vector<cudaEvent_t>& ev, unsigned long long work_ns) {
     for (std::size_t i = 0; i < streams.size(); ++i) {
       busy_kernel<<<1, 1, 0, streams[i]>>>(work_ns);
-      check(cudaEventRecord(ev[i], streams[i]), "record");
+      if (records != nullptr) {
+        records->time([&] {
+          check(cudaEventRecord(ev[i], streams[i]), "record");
+          return cudaErrorNotReady;  // counted as not done: the column says nothing here
+        });
+      } else {
+        check(cudaEventRecord(ev[i], streams[i]), "record");
+      }
     }
     check(cudaGetLastError(), "launch");
   }
 };
 
-void run(int n, int rounds, double work_us, driver_event_query_fn cu_query) {
-  lanes l(n);
+void run(int n, int rounds, double work_us, driver_event_query_fn cu_query, unsigned event_flags) {
+  lanes l(n, event_flags);
   const auto work_ns = static_cast<unsigned long long>(work_us * 1000);
   samples pending, first, again, busy, stream_first;
-  samples cu_pending, cu_first, cu_again, cu_busy;
+  samples cu_pending, cu_first, cu_again, cu_busy, record;
+  l.records = &record;
   // Ended events: even-numbered ones asked through the runtime, odd ones through the driver.
   const auto split = [&](std::vector<cudaEvent_t>& ev, samples& rt, samples& cu) {
     for (std::size_t i = 0; i < ev.size(); ++i) {
@@ -138,7 +150,7 @@ void run(int n, int rounds, double work_us, driver_event_query_fn cu_query) {
     for (cudaStream_t s : l.streams) stream_first.time([&] { return cudaStreamQuery(s); });
     if (!keep) {
       for (samples* s : {&pending, &first, &again, &busy, &stream_first, &cu_pending, &cu_first,
-                         &cu_again, &cu_busy})
+                         &cu_again, &cu_busy, &record})
         s->clear();
     }
   }
@@ -147,6 +159,7 @@ void run(int n, int rounds, double work_us, driver_event_query_fn cu_query) {
     std::printf("%8d %-17s %10.0f %10.0f %8.0f%%\n", n, what, s.quantile(0.5), s.quantile(0.9),
                 done_pct);
   };
+  row("record", record);
   row("pending", pending);
   row("done, first", first);
   row("done, again", again);
@@ -171,6 +184,17 @@ int main(int argc, char** argv) {
               rounds, conn ? conn : "unset (8)");
   std::printf("%8s %-17s %10s %10s %9s\n", "streams", "call", "p50 ns", "p90 ns", "done");
   const driver_event_query_fn cu_query = driver_event_query();
-  for (int n : {16, 64, 128}) run(n, rounds, work_us, cu_query);
+  // evr's pooled events (no timing), then interprocess ones (their state is shared with other
+  // processes: is a look at them cheaper?).
+  const struct {
+    const char* name;
+    unsigned flags;
+  } kinds[] = {{"cudaEventDisableTiming", cudaEventDisableTiming},
+               {"cudaEventDisableTiming | cudaEventInterprocess",
+                cudaEventDisableTiming | cudaEventInterprocess}};
+  for (const auto& kind : kinds) {
+    std::printf("events: %s\n", kind.name);
+    for (int n : {16, 64, 128}) run(n, rounds, work_us, cu_query, kind.flags);
+  }
   return 0;
 }

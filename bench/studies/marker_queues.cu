@@ -9,6 +9,7 @@
 // one marker behind it, and the host looks until every stream's marker is done:
 //   none    no marker; the host asks cudaStreamQuery
 //   event   cudaEventRecord of a pooled event; the host asks cudaEventQuery (evr's event marker)
+//   ipc     the same with an interprocess event (cudaEventInterprocess)
 //   write   cuStreamWriteValue64 of a word in mapped host memory; the host reads it (evr's fence)
 //   kernel  a one-thread kernel that stores the word (a marker kernel); the host reads it
 //   copy    cudaMemcpyAsync of 8 bytes from device memory into the word (pinned host memory): the
@@ -57,9 +58,11 @@ result run(int n, const std::string& marker, double work_us, int rounds, write_v
            unsigned long long* seq_dev) {
   std::vector<cudaStream_t> streams(n);
   std::vector<cudaEvent_t> events(n);
+  const unsigned event_flags =
+      cudaEventDisableTiming | (marker == "ipc" ? cudaEventInterprocess : 0u);
   for (int i = 0; i < n; ++i) {
     check(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), "stream");
-    check(cudaEventCreateWithFlags(&events[i], cudaEventDisableTiming), "event");
+    check(cudaEventCreateWithFlags(&events[i], event_flags), "event");
   }
   std::vector<double> makespans, means;
   double enqueue_total = 0;
@@ -75,7 +78,7 @@ result run(int n, const std::string& marker, double work_us, int rounds, write_v
     for (int i = 0; i < n; ++i) {
       busy_kernel<<<1, 1, 0, streams[i]>>>(static_cast<unsigned long long>(work_us * 1000));
       const double e0 = now_us();
-      if (marker == "event") {
+      if (marker == "event" || marker == "ipc") {
         check(cudaEventRecord(events[i], streams[i]), "record");
       } else if (marker == "write") {
         if (write_value(streams[i], reinterpret_cast<CUdeviceptr>(words_dev + i * 8), seq, 0) != 0)
@@ -98,7 +101,7 @@ result run(int n, const std::string& marker, double work_us, int rounds, write_v
         bool done = false;
         if (marker == "none") {
           done = cudaStreamQuery(streams[i]) == cudaSuccess;
-        } else if (marker == "event") {
+        } else if (marker == "event" || marker == "ipc") {
           done = cudaEventQuery(events[i]) == cudaSuccess;
         } else {
           done = words[i * 8] >= seq;
@@ -157,7 +160,7 @@ int main(int argc, char** argv) {
   std::printf("%8s %-7s %12s %12s %12s\n", "streams", "marker", "makespan us", "mean us",
               "enqueue ns");
   for (int n : {8, 16, 32, 64, 128}) {
-    for (const char* m : {"none", "event", "write", "kernel", "copy"}) {
+    for (const char* m : {"none", "event", "ipc", "write", "kernel", "copy"}) {
       // Every marker kind starts from words already past this run's sequence numbers.
       std::memset(host, 0, max_streams * 64);
       const result r =
