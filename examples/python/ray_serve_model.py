@@ -12,7 +12,7 @@ so the replica's event loop serves other requests while the GPU works.
 starts a local Ray (or joins one: --address), deploys the model and serves until SIGTERM or
 SIGINT. The model, the stream slots, the input's parsing and the answers' check are
 served_model.py's (imported), so the answers are the same and are checked the same way
-(ray_serve_model_check.py, served_model.Checker).
+(ray_serve_model_check.py, served_model_client.Checker).
 
 Devices: `cuda` gives each replica one GPU (`ray_actor_options={"num_gpus": 1}`; --replicas
 defaults to the GPUs Ray sees) and runs the model in torch; `sim` gives each replica its own

@@ -45,7 +45,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import ray_serve_model  # noqa: E402  (beside this file; sets up Ray's environment)
-import served_model  # noqa: E402
+import served_model_client  # noqa: E402
 
 from ray import serve  # noqa: E402
 
@@ -138,7 +138,7 @@ class Load:
             k = (k + self.connections) % len(self.checker.bodies)
             phase, t0, failed = self.phase, time.perf_counter(), False
             while True:
-                outcome, doc = await served_model.post_row_answer(self.session, self.url,
+                outcome, doc = await served_model_client.post_row_answer(self.session, self.url,
                                                                   self.checker, k)
                 if outcome == "ok":
                     break
@@ -215,14 +215,14 @@ async def check_basics(session, url, replicas, deadline):
     Returns (replica stats, checker, failures)."""
     stats = await replica_stats(session, url, replicas, deadline)
     config = next(iter(stats.values()))["config"]
-    checker = served_model.Checker.of(config["dims"], config["seed"])
+    checker = served_model_client.Checker.of(config["dims"], config["seed"])
     failures = []
     got = collections.Counter(await asyncio.gather(
-        *(served_model.post_row(session, url, checker, i % len(checker.bodies))
+        *(served_model_client.post_row(session, url, checker, i % len(checker.bodies))
           for i in range(256))))
     if got != {"ok": 256}:
         failures.append(f"256 requests: {dict(got)} (all 'ok' expected)")
-    for body, what in served_model.malformed_bodies(config["d_in"]):
+    for body, what in served_model_client.malformed_bodies(config["d_in"]):
         async with session.post(url + "/predict", data=body) as r:
             if r.status != 400:
                 failures.append(f"{what}: status {r.status}, expected 400")

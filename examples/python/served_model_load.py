@@ -45,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import served_model  # noqa: E402  (beside this file)
+import served_model_client  # noqa: E402
 
 # wrk, its output and /proc's CPU figures, as scripts/study/server-study.py reads them.
 _spec = importlib.util.spec_from_file_location("server_study",
@@ -94,7 +95,7 @@ async def check_answers(url, checker, count=64, concurrency=16):
     async with aiohttp.ClientSession() as session:
         async def one(i):
             async with sem:
-                return await served_model.post_row(session, url, checker, i % len(checker.bodies))
+                return await served_model_client.post_row(session, url, checker, i % len(checker.bodies))
 
         return collections.Counter(await asyncio.gather(*(one(i) for i in range(count))))
 
@@ -112,13 +113,13 @@ def measure(args, wrk, mode, out_dir, lua_path, deadline):
     """Starts a server in `mode`, checks it, runs its points; returns (points, server record)."""
     log_path = os.path.join(out_dir, f"server-{mode}.log")
     server_args = ["--mode", mode, "--device", args.device] + shlex.split(args.server_args)
-    proc, url = served_model.start_server(server_args, log_path)
+    proc, url = served_model_client.start_server(server_args, log_path)
     record = {"mode": mode, "log": os.path.basename(log_path), "problems": []}
     points = []
     try:
         stats = asyncio.run(fetch_stats(url))
         record["config"] = config = stats["config"]
-        checker = served_model.Checker.of(config["dims"], config["seed"], n=64)
+        checker = served_model_client.Checker.of(config["dims"], config["seed"], n=64)
         with open(lua_path, "w") as f:  # this server's rows
             f.write(LUA % ",\n".join(f"  [==[{b}]==]" for b in checker.bodies[:16]))
         got = asyncio.run(check_answers(url, checker))
@@ -169,7 +170,7 @@ def measure(args, wrk, mode, out_dir, lua_path, deadline):
                                           f"socket errors {p['socket_errors']}, "
                                           f"failed {p['server_failed']}")
     finally:
-        rc, report = served_model.stop_server(proc, log_path)
+        rc, report = served_model_client.stop_server(proc, log_path)
         record["exit_status"], record["shutdown"] = rc, report
         if rc != 0 or report is None or report["left"] or report["failed"]:
             record["problems"].append(f"shutdown: exit status {rc}, report {report}")
