@@ -15,7 +15,7 @@
 //   * a timerfd (no timer slack, nanosecond resolution, unlike asyncio's millisecond timers),
 //     watched by the loop like the eventfd, is armed for the earliest such time;
 //   * when it fires, the earliest due wait's window opens (open_next): the coroutine awaiting it
-//     (evr's future, python/evr/__init__.py) wakes and polls the completion queue between
+//     (evr's future, python/evr/_loop.py) wakes and polls the completion queue between
 //     `yield`s, as `while not s.query(): await asyncio.sleep(0)` does, so other tasks still run;
 //     when its completion is there it returns at once, without another trip through the loop.
 //     The window ends at the predicted end plus three deviations, at most `max_spin` after it

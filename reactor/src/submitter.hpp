@@ -9,7 +9,8 @@
 // window).
 //
 // Threads: submit() on any thread (lock-free but for the per-stream marker lock, held for one
-// driver call); take_all() / close() on the reactor thread; the rest on any thread.
+// driver call); take_all() / close() by the holder of the pass lock (the reactor thread, or a
+// host's pass); the rest on any thread.
 #pragma once
 
 #include <cstddef>

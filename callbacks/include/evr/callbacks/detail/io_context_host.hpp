@@ -22,9 +22,10 @@
 //     then costs a few memory reads. When the thread would otherwise sleep and the next window is
 //     not open yet, it arms the timer for that window and stops (no tick: overlapping windows of
 //     many streams are polled through, as one stream's are);
-//   * the reactor thread sleeps through such windows and looks only after a window closed (a
-//     safety net); when it learns of a window this host does not know of (a wait submitted from
-//     another thread, queued behind others), it calls look_by, which posts the arming here.
+//   * the reactor thread does not wake for such windows: it looks after a window closed (a
+//     safety net), or sooner when a sweep it makes for other streams comes by; when it learns of a
+//     window this host does not know of (a wait submitted from another thread, queued behind
+//     others), it calls look_by, which posts the arming here.
 // Role woken (delivery::post_woken): the reactor calls wake_until shortly before a window (lead_ns,
 // learned from how late its wake-ups ran here); the posted keep-awake re-posts itself until a
 // completion of a hosted wait ran on this context or the window closed. The reactor finds the

@@ -9,8 +9,9 @@
 //     predicts the wait's completion, and through the window it sweeps the reactor's streams of
 //     its own waits itself (detail::poll_here: a pass under the reactor's pass lock that
 //     runs no user code); completions it finds are posted to its own thread and run next. The
-//     reactor thread sleeps through such a window and looks only after it closed (a safety net
-//     for a host that is late or busy).
+//     reactor thread does not wake for such a window: it looks itself after the window closed (a
+//     safety net for a host that is late or busy), or earlier only when a sweep it makes for other
+//     streams comes by (idle_governor::plan_host_polls).
 //   * woken: the reactor wakes the host's thread shortly before the window (wake_until, learned
 //     lead) and the host keeps itself awake until a completion of its arrives; the reactor finds
 //     the completion as for any wait. Two threads spin through the window: more CPU, no timer of
