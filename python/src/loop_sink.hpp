@@ -60,8 +60,9 @@ struct loop_sink {
   /// Resolves the probed waits whose probe says done (loop_waker::take_reached).
   bool settle_probed() {
     bool any = false;
-    const std::int64_t now = monotonic_ns();
-    while (completion* c = waker.take_reached(now)) {
+    // The clock is read before each round of looks: settling a wait runs Python, and a look
+    // after it must not note the time of the looks before it.
+    while (completion* c = waker.take_reached(monotonic_ns())) {
       (void)settle_from_probe(c);  // true: pushed meanwhile, the drain frees it
       any = true;
     }

@@ -130,11 +130,13 @@ completion* loop_waker::take_reached(std::int64_t now) noexcept {
   if (found == nullptr) return nullptr;
   // The work ended between the last look that found it short and this one. The reactor learns
   // the midpoint, as from its own looks (idle_governor::done_time). This loop's model learns it
-  // from a narrow bracket (the poller's looks, within the loop's own lateness). A wide one (the
-  // first look, at the window, found it done) gives the model only "by now": its midpoint would
-  // be a false outlier whenever steady work merely ended a little before its window, and the
-  // windows after it would open early and miss. The look's time is learnt then, as from any
-  // late look (see left_flight for two in a row).
+  // from a narrow bracket (two looks within twice the loop's lead: the poller's). A wider one
+  // gives the model only "by now": most often the first look, at the window, found the work done,
+  // and the midpoint would then be a false outlier whenever steady work merely ended a little
+  // before its window, so that the windows after it opened early and missed; a busy loop whose
+  // looks inside a window are far apart gets the same treatment (measured: learning the midpoint
+  // there made its windows miss more, docs/notebook.md). The look's time is learnt then, as from
+  // any late look (see left_flight for two in a row).
   const std::int64_t bracket = now - found->probe_short_ns;
   const std::int64_t midpoint = found->probe_short_ns + bracket / 2;
   found->probe.saw_reached(std::chrono::nanoseconds(monotonic_ns() - midpoint));
@@ -167,9 +169,10 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, std::int64_t
   if (!only_bound) {
     m.bounds_in_a_row = 0;
   } else if (++m.bounds_in_a_row >= 2) {
-    // Two waits in a row already done at the first look: the work got shorter than the model
-    // says. Start it again (the stream's next waits get no window and teach the new length in a
-    // few waits; learning the bounds instead took tens, each found at the old window).
+    // Two waits in a row found only loosely (mostly: already done at their window's first look):
+    // the work got shorter than the model says. Start it again (the stream's next waits get no
+    // window and teach the new length in a few waits; learning the bounds instead took tens, each
+    // found at the old window).
     m.mean_ns = m.dev_ns = 0;
     m.samples = 0;
     m.bounds_in_a_row = 0;
