@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The client side of the served model (served_model.py): start a server and stop it, the request
 bodies with their float64 reference answers, one checked request, and the self-test that
 `served_model.py --self-test` runs. served_model_load.py and ray_serve_model_check.py use the same
