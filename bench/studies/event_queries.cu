@@ -13,13 +13,12 @@
 //   done, busy     the first query of an ended event while every stream runs its next kernel
 //   stream, first  the first cudaStreamQuery of a stream whose work has ended (no event asked)
 //   record         the cudaEventRecord behind each kernel (what a marker costs to put down)
-// All of it twice: for events made as evr's pool makes them (cudaEventDisableTiming) and for
-// interprocess events (cudaEventInterprocess), whose state other processes can read.
-// The event rows are timed twice: through the runtime (cudaEventQuery) and through the driver's
-// own entry point (cuEventQuery, fetched with cudaGetDriverEntryPointByVersion), to see what the
-// runtime's layer adds to each look. Pending events are asked through both in turn; of the ended
-// events, the even-numbered ones are asked through the runtime first, the odd ones through the
-// driver, so that every "first" is a first.
+// The table runs for two kinds of event: as evr's pool makes them (cudaEventDisableTiming), and
+// interprocess ones (cudaEventInterprocess), whose state other processes can read. Each query row
+// also has a "cu:" twin, the same look through the driver's own entry point (cuEventQuery,
+// fetched with cudaGetDriverEntryPointByVersion): what the runtime's layer adds to a look.
+// Pending events are asked through both in turn; of the ended events, the even-numbered ones are
+// asked through the runtime, the odd ones through the driver, so that every "first" is a first.
 // A look that finds a wait done is a "done, first" (or "done, busy" on a loaded device); every
 // look before it a "pending". The last column says how many calls found the work done: 0 % for
 // "pending", 100 % for the rest; otherwise the streams' launches outlasted --work-us (about 3 us
