@@ -45,16 +45,6 @@ using clock_type = std::chrono::steady_clock;
 /// whose success is 0), so that no driver symbol is referenced at link time.
 using driver_event_query_fn = int (*)(cudaEvent_t);
 
-driver_event_query_fn driver_event_query() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  check(cudaGetDriverEntryPointByVersion("cuEventQuery", &fn, 12000, cudaEnableDefault, &found),
-        "cudaGetDriverEntryPointByVersion(cuEventQuery)");
-  if (found != cudaDriverEntryPointSuccess || fn == nullptr)
-    check(cudaErrorUnknown, "cuEventQuery");
-  return reinterpret_cast<driver_event_query_fn>(fn);
-}
-
 /// Samples of one kind of call, ns, and how many of the calls said "done".
 struct samples {
   std::vector<double> ns;
@@ -182,7 +172,8 @@ int main(int argc, char** argv) {
   std::printf("event-queries: work %.0f us, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s\n", work_us,
               rounds, conn ? conn : "unset (8)");
   std::printf("%8s %-17s %10s %10s %9s\n", "streams", "call", "p50 ns", "p90 ns", "done");
-  const driver_event_query_fn cu_query = driver_event_query();
+  const auto cu_query =
+      reinterpret_cast<driver_event_query_fn>(study::driver_entry_point("cuEventQuery"));
   // evr's pooled events (no timing), then interprocess ones (their state is shared with other
   // processes: is a look at them cheaper?).
   const struct {

@@ -140,12 +140,8 @@ int main(int argc, char** argv) {
   const double work_us = opt.work_us;
   const int rounds = opt.rounds;
   check(cudaSetDevice(0), "cudaSetDevice");
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  check(cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000, cudaEnableDefault,
-                                         &found),
-        "cuStreamWriteValue64");
-  auto write_value = reinterpret_cast<write_value_fn>(fn);
+  auto write_value =
+      reinterpret_cast<write_value_fn>(study::driver_entry_point("cuStreamWriteValue64"));
   void* host = nullptr;
   const int max_streams = 128;
   check(cudaHostAlloc(&host, max_streams * 64, cudaHostAllocMapped), "cudaHostAlloc");

@@ -30,6 +30,16 @@ inline void check(cudaError_t e, const char* what) {
   }
 }
 
+/// A driver function by name, as of the CUDA 12.0 ABI, fetched through the runtime so that the
+/// study links no driver symbol; exits naming it when the driver lacks it.
+inline void* driver_entry_point(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  check(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found), name);
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr) check(cudaErrorSymbolNotFound, name);
+  return fn;
+}
+
 /// The studies' command line: [--work-us US] [--rounds N].
 struct options {
   double work_us = 1000;
