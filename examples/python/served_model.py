@@ -25,11 +25,12 @@ row plays the GPU's time; the stream, the wait, the modes and the HTTP path are 
 sizes 256 -> 256 x 2 -> 16). `auto` (default): cuda when evr has its CUDA backend and torch sees
 a GPU.
 
-Batching: a request's row joins a queue. One batcher task launches a batch when a stream of the
-pool is free and either --max-batch rows are queued or --window-ms has passed since the oldest
-queued row arrived; so at most --streams batches are on the GPU at once, and rows that arrive
-meanwhile wait for the next free stream (batches grow with the load). Each launched batch gets a
-task that waits for its stream (the mode), then answers its rows and gives the stream back.
+Batching (served_model_batcher.py): a request's row joins a queue. One batcher task launches a
+batch when a stream of the pool is free and either --max-batch rows are queued or --window-ms has
+passed since the oldest queued row arrived; so at most --streams batches are on the GPU at once,
+and rows that arrive meanwhile wait for the next free stream (batches grow with the load). Each
+launched batch gets a task that waits for its stream (the mode), then answers its rows and gives
+the stream back.
 
 Shutdown (SIGTERM, SIGINT): new requests are refused with 503; the queued rows are launched at
 once, the batches on the GPU finish, and every request already accepted is answered; then the
@@ -41,10 +42,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import json
 import math
-import os
 import signal
 import sys
 
@@ -53,7 +52,7 @@ import numpy as np
 import evr
 import evr.sim
 
-MODES = ("evr", "executor", "blocking")
+from served_model_batcher import MODES, Batcher, Refused  # beside this file
 
 
 # --- the model ------------------------------------------------------------------------------------
@@ -183,173 +182,6 @@ def make_backend(args, weights):
     name = (f"CUDA: {torch.cuda.get_device_name()} (torch {torch.__version__}, "
             f"{args.streams} streams)")
     return name, slots, gpu_s
-
-
-# --- the batcher ----------------------------------------------------------------------------------
-
-class Refused(Exception):
-    """The server is shutting down: the request was not accepted (503)."""
-
-
-class Batcher:
-    """Gathers rows into batches, launches each on a free stream of the pool and answers the rows
-    when the stream is done, waiting in the way `mode` says. Loop thread only.
-
-    submit(row) returns a future of the row's answer (a list of floats); it raises Refused once
-    close() has begun. A batch that fails (launch or wait) fails each of its futures with the
-    error; a request whose future was cancelled (its client left) is dropped from the batch it had
-    not yet joined, or its answer is discarded."""
-
-    def __init__(self, slots, mode, max_batch, window_s, sigterm_after=0):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.loop = asyncio.get_running_loop()
-        self.mode, self.max_batch, self.window_s = mode, max_batch, window_s
-        self.free = collections.deque(slots)
-        self.queue = collections.deque()  # (arrival time, row, future)
-        self.closing = False
-        self.sigterm_after = sigterm_after
-        self.counts = collections.Counter(
-            dict.fromkeys(("requests", "batches", "rows", "answered", "refused", "failed"), 0))
-        self.batches_in_flight = 0
-        self.rows_in_flight = 0
-        self._wake = None  # what the batcher task sleeps on
-        self._drained = None  # what close() sleeps on
-        self._finishing = set()
-        self._task = self.loop.create_task(self._run())
-
-    # The request side.
-    def submit(self, row):
-        if self.closing:
-            self.counts["refused"] += 1
-            raise Refused()
-        fut = self.loop.create_future()
-        self.queue.append((self.loop.time(), row, fut))
-        self.counts["requests"] += 1
-        if len(self.queue) == 1 or len(self.queue) >= self.max_batch:
-            self._poke()
-        if self.counts["requests"] == self.sigterm_after:
-            os.kill(os.getpid(), signal.SIGTERM)  # the self-test's shutdown with requests in flight
-        return fut
-
-    def _poke(self):
-        w = self._wake
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def _nap(self, timeout=None):
-        w = self._wake = self.loop.create_future()
-        timer = self.loop.call_later(timeout, self._poke) if timeout is not None else None
-        try:
-            await w
-        finally:
-            self._wake = None
-            if timer is not None:
-                timer.cancel()
-
-    # The batcher task: one batch per turn.
-    async def _run(self):
-        while True:
-            while not self.queue or not self.free:
-                await self._nap()
-            deadline = self.queue[0][0] + self.window_s
-            while len(self.queue) < self.max_batch and not self.closing:
-                left = deadline - self.loop.time()
-                if left <= 0:
-                    break
-                await self._nap(left)
-            batch = []
-            while self.queue and len(batch) < self.max_batch:
-                entry = self.queue.popleft()
-                if not entry[2].done():  # not cancelled by a client that left
-                    batch.append(entry)
-            if not batch:
-                self._check_drained()
-                continue
-            slot = self.free.popleft()
-            try:
-                slot.launch(np.stack([row for _, row, _ in batch]))
-            except Exception as e:  # noqa: BLE001 - the batch's requests get the error
-                self.free.append(slot)
-                self._fail(batch, e)
-                continue
-            self.counts["batches"] += 1
-            self.counts["rows"] += len(batch)
-            self.batches_in_flight += 1
-            self.rows_in_flight += len(batch)
-            task = self.loop.create_task(self._finish(slot, batch))
-            self._finishing.add(task)
-            task.add_done_callback(self._finishing.discard)
-
-    async def _finish(self, slot, batch):
-        try:
-            if self.mode == "evr":
-                await evr.wait(slot.stream)
-            elif self.mode == "executor":
-                await self.loop.run_in_executor(None, slot.stream.synchronize)
-            else:
-                slot.stream.synchronize()
-            answers = slot.result(len(batch)).tolist()
-            for (_, _, fut), y in zip(batch, answers):
-                if not fut.done():
-                    fut.set_result(y)
-            self.counts["answered"] += len(batch)
-        except BaseException as e:  # noqa: BLE001 - CudaError, or cancelled by close()
-            self._fail(batch, Refused() if isinstance(e, asyncio.CancelledError) else e)
-            if isinstance(e, asyncio.CancelledError):
-                raise
-        finally:
-            self.batches_in_flight -= 1
-            self.rows_in_flight -= len(batch)
-            self.free.append(slot)
-            self._poke()
-            self._check_drained()
-
-    def _check_drained(self):
-        d = self._drained
-        if d is not None and not d.done() and not self.queue and not self.batches_in_flight:
-            d.set_result(None)
-
-    def _fail(self, batch, error):
-        for _, _, fut in batch:
-            if not fut.done():
-                fut.set_exception(error)
-        self.counts["refused" if isinstance(error, Refused) else "failed"] += len(batch)
-
-    def stats(self):
-        return dict(self.counts, mode=self.mode, queued=len(self.queue),
-                    batches_in_flight=self.batches_in_flight, rows_in_flight=self.rows_in_flight,
-                    closing=self.closing)
-
-    async def close(self, timeout):
-        """Refuses new requests, launches what is queued at once and waits (at most `timeout`
-        seconds) until every accepted request is answered; what is left then is refused. Returns
-        what was in flight and what became of it."""
-        start = self.loop.time()
-        report = {"queued": len(self.queue), "on_gpu": self.rows_in_flight,
-                  "batches_on_gpu": self.batches_in_flight}
-        report["in_flight"] = report["queued"] + report["on_gpu"]
-        before = dict(self.counts)
-        self.closing = True
-        self._poke()  # a batcher inside its window launches now
-        if self.queue or self.batches_in_flight:
-            self._drained = self.loop.create_future()
-            try:
-                await asyncio.wait_for(self._drained, timeout)
-            except asyncio.TimeoutError:
-                pass
-        report["left"] = len(self.queue) + self.rows_in_flight
-        self._fail(list(self.queue), Refused())
-        self.queue.clear()
-        self._task.cancel()
-        for t in list(self._finishing):
-            t.cancel()
-        await asyncio.gather(self._task, *self._finishing, return_exceptions=True)
-        for k in ("answered", "failed"):
-            report[k] = self.counts[k] - before.get(k, 0)
-        report["refused_before"] = before.get("refused", 0)
-        report["seconds"] = round(self.loop.time() - start, 4)
-        return report
 
 
 # --- the HTTP endpoint ----------------------------------------------------------------------------
