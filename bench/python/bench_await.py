@@ -256,8 +256,10 @@ async def tasks(d, n, kernel_s, seconds, method="evr", warmed=None):
                           "wakeups")}
     row.update({"reactor_cores": (m1["reactor_cpu_seconds"] - m0["reactor_cpu_seconds"]) / wall,
                 "reactor_per_wait": per_wait,
-                "loop": {k: loop[k] for k in ("predicted", "timer_fires", "spins", "spin_hits",
-                                              "spin_misses", "not_polled", "spin_seconds")},
+                "loop": {k: loop.get(k, 0) for k in ("predicted", "timer_fires", "spins",
+                                                     "spin_hits", "spin_misses", "not_polled",
+                                                     "spin_seconds", "model_restarts",
+                                                     "late_looks")},
                 "loop_spin_share": loop["spin_seconds"] / wall})
     return row
 
@@ -462,7 +464,8 @@ def main():
                   ", ".join(f"{v:.2f} {k}" for k, v in pw.items()) +
                   f"; the loop polled {t['loop_spin_share'] * 100:.0f} % of the time: "
                   f"{lp['spins']} windows, {lp['spin_hits']} hits, {lp['spin_misses']} misses, "
-                  f"{lp['predicted']} predicted, {lp['not_polled']} not polled")
+                  f"{lp['predicted']} predicted, {lp['not_polled']} not polled, "
+                  f"{lp['model_restarts']} models restarted, {lp['late_looks']} late looks")
     if not args.many:
         if args.json:
             with open(args.json, "w") as f:

@@ -46,7 +46,7 @@ struct completion {
   std::int64_t pushed_ns = 0;     ///< the reactor thread's clock reading just before push()
   std::int64_t submitted_ns = 0;  ///< when the wait was submitted
   std::uintptr_t key = 0;         ///< the predictor's key: the target's handle
-  std::int64_t wake_at = 0;       ///< the schedule entry (wake_ticket 0: none)
+  std::int64_t wake_at = 0;       ///< its wake-up time (0: none); kept after leaving the schedule
   std::uint64_t wake_ticket = 0;
   std::int64_t spin_until = 0;
   // A probed wait (evr::wait_target::probed): the fence word its loop reads while polling

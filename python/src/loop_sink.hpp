@@ -114,6 +114,8 @@ struct loop_sink {
     py::dict d;
     d["completions"] = s.completions;
     d["probe_hits"] = s.probe_hits;
+    d["late_looks"] = s.late_looks;
+    d["model_restarts"] = s.model_restarts;
     d["predicted"] = s.predicted;
     d["timer_fires"] = s.timer_fires;
     d["spins"] = s.spins;

@@ -129,44 +129,60 @@ completion* loop_waker::take_reached(std::int64_t now) noexcept {
   }
   if (found == nullptr) return nullptr;
   // The work ended between the last look that found it short and this one. The reactor learns
-  // the midpoint, as from its own looks (idle_governor::done_time). This loop's model learns it
-  // from a narrow bracket (two looks within twice the loop's lead: the poller's). A wider one
-  // gives the model only "by now": most often the first look, at the window, found the work done,
-  // and the midpoint would then be a false outlier whenever steady work merely ended a little
-  // before its window, so that the windows after it opened early and missed; a busy loop whose
-  // looks inside a window are far apart gets the same treatment (measured: learning the midpoint
-  // there made its windows miss more, docs/notebook.md). The look's time is learnt then, as from
-  // any late look (see left_flight for two in a row).
+  // the midpoint, as from its own looks (idle_governor::done_time).
   const std::int64_t bracket = now - found->probe_short_ns;
   const std::int64_t midpoint = found->probe_short_ns + bracket / 2;
   found->probe.saw_reached(std::chrono::nanoseconds(monotonic_ns() - midpoint));
   ++stats_.probe_hits;
-  const bool narrow = bracket <= 2 * stats_.lead_ns;
-  left_flight(found, now, narrow ? midpoint : now, /*only_bound=*/!narrow);  // out of probed_
+  left_flight(found, now, lesson_of(*found, now));  // out of probed_
   return found;
+}
+
+loop_waker::lesson loop_waker::lesson_of(const completion& c, std::int64_t now) noexcept {
+  // This loop's model learns the midpoint only from a narrow bracket (two looks within twice the
+  // loop's lead: the poller's). A wider one gives it only "by now": most often the first look,
+  // at the window, found the work done, and the midpoint would then be a false outlier whenever
+  // steady work merely ended a little before its window, so that the windows after it opened
+  // early and missed; a busy loop whose looks inside a window are far apart gets the same
+  // treatment (measured: learning the midpoint there made its windows miss more,
+  // docs/notebook.md). The look's time is learnt then, as from any late look, and counts as a
+  // bound (see left_flight for two in a row)...
+  const std::int64_t bracket = now - c.probe_short_ns;
+  if (bracket <= 2 * stats_.lead_ns) return {c.probe_short_ns + bracket / 2, lesson::exact};
+  // ... unless no look found the work short since the wait's wake-up time and this first look came
+  // later than twice the lead after it: the loop was late (blocked, or its thread not running),
+  // and steady work is done by then anyway. Such a look says nothing of the work's length: it
+  // teaches nothing, and does not count towards a restart (two late wake-ups in a row started
+  // the model again, costing the stream its next windows, on a loaded machine).
+  const bool first_look_in_window = c.wake_at != 0 && c.probe_short_ns < c.wake_at;
+  if (first_look_in_window && now - c.wake_at > 2 * stats_.lead_ns) {
+    ++stats_.late_looks;
+    return {0, lesson::nothing};
+  }
+  return {now, lesson::bound};
 }
 
 void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
   // Learn only from waits that completed: a cancelled or failed one says nothing of the work.
-  left_flight(c, now, c->ec ? 0 : c->pushed_ns);
+  left_flight(c, now, {c->ec ? 0 : c->pushed_ns, c->ec ? lesson::nothing : lesson::exact});
   const std::int64_t hop = std::max<std::int64_t>(1, now - c->pushed_ns);
   const auto bucket = std::min<std::size_t>(stats_.hop_log2_ns.size() - 1,
                                             64 - __builtin_clzll(static_cast<std::uint64_t>(hop)));
   ++stats_.hop_log2_ns[bucket];
 }
 
-void loop_waker::left_flight(const completion* c, std::int64_t now, std::int64_t done_ns,
-                             bool only_bound) noexcept {
+void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learnt) noexcept {
   ++stats_.completions;
   if (in_flight_ > 0) --in_flight_;
-  last_ = {c->submitted_ns, done_ns != 0 ? done_ns : c->pushed_ns, now};
+  last_ = {c->submitted_ns, learnt.done_ns != 0 ? learnt.done_ns : c->pushed_ns, now};
+  if (last_.pushed_ns == 0) last_.pushed_ns = now;  // a late first look: seen done by then
   forget(c);
-  if (done_ns == 0) return;
+  if (learnt.kind == lesson::nothing || learnt.done_ns == 0) return;
   // Bounded: a program that waits on ever new handles (events made per request) must not grow
   // the table forever; forgetting every model costs a few unpredicted waits per stream.
   if (models_.size() >= max_models && models_.find(c->key) == models_.end()) models_.clear();
   model& m = models_[c->key];
-  if (!only_bound) {
+  if (learnt.kind == lesson::exact) {
     m.bounds_in_a_row = 0;
   } else if (++m.bounds_in_a_row >= 2) {
     // Two waits in a row found only loosely (mostly: already done at their window's first look):
@@ -176,9 +192,11 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, std::int64_t
     m.mean_ns = m.dev_ns = 0;
     m.samples = 0;
     m.bounds_in_a_row = 0;
+    ++stats_.model_restarts;
     return;
   }
-  update(m.mean_ns, m.dev_ns, static_cast<double>(done_ns - c->submitted_ns), m.samples == 0);
+  update(m.mean_ns, m.dev_ns, static_cast<double>(learnt.done_ns - c->submitted_ns),
+         m.samples == 0);
   if (m.samples < min_samples) ++m.samples;
 }
 

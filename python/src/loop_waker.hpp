@@ -67,6 +67,9 @@ struct loop_stats {
   std::uint64_t not_polled = 0;   ///< due waits nobody awaited (a gathered future): eventfd
   std::int64_t spin_ns = 0;       ///< time spent in open windows
   std::uint64_t probe_hits = 0;   ///< waits resolved from their probe (before the reactor's push)
+  /// ... of which the loop's first look since the wake-up time came late (taught nothing)
+  std::uint64_t late_looks = 0;
+  std::uint64_t model_restarts = 0;  ///< stream models started again (the work got shorter)
   /// log2 histogram of "pushed by the reactor -> drained by the loop" (bucket i: < 2^i ns).
   std::array<std::uint64_t, 40> hop_log2_ns{};
   std::int64_t lead_ns = 0;  ///< the current lead (timer lateness estimate + margin)
@@ -172,11 +175,18 @@ class loop_waker {
   /// Takes `c`'s entry out of the schedule, if it has one (drained, or refused), and out of the
   /// probed waits.
   void forget(const completion* c) noexcept;
+  /// What a wait that left flight teaches its stream's model: the time its work ended (`exact`),
+  /// a time it ended at or before, by how much unknown (`bound`), or nothing.
+  struct lesson {
+    std::int64_t done_ns = 0;
+    enum { exact, bound, nothing } kind = nothing;
+  };
+  /// What the probe of `c`, found done by a look at `now`, teaches (see take_reached).
+  lesson lesson_of(const completion& c, std::int64_t now) noexcept;
   /// A wait of this loop left flight at `now` (drained, or seen done by its probe): stats, the
-  /// stages of the last completion, and its stream's model learns from `done_ns` (0: nothing to
-  /// learn). `only_bound`: the work ended at `done_ns` or before, by how much unknown.
-  void left_flight(const completion* c, std::int64_t now, std::int64_t done_ns,
-                   bool only_bound = false) noexcept;
+  /// stages of the last completion, and its stream's model learns `learnt` (two bounds in a row
+  /// start the model again).
+  void left_flight(const completion* c, std::int64_t now, lesson learnt) noexcept;
   /// Takes an entry out of the schedule: its node is unscheduled, its stream may schedule another.
   void drop(std::set<slot>::iterator it) noexcept;
   /// The timerfd for the earliest entry (disarmed when there is none or a window is open).

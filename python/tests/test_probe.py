@@ -4,6 +4,7 @@ window closes, completes it once afterwards. Futures nobody awaits are polled by
 """
 
 import asyncio
+import time
 
 import pytest
 
@@ -124,3 +125,71 @@ def test_work_that_gets_much_shorter_is_relearnt_in_a_few_waits(dev, spin_defaul
     late = [round(t * 1e3, 1) for t in found if t > long * 0.75]
     # One or two at the old window by design, a few more on a loaded machine.
     assert len(late) <= 3, f"the loop found {len(late)} of {waits} 0.2 ms waits > 6 ms late: {late}"
+
+
+def test_a_late_loop_keeps_a_steady_streams_model(dev, spin_default):
+    """A probed stream's steady work (8 ms, alternating 7.2 and 8.8 ms: a deviation of about
+    0.8 ms, so that its windows are wide) and a loop that is blocked through each wait's window
+    opening until the work is done, as on a loaded machine whose loop thread is not running:
+    the window's first look, late, finds the fence word written. Such a look says nothing of the
+    work's length, so the stream keeps its model and every wait its window. When a late first
+    look counted like one made on time (a bound: "the work is shorter than predicted"), every
+    two such waits in a row started the model again and the next three waits got no window."""
+    evr.set_loop_spin(0.005)  # windows as wide as the work's deviation: the loop's, not the reactor's
+    reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05)
+    s = dev.stream()
+    lengths, rounds = (0.0072, 0.0088), 8
+
+    async def blocked_wait(seconds):
+        """Launches `seconds` of work, submits its wait, and blocks the loop until the work is
+        done and the wake-up time is further past than twice the longest lead a loop uses (300 us,
+        loop_waker.cpp): a late look however the lead has grown meanwhile (at most 1 s). Returns
+        whether the wait had a wake-up time and whether the loop's probe, not the reactor, found
+        it."""
+        before = evr.loop_stats()
+        dev.launch_kernel(s, seconds)
+        done = dev.event()
+        done.record(s)
+        fut = evr.wait(s, reactor=reactor)
+        predicted = evr.loop_stats()["predicted"] > before["predicted"]
+        late_ns = getattr(fut, "_wake_at", 0) + 650_000
+        deadline = time.monotonic() + 1.0
+        while (not done.query() or time.monotonic_ns() < late_ns) and time.monotonic() < deadline:
+            pass  # the loop's thread is busy: its timer's wake-up comes late
+        await fut
+        return predicted, evr.loop_stats()["probe_hits"] > before["probe_hits"]
+
+    async def experiment():
+        """Warms the model until a wait is predicted and probed, then runs `rounds` blocked
+        waits. Returns (rounds predicted, rounds the loop's probe found, models restarted, late
+        looks counted)."""
+        for i in attempts(at_least=0):
+            await kernel_then_wait(dev, s, reactor, lengths[i % 2])
+            if evr.loop_stats()["probe_hits"] >= 1 and evr.loop_stats()["models"] >= 1:
+                break
+        before = evr.loop_stats()
+        seen = [await blocked_wait(lengths[i % 2]) for i in range(rounds)]
+        after = evr.loop_stats()
+        return (sum(p for p, _ in seen), sum(f for _, f in seen),
+                after["model_restarts"] - before["model_restarts"],
+                after["late_looks"] - before["late_looks"])
+
+    async def main():
+        results = []
+        for _ in attempts(seconds=20.0, at_least=1):  # a loaded machine may scatter the work
+            results.append(await experiment())
+            predicted, found, _, _ = results[-1]
+            if predicted == rounds and found >= 2:
+                break
+        return results
+
+    try:
+        results = run(main(), timeout=120)
+    finally:
+        reactor.shutdown()
+    predicted, found, restarts, late = results[-1]
+    assert found >= 2, f"the loop's late looks never found the work (per try: {results})"
+    assert predicted == rounds and restarts == 0, (
+        f"late looks restarted the stream's model: (predicted, found by the loop, restarts, late "
+        f"looks) of {rounds} blocked waits, per try: {results}")
+    assert late >= 2, results  # the loop's probe found them by late looks (or a poll after one)
