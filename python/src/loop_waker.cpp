@@ -182,21 +182,32 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learn
   // the table forever; forgetting every model costs a few unpredicted waits per stream.
   if (models_.size() >= max_models && models_.find(c->key) == models_.end()) models_.clear();
   model& m = models_[c->key];
+  double sample = static_cast<double>(learnt.done_ns - c->submitted_ns);
   if (learnt.kind == lesson::exact) {
     m.bounds_in_a_row = 0;
-  } else if (++m.bounds_in_a_row >= 2) {
+  } else if (++m.bounds_in_a_row == 1) {
+    m.first_bound_ns = sample;
+  } else {
     // Two waits in a row found only loosely (mostly: already done at their window's first look):
     // the work got shorter than the model says. Start it again (the stream's next waits get no
     // window and teach the new length in a few waits; learning the bounds instead took tens, each
-    // found at the old window).
+    // found at the old window). What they teach is capped by the bounds less a lead: their
+    // lengths come from the reactor's pushes, later than the work's end by the reactor's own
+    // lateness, and a model relearnt from those alone predicted the same late ends, whose first
+    // looks found the work done again: the model started again every five waits (measured).
+    m.relearn_cap_ns =
+        std::max(0.0, std::min(m.first_bound_ns, sample) - static_cast<double>(stats_.lead_ns));
     m.mean_ns = m.dev_ns = 0;
     m.samples = 0;
     m.bounds_in_a_row = 0;
     ++stats_.model_restarts;
     return;
   }
-  update(m.mean_ns, m.dev_ns, static_cast<double>(learnt.done_ns - c->submitted_ns),
-         m.samples == 0);
+  if (m.relearn_cap_ns > 0) {
+    sample = std::min(sample, m.relearn_cap_ns);
+    if (m.samples + 1 >= min_samples) m.relearn_cap_ns = 0;
+  }
+  update(m.mean_ns, m.dev_ns, sample, m.samples == 0);
   if (m.samples < min_samples) ++m.samples;
 }
 

@@ -152,6 +152,9 @@ class loop_waker {
     double dev_ns = 0;
     std::uint32_t samples = 0;
     std::uint32_t bounds_in_a_row = 0;   ///< probed waits in a row that taught only a bound
+    double first_bound_ns = 0;  ///< the first of those bounds (submission to the look)
+    /// After a restart, until the model is trusted again: no sample longer than this (0: none).
+    double relearn_cap_ns = 0;
     std::uint64_t scheduled_ticket = 0;  ///< this stream's wait in the schedule (0: none)
   };
   /// A scheduled wait, ordered by wake-up time (the ticket makes equal times distinct). The node
