@@ -191,10 +191,12 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learn
     // Two waits in a row found only loosely (mostly: already done at their window's first look):
     // the work got shorter than the model says. Start it again (the stream's next waits get no
     // window and teach the new length in a few waits; learning the bounds instead took tens, each
-    // found at the old window). What they teach is capped by the bounds less a lead: their
-    // lengths come from the reactor's pushes, later than the work's end by the reactor's own
-    // lateness, and a model relearnt from those alone predicted the same late ends, whose first
-    // looks found the work done again: the model started again every five waits (measured).
+    // found at the old window). What they teach is capped by the bounds less a lead: waits
+    // without a window are unhurried (the reactor does not spin for them), so their pushes come
+    // later than the work's end, and a model relearnt from those alone predicted the same late
+    // end, whose first looks found the work done again: it started again every five waits, on
+    // the simulated device and on a loaded GPU host (docs/notebook.md, "restarts fed by the
+    // reactor's late pushes").
     m.relearn_cap_ns =
         std::max(0.0, std::min(m.first_bound_ns, sample) - static_cast<double>(stats_.lead_ns));
     m.mean_ns = m.dev_ns = 0;
