@@ -60,8 +60,8 @@ def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = None) -> Optional[dic
 
     ``completions``; ``probe_hits`` (completions a poll saw in the wait's fence word before the
     reactor handed them over), ``late_looks`` (of those, found by a look that came late: they
-    teach the stream's model nothing), ``model_restarts`` (streams whose model started again
-    because their work got shorter); ``hop_log2_ns`` (bucket i counts completions that took < 2**i ns
+    teach the stream's model nothing), ``model_restarts`` (how often a stream's model
+    started again because its work got shorter); ``hop_log2_ns`` (bucket i counts completions that took < 2**i ns
     from the reactor's push to the loop's drain); the polling of :func:`set_loop_spin`: ``predicted``
     (waits given a wake-up time), ``timer_fires``, ``spins`` (windows a coroutine polled in),
     ``spin_hits`` (its completion came meanwhile), ``spin_misses`` (windows or due waits that

@@ -23,6 +23,7 @@ constexpr std::int64_t min_lead_ns = 5'000;
 constexpr std::int64_t max_lead_ns = 300'000;
 constexpr std::int64_t max_late_sample_ns = 500'000;  // a busy loop's lateness is not the timer's
 constexpr std::size_t max_models = 4096;              // streams (handles) with a model, per loop
+constexpr std::uint32_t max_late_in_a_row = 3;        // late first looks: the third is a bound
 
 void update(double& mean, double& dev, double sample, bool first) noexcept {
   if (first) {
@@ -151,13 +152,14 @@ loop_waker::lesson loop_waker::lesson_of(const completion& c, std::int64_t now) 
   if (bracket <= 2 * stats_.lead_ns) return {c.probe_short_ns + bracket / 2, lesson::exact};
   // ... unless no look found the work short since the wait's wake-up time and this first look came
   // later than twice the lead after it: the loop was late (blocked, or its thread not running),
-  // and steady work is done by then anyway. Such a look says nothing of the work's length: it
-  // teaches nothing, and does not count towards a restart (two late wake-ups in a row started
-  // the model again, costing the stream its next windows, on a loaded machine).
-  const bool first_look_in_window = c.wake_at != 0 && c.probe_short_ns < c.wake_at;
+  // and steady work is done by then anyway. Such a look says little of the work's length
+  // (left_flight: a few in a row do count). (No look yet: probe_short_ns is the submission,
+  // which is also the wake-up time of a wait due at once.)
+  const bool first_look_in_window =
+      c.probe_short_ns < c.wake_at || c.probe_short_ns == c.submitted_ns;
   if (first_look_in_window && now - c.wake_at > 2 * stats_.lead_ns) {
     ++stats_.late_looks;
-    return {0, lesson::nothing};
+    return {now, lesson::late};
   }
   return {now, lesson::bound};
 }
@@ -174,8 +176,9 @@ void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
 void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learnt) noexcept {
   ++stats_.completions;
   if (in_flight_ > 0) --in_flight_;
+  // pushed_ns is read only for a drained node (the reactor wrote it before the push): a node the
+  // loop's probe found done may be being pushed right now, so its lesson carries the look's time.
   last_ = {c->submitted_ns, learnt.done_ns != 0 ? learnt.done_ns : c->pushed_ns, now};
-  if (last_.pushed_ns == 0) last_.pushed_ns = now;  // a late first look: seen done by then
   forget(c);
   if (learnt.kind == lesson::nothing || learnt.done_ns == 0) return;
   // Bounded: a program that waits on ever new handles (events made per request) must not grow
@@ -183,6 +186,16 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learn
   if (models_.size() >= max_models && models_.find(c->key) == models_.end()) models_.clear();
   model& m = models_[c->key];
   double sample = static_cast<double>(learnt.done_ns - c->submitted_ns);
+  if (learnt.kind == lesson::late) {
+    // A late first look teaches nothing and counts towards no restart (two late wake-ups in a
+    // row started the model again on a loaded machine, costing the stream its next windows),
+    // unless the loop is late every time: then its looks are the only ones, and a third in a
+    // row counts as a bound, so that work which got shorter is still relearnt. What it leaves
+    // alone: a bound before it is still the first of two.
+    if (++m.late_in_a_row < max_late_in_a_row) return;
+    learnt.kind = lesson::bound;
+  }
+  m.late_in_a_row = 0;
   if (learnt.kind == lesson::exact) {
     m.bounds_in_a_row = 0;
   } else if (++m.bounds_in_a_row == 1) {
@@ -197,8 +210,9 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learn
     // end, whose first looks found the work done again: it started again every five waits, on
     // the simulated device and on a loaded GPU host (docs/notebook.md, "restarts fed by the
     // reactor's late pushes").
-    m.relearn_cap_ns =
-        std::max(0.0, std::min(m.first_bound_ns, sample) - static_cast<double>(stats_.lead_ns));
+    // At least half the bound: a cap of 0 would be none (work shorter than the lead).
+    const double bound = std::min(m.first_bound_ns, sample);
+    m.relearn_cap_ns = std::max(bound - static_cast<double>(stats_.lead_ns), bound / 2);
     m.mean_ns = m.dev_ns = 0;
     m.samples = 0;
     m.bounds_in_a_row = 0;

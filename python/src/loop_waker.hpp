@@ -116,8 +116,9 @@ class loop_waker {
   /// A probed wait in flight whose probe says done (not yet pushed by the reactor), taken out of
   /// flight as on_drained does; its stream's model (and the reactor's) learns the midpoint between
   /// this look and the last one that found it short when the two are close, else this look's
-  /// time. nullptr when there is none; every probed wait found short notes `now` (the clock read
-  /// before the looks). The caller settles the one returned (settle_from_probe).
+  /// time as a bound, and nothing from a first look that came late (lesson_of). nullptr when there
+  /// is none; every probed wait found short notes `now` (the clock read before the looks). The
+  /// caller settles the one returned (settle_from_probe).
   completion* take_reached(std::int64_t now) noexcept;
   /// Waits submitted on this loop and not yet drained.
   std::size_t in_flight() const noexcept { return in_flight_; }
@@ -151,8 +152,9 @@ class loop_waker {
     double mean_ns = 0;
     double dev_ns = 0;
     std::uint32_t samples = 0;
-    std::uint32_t bounds_in_a_row = 0;   ///< probed waits in a row that taught only a bound
-    double first_bound_ns = 0;  ///< the first of those bounds (submission to the look)
+    std::uint32_t bounds_in_a_row = 0;  ///< probed waits in a row that taught only a bound
+    std::uint32_t late_in_a_row = 0;    ///< ... that were found by a late first look
+    double first_bound_ns = 0;          ///< the first of those bounds (submission to the look)
     /// After a restart, until the model is trusted again: no sample longer than this (0: none).
     double relearn_cap_ns = 0;
     std::uint64_t scheduled_ticket = 0;  ///< this stream's wait in the schedule (0: none)
@@ -182,7 +184,8 @@ class loop_waker {
   /// a time it ended at or before, by how much unknown (`bound`), or nothing.
   struct lesson {
     std::int64_t done_ns = 0;
-    enum { exact, bound, nothing } kind = nothing;
+    /// late: a bound from a first look that came late (left_flight counts those in a row).
+    enum { exact, bound, late, nothing } kind = nothing;
   };
   /// What the probe of `c`, found done by a look at `now`, teaches (see take_reached).
   lesson lesson_of(const completion& c, std::int64_t now) noexcept;

@@ -132,13 +132,14 @@ def test_a_late_loop_keeps_a_steady_streams_model(dev, spin_default):
     0.8 ms, so that its windows are wide) and a loop that is blocked through each wait's window
     opening until the work is done, as on a loaded machine whose loop thread is not running:
     the window's first look, late, finds the fence word written. Such a look says nothing of the
-    work's length, so the stream keeps its model and every wait its window. When a late first
+    work's length, so the stream keeps its model and every wait its window (up to two such waits
+    in a row; a third counts as a bound, for a loop that is late every time). When a late first
     look counted like one made on time (a bound: "the work is shorter than predicted"), every
     two such waits in a row started the model again and the next three waits got no window."""
     evr.set_loop_spin(0.005)  # windows as wide as the work's deviation: the loop's, not the reactor's
     reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05)
     s = dev.stream()
-    lengths, rounds = (0.0072, 0.0088), 8
+    lengths, rounds = (0.0072, 0.0088), 5  # a sixth late look in a row would be a second bound
 
     async def blocked_wait(seconds):
         """Launches `seconds` of work, submits its wait, and blocks the loop until the work is
@@ -163,9 +164,10 @@ def test_a_late_loop_keeps_a_steady_streams_model(dev, spin_default):
         """Warms the model until a wait is predicted and probed, then runs `rounds` blocked
         waits. Returns (rounds predicted, rounds the loop's probe found, models restarted, late
         looks counted)."""
+        start = (evr.loop_stats() or {}).get("probe_hits", 0)  # None before the first wait
         for i in attempts(at_least=0):
             await kernel_then_wait(dev, s, reactor, lengths[i % 2])
-            if evr.loop_stats()["probe_hits"] >= 1 and evr.loop_stats()["models"] >= 1:
+            if evr.loop_stats()["probe_hits"] > start:
                 break
         before = evr.loop_stats()
         seen = [await blocked_wait(lengths[i % 2]) for i in range(rounds)]
@@ -176,10 +178,12 @@ def test_a_late_loop_keeps_a_steady_streams_model(dev, spin_default):
 
     async def main():
         results = []
-        for _ in attempts(seconds=20.0, at_least=1):  # a loaded machine may scatter the work
+        # A loaded machine may scatter the work, or make the warm-up's last looks late or loose
+        # too (they count towards the blocked ones): tries until one starts clean.
+        for _ in attempts(seconds=20.0, at_least=1):
             results.append(await experiment())
-            predicted, found, _, _ = results[-1]
-            if predicted == rounds and found >= 2:
+            predicted, found, restarts, _ = results[-1]
+            if predicted == rounds and found >= 4 and restarts == 0:
                 break
         return results
 
@@ -188,41 +192,53 @@ def test_a_late_loop_keeps_a_steady_streams_model(dev, spin_default):
     finally:
         reactor.shutdown()
     predicted, found, restarts, late = results[-1]
-    assert found >= 2, f"the loop's late looks never found the work (per try: {results})"
+    assert found >= 4, f"the loop's late looks seldom found the work (per try: {results})"
     assert predicted == rounds and restarts == 0, (
         f"late looks restarted the stream's model: (predicted, found by the loop, restarts, late "
         f"looks) of {rounds} blocked waits, per try: {results}")
-    assert late >= 2, results  # the loop's probe found them by late looks (or a poll after one)
+    assert late >= 3, results  # the loop's probe found them by late looks (or a poll after one)
 
 
 def test_a_stream_whose_waits_the_reactor_pushes_late_keeps_its_windows(dev, spin_default):
-    """A probed stream's steady 4 ms work, and a reactor that looks at most every 2 ms (the
-    ladder idle mode, max_sleep 2 ms): the waits it pushes (those without a window) come up to
-    2 ms after the work's end, as a loaded host's reactor thread comes late. A model learnt from
-    those pushes predicts the end late, so its windows' first looks find the work done; two such
-    waits in a row start the model again, and it relearnt the same late length from the next
-    pushes: the model started again every five waits, and only two of each five had a window
-    (41-48 of each 100, in every hundred of 800 waits). Restarted, a model now learns no length
-    longer than those first looks less a lead, and within a hundred waits every wait has its
-    window (100 of 100 in each later hundred)."""
-    reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05, idle="ladder",
-                          max_sleep=0.002)
+    """A probed stream's steady 1 ms work. Its waits without a window are unhurried: the reactor
+    does not spin for them, and pushes them some tens of microseconds after the work's end. A
+    model learnt from those pushes predicts the end late, so its windows' first looks (on time)
+    find the work done; two such waits in a row start the model again, and it relearnt the same
+    late length from the next pushes: it started again every five waits, and only two of each
+    five had a window (about half the waits, on the development machine and on a loaded GPU
+    host). Restarted, a model now learns no length longer than those first looks less a lead,
+    and the stream keeps its windows."""
+    reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05)
     s = dev.stream()
-    waits, tries = 100, 4
+    waits = 100
 
     async def main():
-        predicted = []  # waits with a window, per hundred
-        for _ in range(tries):
-            before = evr.loop_stats() or {}  # None before the loop's first wait
+        hundreds = []  # (waits with a window, model restarts), per hundred waits after the first
+        await kernel_then_wait(dev, s, reactor, 0.001)  # the loop's stats exist from here on
+        for i in attempts(seconds=30.0, at_least=0):  # a loaded machine may scatter the work
+            before = evr.loop_stats()
             for _ in range(waits):
-                await kernel_then_wait(dev, s, reactor, 0.004)
-            predicted.append(evr.loop_stats()["predicted"] - before.get("predicted", 0))
-        return predicted
+                await kernel_then_wait(dev, s, reactor, 0.001)
+            after = evr.loop_stats()
+            if i > 0:  # the first hundred learns
+                hundreds.append(tuple(after[k] - before[k] for k in ("predicted", "model_restarts")))
+            if len(telling(hundreds)) >= 4:
+                break
+        return hundreds
+
+    def telling(hundreds):
+        """The hundreds in which the stream looked regular enough to be predicted often: a machine
+        that scatters the work's times makes it unpredictable whatever the model does."""
+        return [h for h in hundreds if h[0] >= 0.2 * waits]
 
     try:
-        predicted = run(main(), timeout=120)
+        hundreds = run(main(), timeout=120)
     finally:
         reactor.shutdown()
-    # The first hundred learns; of the later ones, one with nearly every wait predicted is
-    # enough (a loaded machine may scatter the work of another).
-    assert max(predicted[1:]) >= 0.7 * waits, f"waits with a window, per {waits}: {predicted}"
+    # A model that restarts every five waits restarts once for every two waits with a window
+    # (without the cap: 8-20 restarts for 43-75 windows a hundred; with it 2-6 for 79-94, on the
+    # development machine).
+    seen = telling(hundreds)
+    kept = [h for h in seen if h[1] * 7 <= h[0]]
+    assert len(seen) >= 4 and len(kept) >= 3, (
+        f"(waits with a window, model restarts) per {waits} waits: {hundreds}")
