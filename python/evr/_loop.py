@@ -59,19 +59,19 @@ def loop_stats(loop: Optional[asyncio.AbstractEventLoop] = None) -> Optional[dic
     """How completions reached ``loop`` (default: the running loop), or None if it never waited.
 
     ``completions``; ``probe_hits`` (completions a poll saw in the wait's fence word before the
-    reactor handed them over), ``late_looks`` (of those, found by a look that came late: they
-    teach the stream's model nothing), ``model_restarts`` (how often a stream's model
-    started again because its work got shorter); ``hop_log2_ns`` (bucket i counts completions that took < 2**i ns
-    from the reactor's push to the loop's drain); the polling of :func:`set_loop_spin`: ``predicted``
-    (waits given a wake-up time), ``timer_fires``, ``spins`` (windows a coroutine polled in),
-    ``spin_hits`` (its completion came meanwhile), ``spin_misses`` (windows or due waits that
-    passed without it: back to the eventfd), ``not_polled`` (due waits nobody awaited),
-    ``window_open`` (a coroutine is polling now), ``in_flight`` (waits of the loop not yet
-    drained),
-    ``spin_seconds``, ``lead_seconds`` (how early a window opens), ``models`` (streams with a
-    learned duration: at most 4096 per loop, then forgotten together); ``last_completion_ns``:
-    the last completion drained, as CLOCK_MONOTONIC nanoseconds (``time.monotonic_ns()``'s clock)
-    of its submission, the reactor's push and the loop's drain (zeros before the first)."""
+    reactor handed them over), ``late_looks`` (of those, found by a look that came late: they teach
+    the stream's model nothing, unless three come in a row), ``model_restarts`` (how often a
+    stream's model started again because its work got shorter); ``hop_log2_ns`` (bucket i counts
+    completions that took < 2**i ns from the reactor's push to the loop's drain); the polling of
+    :func:`set_loop_spin`: ``predicted`` (waits given a wake-up time), ``timer_fires``, ``spins``
+    (windows a coroutine polled in), ``spin_hits`` (its completion came meanwhile), ``spin_misses``
+    (windows or due waits that passed without it: back to the eventfd), ``not_polled`` (due waits
+    nobody awaited), ``window_open`` (a coroutine is polling now), ``in_flight`` (waits of the loop
+    not yet drained), ``spin_seconds``, ``lead_seconds`` (how early a window opens), ``models``
+    (streams with a learned duration: at most 4096 per loop, then forgotten together);
+    ``last_completion_ns``: the last completion drained, as CLOCK_MONOTONIC nanoseconds
+    (``time.monotonic_ns()``'s clock) of its submission, the reactor's push and the loop's drain
+    (zeros before the first)."""
     if loop is None:
         loop = asyncio.get_running_loop()
     with _sinks_lock:

@@ -166,7 +166,7 @@ loop_waker::lesson loop_waker::lesson_of(const completion& c, std::int64_t now) 
 
 void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
   // Learn only from waits that completed: a cancelled or failed one says nothing of the work.
-  left_flight(c, now, {c->ec ? 0 : c->pushed_ns, c->ec ? lesson::nothing : lesson::exact});
+  left_flight(c, now, {c->pushed_ns, c->ec ? lesson::nothing : lesson::exact});
   const std::int64_t hop = std::max<std::int64_t>(1, now - c->pushed_ns);
   const auto bucket = std::min<std::size_t>(stats_.hop_log2_ns.size() - 1,
                                             64 - __builtin_clzll(static_cast<std::uint64_t>(hop)));
@@ -176,11 +176,11 @@ void loop_waker::on_drained(const completion* c, std::int64_t now) noexcept {
 void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learnt) noexcept {
   ++stats_.completions;
   if (in_flight_ > 0) --in_flight_;
-  // pushed_ns is read only for a drained node (the reactor wrote it before the push): a node the
-  // loop's probe found done may be being pushed right now, so its lesson carries the look's time.
-  last_ = {c->submitted_ns, learnt.done_ns != 0 ? learnt.done_ns : c->pushed_ns, now};
+  // Every lesson carries a time (a drained node's push, or the look that found a probed one
+  // done): a node the probe found may be being pushed right now, so its pushed_ns is not read.
+  last_ = {c->submitted_ns, learnt.done_ns, now};
   forget(c);
-  if (learnt.kind == lesson::nothing || learnt.done_ns == 0) return;
+  if (learnt.kind == lesson::nothing) return;
   // Bounded: a program that waits on ever new handles (events made per request) must not grow
   // the table forever; forgetting every model costs a few unpredicted waits per stream.
   if (models_.size() >= max_models && models_.find(c->key) == models_.end()) models_.clear();

@@ -181,7 +181,8 @@ class loop_waker {
   /// probed waits.
   void forget(const completion* c) noexcept;
   /// What a wait that left flight teaches its stream's model: the time its work ended (`exact`),
-  /// a time it ended at or before, by how much unknown (`bound`), or nothing.
+  /// a time it ended at or before, by how much unknown (`bound`), or nothing (a cancelled or
+  /// failed wait). `done_ns` is also the last completion's push stage (last()).
   struct lesson {
     std::int64_t done_ns = 0;
     /// late: a bound from a first look that came late (left_flight counts those in a row).
