@@ -8,12 +8,10 @@
 
 using namespace std::chrono_literals;
 using evr::detail::budgeted_poll_period;
-using evr::detail::first_look_offset;
 using evr::detail::idle_settings;
 using evr::detail::idle_time;
 using evr::detail::ladder;
 using evr::detail::look_cost;
-using evr::detail::next_scout;
 using evr::detail::predict;
 using evr::detail::service_time_model;
 using evr::detail::sleep_overshoot;
@@ -188,47 +186,6 @@ TEST_CASE("idle predict: final_sleep cuts a long sleep so its last part is slept
   const idle_time short_open =
       t0 + short_work.low() - (short_work.high() - short_work.low()) / 4 - s.prespin - margin;
   CHECK(predict(s, short_work, t0, t0 + 10us, timers).next_look == short_open);
-}
-
-TEST_CASE("idle scouts: long steady work is looked at an eighth, a quarter and half way") {
-  const idle_settings s = defaults();
-  const sleep_overshoot timers = overshoot_of(15us);
-  service_time_model m;
-  work w(20ms, 0.05);
-  for (int i = 0; i < 32; ++i) m.add(w.next());
-  const stream_outlook early = predict(s, m, t0, t0 + 10us, timers);
-  REQUIRE(early.where == phase::before_window);
-  REQUIRE(early.steady);
-  const nanoseconds open = early.window_open - t0;
-  // Each scout comes after `now`, the next one from there; none once the half-way one passed.
-  CHECK(next_scout(early, t0, t0 + 10us) == t0 + open / 8);
-  CHECK(next_scout(early, t0, t0 + open / 8) == t0 + open / 4);
-  CHECK(next_scout(early, t0, t0 + open / 4 + 1us) == t0 + open / 2);
-  const stream_outlook late = predict(s, m, t0, t0 + open / 2 + 1us, timers);
-  CHECK(next_scout(late, t0, t0 + open / 2 + 1us) == idle_time::max());
-  // All of them before the sleep towards the window ends, and the first is what a host is told.
-  CHECK(t0 + open / 2 < early.next_look);
-  CHECK(first_look_offset(s, m) == open / 8);
-
-  // In the window, or past it: no scouts.
-  CHECK(next_scout(predict(s, m, t0, early.window_open, timers), t0, early.window_open) ==
-        idle_time::max());
-  // Short work (its window opens before scout_min_open): none, the first look is the window's.
-  service_time_model short_work;
-  work ws(1ms, 0.05);
-  for (int i = 0; i < 32; ++i) short_work.add(ws.next());
-  const stream_outlook short_o = predict(s, short_work, t0, t0 + 10us, timers);
-  REQUIRE(short_o.where == phase::before_window);
-  CHECK(next_scout(short_o, t0, t0 + 10us) == idle_time::max());
-  CHECK(first_look_offset(s, short_work) == short_o.window_open - t0);
-  // Irregular work is polled from its shortest sample on: none either.
-  service_time_model irregular;
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<std::int64_t> u(10'000'000, 40'000'000);  // 10 .. 40 ms
-  for (int i = 0; i < 64; ++i) irregular.add(nanoseconds(u(rng)));
-  const stream_outlook irregular_o = predict(s, irregular, t0, t0 + 10us, timers);
-  REQUIRE_FALSE(irregular_o.steady);
-  CHECK(next_scout(irregular_o, t0, t0 + 10us) == idle_time::max());
 }
 
 TEST_CASE("idle predict: irregular work is polled every poll_period inside its range") {

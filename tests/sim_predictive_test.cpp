@@ -382,14 +382,15 @@ TEST_CASE("predictive: poll_looks_per_second spaces the poll tick when many stre
   }));
 }
 
-TEST_CASE("predictive: work that gets much shorter is found by a scout, long before the old window") {
+TEST_CASE("predictive: work that gets much shorter is found late only by the first waits after") {
   // Steady 30 ms work teaches the reactor to sleep until shortly before 30 ms after each
-  // submission. The work then drops to 0.3 ms. Without scouts the first waits were found when the
-  // old window opened (about 28 ms) and the second at about a third of it, before the model moved
-  // to the new length. With them (idle_policy.hpp, next_scout: looks at an eighth, a quarter and
-  // a half of the way to the window) the first is found at the first scout, about 4 ms, and the
-  // model has moved by the second. Counted: waits of the 30 after the drop found more than 15 ms
-  // after their submission (far beyond what a loaded 2-core machine's scheduling adds: a few ms).
+  // submission. The work then drops to 0.3 ms: the first waits are found when the old window
+  // opens, tens of ms late; their looks bracket the end only loosely, but the model must still
+  // move to the new length within a few waits instead of keeping the old window (each later wait
+  // would then be found ~30 ms after it was submitted). Counted: waits of the 30 after the drop
+  // found more than 15 ms after their submission (far beyond what a loaded 2-core machine's
+  // scheduling adds: a few ms). Seen: the first (at the old window), the second at about a
+  // third of it, then none.
   evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
   evr::reactor r(sim, predictive_fence());
   evr::stream st(sim, 0);
@@ -406,6 +407,6 @@ TEST_CASE("predictive: work that gets much shorter is found by a scout, long bef
           std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(trip).count()) + " ";
     }
     MESSAGE("launch to completion seen, us: " << trips_us << "(" << late << " late)");
-    return late == 0;
+    return late <= 4;
   }));
 }

@@ -199,7 +199,7 @@ void idle_governor::learn(stream_state& st, clock::time_point now) {
   }
   st.published_low_ns.store(low, std::memory_order_relaxed);
   st.published_open_ns.store(
-      ready ? std::max<std::int64_t>(1, first_look_offset(settings_, p.model).count()) : 0,
+      ready ? std::max<std::int64_t>(1, window_open_offset(settings_, p.model).count()) : 0,
       std::memory_order_relaxed);
 }
 
@@ -209,14 +209,13 @@ bool idle_governor::done_time(const stream_state& st, clock::time_point start,
   if (st.retired_probed) {
     // Its caller looked through its window, the reactor did not: when the caller saw the word,
     // if it did (wait_probe::saw_reached), is the sample. Else only a look of the reactor after
-    // the work started brackets the end, or a scout's (before the caller's window closed, long
-    // before it opened): the work got much shorter, and the bracket from the start says so.
+    // the work started brackets the end.
     const clock::time_point seen{nanoseconds(st.probe_seen_ns.load(std::memory_order_relaxed))};
     if (seen >= start && seen <= now) {
       done = seen;
       return true;
     }
-    if (p.last_look <= start && now >= st.retired_covered_until) return false;
+    if (p.last_look <= start) return false;
   }
   const clock::time_point seen_pending = std::max(p.last_look, start);
   done = seen_pending + (now - seen_pending) / 2;

@@ -95,8 +95,7 @@ class idle_governor {
   /// ns) a new wait of `st` (nullptr: a user's event) with sequence number `seq` could be done;
   /// INT64_MAX: never before a napping reactor looks anyway.
   std::int64_t earliest_completion_ns(const stream_state* st, std::uint64_t seq) const noexcept;
-  /// When `op`'s first look comes (a scout, or its window's opening), for its host to arm a timer
-  /// (host_window); 0: not known now.
+  /// When `op`'s window opens, for its host to arm a timer (host_window); 0: not known now.
   std::int64_t window_open_ns(const stream_state* st, const wait_op& op) const noexcept;
   /// The submitter's wake-up rule for a wait whose polling host was told when its window opens
   /// (`open_ns`): the host takes and finds it; the reactor need only be awake by then plus the
@@ -176,10 +175,6 @@ class idle_governor {
   bool done_time(const stream_state& st, clock::time_point start, clock::time_point now,
                  clock::time_point& done) const noexcept;
   void plan(stream_state& st, clock::time_point now);
-  /// Makes `o`'s next look a scout (next_scout) if one comes before it and the oldest wait of
-  /// `st` is not unhurried.
-  void scout_if_due(const stream_state& st, stream_outlook& o, clock::time_point start,
-                    clock::time_point now) const noexcept;
   void plan_reactor(stream_state& st, stream_outlook o, clock::time_point start,
                     clock::time_point now, clock::time_point wake);
   bool plan_hosted(stream_state& st, poll_host& host, const stream_outlook& o,

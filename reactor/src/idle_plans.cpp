@@ -56,8 +56,7 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   p.planned_seq = st.entries.front().seq;
   ++p.epoch;  // a new plan: a host schedules it anew (plan_host_polls)
   const clock::time_point start = service_start(st);
-  stream_outlook o = predict(settings_, p.model, start, now, overshoot_);
-  scout_if_due(st, o, start, now);
+  const stream_outlook o = predict(settings_, p.model, start, now, overshoot_);
   if (o.where == phase::missed && !p.missed) {
     p.missed = true;
     bump(counters_.prediction_misses);
@@ -80,19 +79,6 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   plan_reactor(st, o, start, now, wake);
 }
 
-void idle_governor::scout_if_due(const stream_state& st, stream_outlook& o, clock::time_point start,
-                                 clock::time_point now) const noexcept {
-  // Not for an unhurried oldest wait: its consumer accepts lateness, and with 64 torch streams
-  // on a saturated GPU three more looks a wait would be tens of thousands of driver queries and
-  // wake-ups a second.
-  const wait_op* front = st.entries.front().op;
-  if (front != nullptr && front->unhurried_) return;
-  if (const clock::time_point scout = next_scout(o, start, now); scout < o.next_look) {
-    o.next_look = scout;
-    o.scout = true;
-  }
-}
-
 void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time_point start,
                                  clock::time_point now, clock::time_point wake) {
   using phase = stream_outlook::phase;
@@ -106,14 +92,11 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   p.on_poll_tick = false;
   // A probed oldest wait (wait_target::probed): its caller reads the fence word itself until its
   // window closes; the reactor looks only then (and for a due fault probe), asleep meanwhile.
-  // A scout before that is the reactor's (the caller does not look before its window either).
   if (const wait_op* front = st.entries.empty() ? nullptr : st.entries.front().op;
       front != nullptr && front->covered_until() > now) {
-    const clock::time_point until =
-        o.scout ? std::min(o.next_look, front->covered_until()) : front->covered_until();
-    skip_until(st, until);
+    skip_until(st, front->covered_until());
     p.spin = false;
-    p.wake = std::min(wake, until);
+    p.wake = std::min(wake, front->covered_until());
     return;
   }
   // An unhurried oldest wait (wait_target::unhurried: its consumer takes it tens of us later
@@ -124,7 +107,7 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   if (o.where == phase::window_spin && unhurried) o.where = phase::window_poll;
   if (o.where == phase::before_window && p.model.samples() >= service_time_model::window / 2) {
     skip_until(st, o.next_look);
-    p.asleep_before_window = !o.scout;  // a scout looks when it comes; a wake-up plans again
+    p.asleep_before_window = true;
   } else if (o.where == phase::window_poll) {
     // Looked at on the poll tick, with every other stream in such a window, and not by the sweeps
     // other streams' completions ask for. A tick already due (no stream was on it) comes at once.
@@ -190,8 +173,8 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
   stream_state::plan_state& p = st.plan;
   switch (o.where) {
     case phase::before_window:
-      p.host_look = o.scout ? o.next_look : o.window_open;
-      p.host_spin = o.steady && !o.scout;
+      p.host_look = o.window_open;
+      p.host_spin = o.steady;
       break;
     case phase::window_spin:
       p.host_look = now;

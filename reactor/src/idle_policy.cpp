@@ -192,35 +192,6 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   return o;
 }
 
-namespace {
-
-/// The scouts' times, as divisors of the time from the start to the window: the first comes at
-/// an eighth of it.
-constexpr std::array<int, 3> scout_divisors{8, 4, 2};
-
-bool gets_scouts(bool steady, nanoseconds open) noexcept {
-  return steady && open >= scout_min_open;
-}
-
-}  // namespace
-
-idle_time next_scout(const stream_outlook& o, idle_time start, idle_time now) noexcept {
-  const nanoseconds open = o.window_open - start;
-  if (o.where != stream_outlook::phase::before_window || !gets_scouts(o.steady, open))
-    return idle_time::max();
-  for (const int divisor : scout_divisors) {
-    const idle_time at = start + open / divisor;
-    if (at > now) return at;
-  }
-  return idle_time::max();
-}
-
-nanoseconds first_look_offset(const idle_settings& settings,
-                              const service_time_model& model) noexcept {
-  const nanoseconds open = window_open_offset(settings, model);
-  return gets_scouts(is_steady(settings, model), open) ? open / scout_divisors.front() : open;
-}
-
 // ------------------------------------------------------------------------------------------------
 // ladder
 

@@ -138,17 +138,10 @@ struct stream_outlook {
   idle_time window_open{}, window_close{};
   /// Once the model is ready: the work is steady (spun through) rather than irregular (polled).
   bool steady = false;
-  /// before_window only: next_look is a scout (next_scout), a look at work not expected done yet,
-  /// rather than the wake-up towards the window.
-  bool scout = false;
   /// The prediction is not helping (learning, missed): a doorbell may be armed once the wait is
   /// old enough (adaptive strategy).
   bool unpredicted() const noexcept { return where == phase::learning || where == phase::missed; }
 };
-
-/// Scouts: steady work whose window opens at least this long after its start is also looked at
-/// before the window, at 1/8, 1/4 and 1/2 of the time to it (next_scout).
-inline constexpr nanoseconds scout_min_open = std::chrono::milliseconds(2);
 
 /// The tunables of reactor_options the policy reads (copied once).
 struct idle_settings {
@@ -204,20 +197,6 @@ bool is_steady(const idle_settings& settings, const service_time_model& model) n
 /// service start (see the file comment); `overshoot` what this machine's sleeps have shown.
 stream_outlook predict(const idle_settings& settings, const service_time_model& model,
                        idle_time start, idle_time now, const sleep_overshoot& overshoot) noexcept;
-
-/// The next scout of a wait asleep before its window (o.where == before_window), after `now`;
-/// idle_time::max() when none is left or the work is not such that it gets scouts (steady, its
-/// window opening scout_min_open or more after `start`). Why: a steady stream sleeps until its
-/// window, so work that suddenly got much shorter (a small batch after large ones) was found only
-/// when the old window opened, up to the old length late. Scouted, it is found by about twice its
-/// length (or an eighth of the old one) at three looks a wait, all of them long before the window.
-idle_time next_scout(const stream_outlook& o, idle_time start, idle_time now) noexcept;
-
-/// When a wait's first look comes, from its service start: its first scout if it gets scouts,
-/// else its window's opening (window_open_offset). For a host that arms its timer when it submits
-/// (the reactor publishes it). Meaningful once model.ready().
-nanoseconds first_look_offset(const idle_settings& settings,
-                              const service_time_model& model) noexcept;
 
 /// When a wait's window opens, measured from its service start: what predict() computes for
 /// `window_open`, for a submitter that wants to know before the reactor has seen the wait (a

@@ -84,8 +84,7 @@ struct stream_state {
   idle_time retired_submit{};     // submission of the newest wait retired by the current look
   bool retired_in_sweep = false;  // ... and one was (idle_governor learns from it, then clears it)
   bool retired_probed = false;    // ... and it was probed (wait_target::probed): not looked at
-  idle_time retired_covered_until{};  // ... until then by the reactor, but for scouts
-  idle_time last_probe{};             // the last fault probe (stream_sweep), or the activation
+  idle_time last_probe{};         // the last fault probe (stream_sweep), or the activation
 
   // --- reactor side: the plan (idle_governor, idle_policy.hpp) --------------------------------
   struct plan_state {
@@ -130,9 +129,8 @@ struct stream_state {
   /// plan.model.low() once ready (irregular work: plus the spacing of its looks), else 0
   std::atomic<std::int64_t> published_low_ns{0};
   std::atomic<std::uint64_t> published_completed_seq{0};  // = completed_seq (wait_registry)
-  /// When a wait's first look comes (its first scout, else its window's opening), from its service
-  /// start (first_look_offset), once the model is ready, else 0: a host arms its timer from it
-  /// when it submits (reactor_access::submit_hosted).
+  /// When a wait's window opens, from its service start (window_open_offset), once the model is
+  /// ready, else 0: a host arms its timer from it when it submits (reactor_access::submit_hosted).
   std::atomic<std::int64_t> published_open_ns{0};
 };
 
