@@ -12,6 +12,7 @@ using evr::detail::idle_settings;
 using evr::detail::idle_time;
 using evr::detail::ladder;
 using evr::detail::look_cost;
+using evr::detail::next_scout;
 using evr::detail::predict;
 using evr::detail::service_time_model;
 using evr::detail::sleep_overshoot;
@@ -186,6 +187,31 @@ TEST_CASE("idle predict: final_sleep cuts a long sleep so its last part is slept
   const idle_time short_open =
       t0 + short_work.low() - (short_work.high() - short_work.low()) / 4 - s.prespin - margin;
   CHECK(predict(s, short_work, t0, t0 + 10us, timers).next_look == short_open);
+}
+
+TEST_CASE("idle scouts: an eighth and half way to the horizon, on a grid, for long spans only") {
+  const nanoseconds span = 20ms;
+  const nanoseconds grid = span / 32;  // 625 us
+  const idle_time start = t0 + 7us;    // off the grid
+  const idle_time horizon = start + span;
+  const idle_time first = next_scout(start, horizon, start);
+  // At an eighth of the way, rounded up to the grid (on the clock, not from the start).
+  CHECK(first >= start + span / 8);
+  CHECK(first < start + span / 8 + grid);
+  CHECK(first.time_since_epoch() % grid == nanoseconds(0));
+  // Then half way; none after that.
+  const idle_time second = next_scout(start, horizon, first);
+  CHECK(second >= start + span / 2);
+  CHECK(second < start + span / 2 + grid);
+  CHECK(next_scout(start, horizon, second) == idle_time::max());
+  // Streams started a little apart share their scouts.
+  CHECK(next_scout(start + 50us, horizon + 50us, start + 50us) == first);
+  // A span shorter than scout_min_span has none.
+  CHECK(next_scout(start, start + evr::detail::scout_min_span - 1us, start) == idle_time::max());
+  // Short spans: the grid is at least 100 us.
+  const idle_time s2 = next_scout(t0, t0 + 2ms, t0);
+  CHECK(s2.time_since_epoch() % nanoseconds(100us) == nanoseconds(0));
+  CHECK(s2 < t0 + nanoseconds(2ms) / 8 + 100us);
 }
 
 TEST_CASE("idle predict: irregular work is polled every poll_period inside its range") {

@@ -27,6 +27,7 @@ import asyncio
 import gc
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -168,10 +169,20 @@ async def phased(method, d, phases, samples, spin):
     wall = time.perf_counter() - w0
     set_loop_spin(spin)
     mean = sum(lat) / len(lat)
+    # Where the mean comes from: each phase's first waits after the change (the mean over the
+    # cycles of the 1st, 2nd, ... wait of the phase) against the phase's median.
+    after_change = {}
+    first = 0
+    for us, n in phases:
+        rows = [lat[c + first:c + first + n] for c in range(0, len(lat) - len(plan) + 1, len(plan))]
+        firsts = [statistics.mean(r[i] for r in rows) * 1e6 for i in range(min(n, 4))]
+        median = statistics.median(x for r in rows for x in r) * 1e6
+        after_change[f"{us:g}"] = {"first_waits_us": firsts, "median_us": median}
+        first += n
     lat.sort()
     return {"mean_us": mean * 1e6, "p50_us": lat[len(lat) // 2] * 1e6,
             "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6,
-            "cpu_cores": (time.process_time() - c0) / wall}
+            "cpu_cores": (time.process_time() - c0) / wall, "after_change": after_change}
 
 
 def rss_mb():
@@ -452,6 +463,10 @@ def main():
         for m, r in out["phases"]["rows"].items():
             print(f"  {m:10} mean {r['mean_us']:9.1f} us, p50 {r['p50_us']:9.1f}, p99 {r['p99_us']:9.1f}, "
                   f"{r['cpu_cores']:.3f} cores")
+            for us, a in r["after_change"].items():
+                print(f"  {'':10} {us} us phase: its first waits "
+                      + ", ".join(f"{x:.0f}" for x in a["first_waits_us"])
+                      + f" us (its median {a['median_us']:.0f})")
     for t in ([out["tasks"]] if "tasks" in out else []) + out.get("more_tasks", []):
         print(f"\ntasks: {t['n']} tasks on {t['n']} streams, {t['kernel_us']:.0f} us kernels: "
               f"{t['rps']:.0f} completions/s, {t['cpu_cores']:.3f} cores")

@@ -127,6 +127,37 @@ def test_work_that_gets_much_shorter_is_relearnt_in_a_few_waits(dev, spin_defaul
     assert len(late) <= 3, f"the loop found {len(late)} of {waits} 0.2 ms waits > 6 ms late: {late}"
 
 
+def test_the_first_wait_after_work_got_much_shorter_is_found_by_a_scout(dev, spin_default):
+    """A probed stream's steady 40 ms work drops to 0.3 ms. The loop sleeps until the old
+    prediction's window, and the reactor, which leaves a probed wait to its loop until that window
+    closes, used to sleep as long: the first short wait was found after about 40 ms. Now the
+    reactor scouts steady long work (idle_policy.hpp, next_scout: a look at an eighth, a quarter
+    and half way to the window) and finds it after about 5 ms. The fault probe, which would find
+    it after 10 ms, is moved out of the way. A try whose stream the reactor did not yet see as
+    steady (its first samples scatter on a loaded machine) is repeated, up to three."""
+    reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05, fault_probe_interval=1.0)
+    s = dev.stream()
+    long, short = 0.040, 0.0003
+    tries = []
+
+    async def main():
+        for _ in range(3):
+            for _ in range(20):
+                await kernel_then_wait(dev, s, reactor, long)
+            predicted = evr.loop_stats()["predicted"]
+            tries.append(await kernel_then_wait(dev, s, reactor, short))
+            assert evr.loop_stats()["predicted"] > predicted, "the short wait had a window"
+            if tries[-1] < 0.015:
+                return
+
+    try:
+        run(main(), timeout=60)
+    finally:
+        reactor.shutdown()
+    ms = [round(t * 1e3, 1) for t in tries]
+    assert tries[-1] < 0.015, f"launch to resumed, the first 0.3 ms wait of each try, ms: {ms}"
+
+
 def test_a_late_loop_keeps_a_steady_streams_model(dev, spin_default):
     """A probed stream's steady work (8 ms, alternating 7.2 and 8.8 ms: a deviation of about
     0.8 ms, so that its windows are wide) and a loop that is blocked through each wait's window

@@ -116,7 +116,8 @@ bool idle_governor::wants_look(const stream_state& st, clock::time_point now,
   // and a late host's streams are looked at by the reactor, once per grace (covered_until moves
   // with each look).
   if (leaves_covered_streams()) {
-    if (const poll_host* h = covering_host(st); h != nullptr && now < covered_until(st, *h))
+    if (const poll_host* h = covering_host(st);
+        h != nullptr && now < covered_until(st, *h) && now < st.plan.scout_at)
       return false;
   }
   if (st.plan.on_poll_tick) {
@@ -152,6 +153,7 @@ void idle_governor::looked_at(stream_state& st, clock::time_point now, bool move
   stream_state::plan_state& p = st.plan;
   if (moved) {
     learn(st, now);
+    p.scout_found = p.scouting;  // the work got shorter: the next waits are scouted too
     p.waiting_since = now;
     p.missed = false;
     p.query_after = {};
@@ -209,13 +211,14 @@ bool idle_governor::done_time(const stream_state& st, clock::time_point start,
   if (st.retired_probed) {
     // Its caller looked through its window, the reactor did not: when the caller saw the word,
     // if it did (wait_probe::saw_reached), is the sample. Else only a look of the reactor after
-    // the work started brackets the end.
+    // the work started brackets the end, or a scout's (before the caller's window closed, long
+    // before it opened): the work got much shorter, and the bracket from the start says so.
     const clock::time_point seen{nanoseconds(st.probe_seen_ns.load(std::memory_order_relaxed))};
     if (seen >= start && seen <= now) {
       done = seen;
       return true;
     }
-    if (p.last_look <= start) return false;
+    if (p.last_look <= start && now >= st.retired_covered_until) return false;
   }
   const clock::time_point seen_pending = std::max(p.last_look, start);
   done = seen_pending + (now - seen_pending) / 2;
@@ -285,10 +288,12 @@ rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
     // Covered by a polling host: the host looks, takes what is submitted on its thread and plans
     // the stream again as it goes; the reactor naps until the host's promise has passed by the
     // grace (then it looks itself, not before the stream's window), whatever the stream's
-    // windows. Under load that is one timed wake-up per grace, however many streams and waits.
+    // windows, or until the stream's scout, which is the reactor's. Under load that is one timed
+    // wake-up per grace, however many streams and waits.
     if (const poll_host* h = covering_host(*st)) {
-      wake =
-          std::min(wake, std::max({covered_until(*st, *h), st->plan.query_after, now + min_nap}));
+      clock::time_point look = std::max({covered_until(*st, *h), st->plan.query_after});
+      look = std::min(look, st->plan.scout_at);  // its scout is the reactor's
+      wake = std::min(wake, std::max(look, now + min_nap));
       continue;
     }
     if (st->plan.spin) {

@@ -175,6 +175,10 @@ class idle_governor {
   bool done_time(const stream_state& st, clock::time_point start, clock::time_point now,
                  clock::time_point& done) const noexcept;
   void plan(stream_state& st, clock::time_point now);
+  /// Makes `o`'s next look a scout (next_scout) if one comes before it, the work is steady and
+  /// the oldest wait of `st` is not unhurried (or the last one was found by a scout).
+  void scout_if_due(stream_state& st, stream_outlook& o, clock::time_point start,
+                    clock::time_point now) const noexcept;
   void plan_reactor(stream_state& st, stream_outlook o, clock::time_point start,
                     clock::time_point now, clock::time_point wake);
   bool plan_hosted(stream_state& st, poll_host& host, const stream_outlook& o,

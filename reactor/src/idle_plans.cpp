@@ -53,10 +53,13 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   stream_state::plan_state& p = st.plan;
   p.stale = false;
   p.asleep_before_window = false;
+  p.scout_at = clock::time_point::max();
+  p.scouting = false;
   p.planned_seq = st.entries.front().seq;
   ++p.epoch;  // a new plan: a host schedules it anew (plan_host_polls)
   const clock::time_point start = service_start(st);
-  const stream_outlook o = predict(settings_, p.model, start, now, overshoot_);
+  stream_outlook o = predict(settings_, p.model, start, now, overshoot_);
+  scout_if_due(st, o, start, now);
   if (o.where == phase::missed && !p.missed) {
     p.missed = true;
     bump(counters_.prediction_misses);
@@ -79,6 +82,23 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   plan_reactor(st, o, start, now, wake);
 }
 
+void idle_governor::scout_if_due(stream_state& st, stream_outlook& o, clock::time_point start,
+                                 clock::time_point now) const noexcept {
+  // Steady work asleep before its window only: irregular work is polled from its shortest sample
+  // on anyway. An unhurried oldest wait only while the stream's work just got shorter (its last
+  // wait was found by a scout; a Python loop then stops predicting it, and its next wait is
+  // unhurried): its consumer accepts some lateness, and 64 torch streams on a saturated GPU
+  // would make two more looks every wait.
+  if (o.where != stream_outlook::phase::before_window || !o.steady) return;
+  const wait_op* front = st.entries.front().op;
+  if (front != nullptr && front->unhurried_ && !st.plan.scout_found) return;
+  if (const clock::time_point scout = next_scout(start, o.window_open, now); scout < o.next_look) {
+    o.next_look = scout;
+    o.scout = true;
+    st.plan.scouting = true;
+  }
+}
+
 void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time_point start,
                                  clock::time_point now, clock::time_point wake) {
   using phase = stream_outlook::phase;
@@ -92,11 +112,17 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   p.on_poll_tick = false;
   // A probed oldest wait (wait_target::probed): its caller reads the fence word itself until its
   // window closes; the reactor looks only then (and for a due fault probe), asleep meanwhile.
+  // Its scouts are the reactor's, planned from the caller's window (which the caller's model
+  // thought steady), whatever the reactor's own model says: one outlier in it (the first wait
+  // found short) made the stream irregular, and then the next short wait slept until the window.
   if (const wait_op* front = st.entries.empty() ? nullptr : st.entries.front().op;
       front != nullptr && front->covered_until() > now) {
-    skip_until(st, front->covered_until());
+    const clock::time_point scout = next_scout(start, front->covered_until(), now);
+    const clock::time_point until = std::min(scout, front->covered_until());
+    p.scouting = scout < front->covered_until();
+    skip_until(st, until);
     p.spin = false;
-    p.wake = std::min(wake, front->covered_until());
+    p.wake = std::min(wake, until);
     return;
   }
   // An unhurried oldest wait (wait_target::unhurried: its consumer takes it tens of us later
@@ -107,7 +133,7 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   if (o.where == phase::window_spin && unhurried) o.where = phase::window_poll;
   if (o.where == phase::before_window && p.model.samples() >= service_time_model::window / 2) {
     skip_until(st, o.next_look);
-    p.asleep_before_window = true;
+    p.asleep_before_window = !o.scout;  // a scout looks when it comes; a wake-up plans again
   } else if (o.where == phase::window_poll) {
     // Looked at on the poll tick, with every other stream in such a window, and not by the sweeps
     // other streams' completions ask for. A tick already due (no stream was on it) comes at once.
@@ -175,6 +201,9 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
     case phase::before_window:
       p.host_look = o.window_open;
       p.host_spin = o.steady;
+      // A scout is the reactor's: a nap of its own costs less than the host's timer and pass, and
+      // it seldom finds anything (then it posts the completion across, as a safety look does).
+      if (o.scout) p.scout_at = o.next_look;
       break;
     case phase::window_spin:
       p.host_look = now;
@@ -185,11 +214,11 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
       break;
   }
   const clock::time_point safety = o.window_close + grace;
-  skip_until(st, std::min(p.host_look, safety));
+  skip_until(st, std::min({p.host_look, safety, p.scout_at}));
   schedule(host, st);
   p.on_poll_tick = false;
   p.spin = false;
-  p.wake = safety;
+  p.wake = std::min(safety, p.scout_at);
   // A window the host does not know of (a wait submitted from another thread, or queued behind
   // others) is told to it once.
   const std::uint64_t seq = st.entries.front().seq;

@@ -192,6 +192,18 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
   return o;
 }
 
+idle_time next_scout(idle_time start, idle_time horizon, idle_time now) noexcept {
+  const nanoseconds span = horizon - start;
+  if (span < scout_min_span) return idle_time::max();
+  const nanoseconds grid = std::max<nanoseconds>(std::chrono::microseconds(100), span / 32);
+  for (const int divisor : {8, 2}) {
+    const nanoseconds at = (start + span / divisor).time_since_epoch();
+    const idle_time on_grid{(at + grid - nanoseconds(1)) / grid * grid};
+    if (on_grid > now && on_grid < horizon) return on_grid;
+  }
+  return idle_time::max();
+}
+
 // ------------------------------------------------------------------------------------------------
 // ladder
 

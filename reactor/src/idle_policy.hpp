@@ -138,10 +138,17 @@ struct stream_outlook {
   idle_time window_open{}, window_close{};
   /// Once the model is ready: the work is steady (spun through) rather than irregular (polled).
   bool steady = false;
+  /// before_window only, set by the caller of predict(): next_look is a scout (next_scout), a
+  /// look at work not expected done yet, rather than the wake-up towards the window.
+  bool scout = false;
   /// The prediction is not helping (learning, missed): a doorbell may be armed once the wait is
   /// old enough (adaptive strategy).
   bool unpredicted() const noexcept { return where == phase::learning || where == phase::missed; }
 };
+
+/// Scouts (next_scout): a wait whose work is not expected done for at least this long after its
+/// start is also looked at before then.
+inline constexpr nanoseconds scout_min_span = std::chrono::milliseconds(2);
 
 /// The tunables of reactor_options the policy reads (copied once).
 struct idle_settings {
@@ -197,6 +204,16 @@ bool is_steady(const idle_settings& settings, const service_time_model& model) n
 /// service start (see the file comment); `overshoot` what this machine's sleeps have shown.
 stream_outlook predict(const idle_settings& settings, const service_time_model& model,
                        idle_time start, idle_time now, const sleep_overshoot& overshoot) noexcept;
+
+/// The next scout of a wait whose work started at `start` and is not expected done before
+/// `horizon` (the opening of its window; a probed wait's: its caller's window's end), after `now`;
+/// idle_time::max() when none is left, or when horizon - start < scout_min_span. Why: a stream of
+/// steady work sleeps until its window, so work that suddenly got much shorter (a small batch
+/// after large ones) was found only when the old window opened, up to the old length late. Two
+/// scouts, at an eighth and half the way, find it by about four times its length (or an eighth of
+/// the old one). Each is rounded up to a grid of a 32nd of the span (at least 100 us) on the
+/// clock, so that streams started together share the wake-up.
+idle_time next_scout(idle_time start, idle_time horizon, idle_time now) noexcept;
 
 /// When a wait's window opens, measured from its service start: what predict() computes for
 /// `window_open`, for a submitter that wants to know before the reactor has seen the wait (a

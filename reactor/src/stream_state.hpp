@@ -84,7 +84,8 @@ struct stream_state {
   idle_time retired_submit{};     // submission of the newest wait retired by the current look
   bool retired_in_sweep = false;  // ... and one was (idle_governor learns from it, then clears it)
   bool retired_probed = false;    // ... and it was probed (wait_target::probed): not looked at
-  idle_time last_probe{};         // the last fault probe (stream_sweep), or the activation
+  idle_time retired_covered_until{};  // ... until then by the reactor, but for scouts
+  idle_time last_probe{};             // the last fault probe (stream_sweep), or the activation
 
   // --- reactor side: the plan (idle_governor, idle_policy.hpp) --------------------------------
   struct plan_state {
@@ -101,6 +102,14 @@ struct stream_state {
     /// query_after is the reactor's wake before the window: a sweep that reaches it plans the
     /// stream again rather than looking (idle_governor::reached_window).
     bool asleep_before_window = false;
+    /// A hosted stream's scout (idle_policy.hpp, next_scout): the reactor looks then although
+    /// the host covers the stream; max() when none is planned.
+    idle_time scout_at = idle_time::max();
+    /// The plan's next look is a scout (reactor's, host's stream or probed wait).
+    bool scouting = false;
+    /// The last wait retired was found by a scout: the work got shorter, and the stream's
+    /// unhurried waits are scouted too until a wait is found otherwise.
+    bool scout_found = false;
     /// Irregular work in its window (phase::window_poll): looked at only by the sweeps of the poll
     /// tick, or when its fault probe is due; not by the sweeps other streams' completions ask.
     bool on_poll_tick = false;
