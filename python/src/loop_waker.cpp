@@ -198,6 +198,17 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learn
   m.late_in_a_row = 0;
   if (learnt.kind == lesson::exact) {
     m.bounds_in_a_row = 0;
+    // A predicted wait done in less than half its stream's length, or in more than twice it:
+    // steady work does not jitter that far (a predictable model's deviation is at most a quarter
+    // of its mean), so the work changed. Shorter: the reactor's scout found it before this loop's
+    // window opened. As conclusive as two bounds in a row; learnt into the old model, such
+    // samples kept the stream unpredictable for tens of waits (the mean moves by an eighth a
+    // sample, the deviation grows with it).
+    if (c->wake_at != 0 && m.samples >= min_samples &&
+        (sample < m.mean_ns / 2 || sample > 2 * m.mean_ns)) {
+      restart(m, sample < m.mean_ns ? sample : 0);
+      return;
+    }
   } else if (++m.bounds_in_a_row == 1) {
     m.first_bound_ns = sample;
   } else {
@@ -210,13 +221,7 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learn
     // end, whose first looks found the work done again: it started again every five waits, on
     // the simulated device and on a loaded GPU host (docs/notebook.md, "restarts fed by the
     // reactor's late pushes").
-    // At least half the bound: a cap of 0 would be none (work shorter than the lead).
-    const double bound = std::min(m.first_bound_ns, sample);
-    m.relearn_cap_ns = std::max(bound - static_cast<double>(stats_.lead_ns), bound / 2);
-    m.mean_ns = m.dev_ns = 0;
-    m.samples = 0;
-    m.bounds_in_a_row = 0;
-    ++stats_.model_restarts;
+    restart(m, std::min(m.first_bound_ns, sample));
     return;
   }
   if (m.relearn_cap_ns > 0) {
@@ -225,6 +230,16 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learn
   }
   update(m.mean_ns, m.dev_ns, sample, m.samples == 0);
   if (m.samples < min_samples) ++m.samples;
+}
+
+void loop_waker::restart(model& m, double bound) noexcept {
+  // At least half the bound: a cap of 0 would be none (work shorter than the lead).
+  m.relearn_cap_ns =
+      bound > 0 ? std::max(bound - static_cast<double>(stats_.lead_ns), bound / 2) : 0;
+  m.mean_ns = m.dev_ns = 0;
+  m.samples = 0;
+  m.bounds_in_a_row = 0;
+  ++stats_.model_restarts;
 }
 
 void loop_waker::on_timer_fired() noexcept {

@@ -191,9 +191,12 @@ class loop_waker {
   /// What the probe of `c`, found done by a look at `now`, teaches (see take_reached).
   lesson lesson_of(const completion& c, std::int64_t now) noexcept;
   /// A wait of this loop left flight at `now` (drained, or seen done by its probe): stats, the
-  /// stages of the last completion, and its stream's model learns `learnt` (two bounds in a row
-  /// start the model again).
+  /// stages of the last completion, and its stream's model learns `learnt` (two bounds in a row,
+  /// or a predicted wait done in less than half the predicted length, start the model again).
   void left_flight(const completion* c, std::int64_t now, lesson learnt) noexcept;
+  /// Starts `m` again; until it is trusted it learns no length longer than `bound` less a lead
+  /// (0: no such cap).
+  void restart(model& m, double bound) noexcept;
   /// Takes an entry out of the schedule: its node is unscheduled, its stream may schedule another.
   void drop(std::set<slot>::iterator it) noexcept;
   /// The timerfd for the earliest entry (disarmed when there is none or a window is open).

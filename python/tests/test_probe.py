@@ -158,6 +158,44 @@ def test_the_first_wait_after_work_got_much_shorter_is_found_by_a_scout(dev, spi
     assert tries[-1] < 0.015, f"launch to resumed, the first 0.3 ms wait of each try, ms: {ms}"
 
 
+def test_work_that_changes_length_is_predicted_again_within_its_phase(dev, spin_default):
+    """One stream alternates 20 waits of 5 ms and 20 of 0.2 ms (a stream shared by two kinds of
+    request). The waits that find the change are done far from the old prediction: the reactor's
+    scout finds a short one before the loop's window opens, and a long one is pushed long after
+    the window closed. Learnt into the old model (each sample moves its mean by an eighth), they
+    left the stream unpredictable for most of the next phase: 1-2 of 20 waits had a window. A
+    predicted wait done in less than half, or more than twice, the predicted length now starts
+    the model again, and the phase is predicted within a few waits. Counted per phase, over three
+    cycles; a loaded machine that scatters the work's times makes the stream unpredictable
+    whatever the model does, so up to three tries."""
+    reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05)
+    s = dev.stream()
+    phases = [(0.005, 20), (0.0002, 20)]
+    counts = []
+
+    async def main():
+        for _ in range(3):
+            for _ in range(2):  # warm-up: both lengths seen
+                for length, n in phases:
+                    for _ in range(n):
+                        await kernel_then_wait(dev, s, reactor, length)
+            counts.clear()
+            for _ in range(3):
+                for length, n in phases:
+                    before = evr.loop_stats()["predicted"]
+                    for _ in range(n):
+                        await kernel_then_wait(dev, s, reactor, length)
+                    counts.append(evr.loop_stats()["predicted"] - before)
+            if min(counts) >= 6:
+                return
+
+    try:
+        run(main(), timeout=120)
+    finally:
+        reactor.shutdown()
+    assert min(counts) >= 6, f"waits with a window, per phase of 20 (5 ms, 0.2 ms, ...): {counts}"
+
+
 def test_a_late_loop_keeps_a_steady_streams_model(dev, spin_default):
     """A probed stream's steady work (8 ms, alternating 7.2 and 8.8 ms: a deviation of about
     0.8 ms, so that its windows are wide) and a loop that is blocked through each wait's window
