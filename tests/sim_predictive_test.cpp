@@ -384,6 +384,29 @@ TEST_CASE("predictive: poll_looks_per_second spaces the poll tick when many stre
   }));
 }
 
+TEST_CASE("predictive: scouts only for long steady work, at most two a wait") {
+  // Work whose window opens within scout_min_span (2 ms) of its start gets none; longer steady
+  // work at most two a wait (an eighth and half way to its window), however its waits go.
+  evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
+  evr::reactor r(sim, predictive_fence());
+  evr::stream st(sim, 0);
+  for (int i = 0; i < 20; ++i) run_one(sim, r, st, 1ms);
+  CHECK(r.metrics().scout_looks == 0);
+  // Until some were scouted (the model must look steady: a loaded machine scatters the sim's
+  // kernels for a while), then 20 more; at most 100 waits.
+  int waits = 0;
+  for (int more = 20; waits < 100 && more > 0; ++waits) {
+    run_one(sim, r, st, 6ms);
+    if (r.metrics().scout_looks > 0) --more;
+  }
+  const auto m = r.metrics();
+  CAPTURE(waits);
+  CAPTURE(m.scout_looks);
+  CHECK(m.scout_looks > 0);
+  CHECK(m.scout_looks <= 2u * static_cast<unsigned>(waits));
+  CHECK(m.scout_finds == 0);  // 6 ms of work is never done at an eighth of the way
+}
+
 TEST_CASE(
     "predictive: work that gets much shorter is found by a scout, long before the old window") {
   // Steady 30 ms work teaches the reactor to sleep until shortly before 30 ms after each
@@ -409,6 +432,6 @@ TEST_CASE(
           std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(trip).count()) + " ";
     }
     MESSAGE("launch to completion seen, us: " << trips_us << "(" << late << " late)");
-    return late == 0;
+    return late == 0 && r.metrics().scout_finds >= 1;
   }));
 }

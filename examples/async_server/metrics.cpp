@@ -263,6 +263,9 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
     counter(out, "evr_reactor_parks_total", "Times the reactor thread slept.", m.parks);
     counter(out, "evr_reactor_prediction_misses_total",
             "Waits that outlived their predicted window.", m.prediction_misses);
+    counter(out, "evr_reactor_scout_looks_total",
+            "Looks at long steady work before its window (scouts).", m.scout_looks);
+    counter(out, "evr_reactor_scout_finds_total", "Waits that scouts found done.", m.scout_finds);
     counter(out, "evr_reactor_host_passes_total",
             "Passes run by the io threads themselves (the last hop).", m.host_passes);
     counter(out, "evr_reactor_host_completions_total",

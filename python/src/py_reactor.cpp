@@ -279,6 +279,8 @@ py::dict py_reactor::metrics() const {
   d["parks"] = m.parks;
   d["wakeups"] = m.wakeups;
   d["prediction_misses"] = m.prediction_misses;
+  d["scout_looks"] = m.scout_looks;
+  d["scout_finds"] = m.scout_finds;
   d["busy_seconds"] = std::chrono::duration<double>(m.busy_time).count();
   d["reactor_cpu_seconds"] = std::chrono::duration<double>(r_->cpu_time()).count();
   // log2 histograms (bucket i: [2^i, 2^(i+1)) ns)

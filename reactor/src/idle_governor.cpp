@@ -151,7 +151,9 @@ void idle_governor::end_sweep(clock::time_point began, const poll_tick& tick) {
 
 void idle_governor::looked_at(stream_state& st, clock::time_point now, bool moved) {
   stream_state::plan_state& p = st.plan;
+  if (p.scouting) bump(counters_.scout_looks);
   if (moved) {
+    if (p.scouting) bump(counters_.scout_finds);
     learn(st, now);
     p.scout_found = p.scouting;  // the work got shorter: the next waits are scouted too
     p.waiting_since = now;

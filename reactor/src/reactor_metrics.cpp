@@ -53,6 +53,8 @@ reactor_metrics reactor_counters::snapshot() const noexcept {
       {&reactor_counters::parks, &reactor_metrics::parks},
       {&reactor_counters::device_faults, &reactor_metrics::device_faults},
       {&reactor_counters::prediction_misses, &reactor_metrics::prediction_misses},
+      {&reactor_counters::scout_looks, &reactor_metrics::scout_looks},
+      {&reactor_counters::scout_finds, &reactor_metrics::scout_finds},
       {&reactor_counters::host_passes, &reactor_metrics::host_passes},
       {&reactor_counters::host_completions, &reactor_metrics::host_completions},
       {&reactor_counters::host_passes_cut, &reactor_metrics::host_passes_cut},

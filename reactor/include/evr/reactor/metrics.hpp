@@ -39,6 +39,10 @@ struct reactor_metrics {
   /// idle_mode::predictive: times a stream's oldest wait outlived the window its model predicted
   /// (the work got longer, or is irregular beyond what was seen); each counts once.
   std::uint64_t prediction_misses = 0;
+  /// idle_mode::predictive: looks at a stream of long steady work before its window (scouts,
+  /// which find work that suddenly got much shorter), and the waits they found done.
+  std::uint64_t scout_looks = 0;
+  std::uint64_t scout_finds = 0;
   /// Time the reactor spent in the passes that delivered at least one completion, from before
   /// their sweep to after their delivery: its own work of finding, retiring and handing over
   /// completions, without the polling and sleeping between them (cpu_time() counts those too).
