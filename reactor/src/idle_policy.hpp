@@ -34,7 +34,8 @@
 //                   time left (a long sleep that ended early is followed by a shorter one with a
 //                   narrower margin, not by spinning). With `final_sleep` set, a sleep longer
 //                   than it is cut so that the last final_sleep before the window is slept on
-//                   its own.
+//                   its own. Steady work whose window opens scout_min_span or more after its start
+//                   is also looked at on the way (next_scout): work that got much shorter.
 //   window_spin     the work is steady (spread at most `spin_fraction` of high, or two poll
 //                   periods): busy-poll through the window. Cost: the width of the window on a
 //                   miss; margin + prespin + spread/4 + (actual - low) on a hit.
