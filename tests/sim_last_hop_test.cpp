@@ -78,6 +78,26 @@ void check_host_finds_completions(evr::strategy how) {
   }
 }
 
+/// One wait at a time on `st` through `waiter`, run on `io`'s thread: launches `d` of work, waits
+/// for the handler, and returns the round trip (launch to the handler run).
+struct one_at_a_time {
+  evr::sim::device& sim;
+  evr::stream& st;
+  evr::gpu_waiter& waiter;
+  asio::io_context& io;
+  int done = 0, failed = 0;
+
+  std::chrono::nanoseconds operator()(std::chrono::nanoseconds d) {
+    const auto t0 = std::chrono::steady_clock::now();
+    sim.launch_kernel(st.native(), d);
+    waiter.async_wait(st, [this](evr::asio_error_code ec) { ++(ec ? failed : done); });
+    const int want = done + failed + 1;
+    REQUIRE(run_until(
+        io, [&] { return done + failed == want; }, 20s));
+    return std::chrono::steady_clock::now() - t0;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("last hop: the context's own thread finds its waits' completions (delivery::post)") {
@@ -245,17 +265,9 @@ TEST_CASE("last hop: a missed prediction falls back to the reactor's plain post"
   asio::io_context io(1);
   evr::gpu_waiter waiter(io.get_executor(), r);
   evr::stream st(sim, 0);
-  int done = 0, failed = 0;
+  one_at_a_time waits{sim, st, waiter, io};
   std::chrono::nanoseconds longest{0};  // the longest round trip: launch to the handler run
-  auto one = [&](std::chrono::nanoseconds d) {
-    const auto t0 = std::chrono::steady_clock::now();
-    sim.launch_kernel(st.native(), d);
-    waiter.async_wait(st, [&](evr::asio_error_code ec) { ++(ec ? failed : done); });
-    const int want = done + failed + 1;
-    REQUIRE(run_until(
-        io, [&] { return done + failed == want; }, 20s));
-    longest = std::max<std::chrono::nanoseconds>(longest, std::chrono::steady_clock::now() - t0);
-  };
+  auto one = [&](std::chrono::nanoseconds d) { longest = std::max(longest, waits(d)); };
   for (int i = 0; i < 6; ++i) one(3ms);
   const auto before = r.metrics();
   // Far longer than anything seen: the host's window closes, the reactor finds it. What the
@@ -268,8 +280,8 @@ TEST_CASE("last hop: a missed prediction falls back to the reactor's plain post"
   const auto after = r.metrics();
   CAPTURE(longest.count());
   CHECK(after.prediction_misses > before.prediction_misses);
-  CHECK(done == 7);
-  CHECK(failed == 0);
+  CHECK(waits.done == 7);
+  CHECK(waits.failed == 0);
 }
 
 TEST_CASE("last hop: work that gets much shorter is found by a scout, not at the old window") {
@@ -286,16 +298,7 @@ TEST_CASE("last hop: work that gets much shorter is found by a scout, not at the
   asio::io_context io(1);
   evr::gpu_waiter waiter(io.get_executor(), r);
   evr::stream st(sim, 0);
-  int done = 0, failed = 0;
-  auto one = [&](std::chrono::nanoseconds d) {
-    const auto t0 = std::chrono::steady_clock::now();
-    sim.launch_kernel(st.native(), d);
-    waiter.async_wait(st, [&](evr::asio_error_code ec) { ++(ec ? failed : done); });
-    const int want = done + failed + 1;
-    REQUIRE(run_until(
-        io, [&] { return done + failed == want; }, 20s));
-    return std::chrono::steady_clock::now() - t0;
-  };
+  one_at_a_time one{sim, st, waiter, io};
   bool found_early = false;
   std::string trips_us;
   for (int attempt = 0; attempt < 3 && !found_early; ++attempt) {
@@ -308,7 +311,7 @@ TEST_CASE("last hop: work that gets much shorter is found by a scout, not at the
   }
   MESSAGE("launch to the handler, the first short wait of each attempt, us: " << trips_us);
   CHECK(found_early);
-  CHECK(failed == 0);
+  CHECK(one.failed == 0);
 }
 
 TEST_CASE("last hop: waits submitted from another thread are hosted too") {
