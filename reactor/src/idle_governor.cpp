@@ -151,11 +151,19 @@ void idle_governor::end_sweep(clock::time_point began, const poll_tick& tick) {
 
 void idle_governor::looked_at(stream_state& st, clock::time_point now, bool moved) {
   stream_state::plan_state& p = st.plan;
-  if (p.scouting) bump(counters_.scout_looks);
+  // The plan's scout, if this is its look: counted once (a stream whose young model is looked at
+  // by every sweep is looked at again before it is planned again).
+  const bool scout = p.scouting && now >= p.scout_at;
+  if (scout) {
+    bump(counters_.scout_looks);
+    p.scouting = false;
+    p.scout_at = clock::time_point::max();
+  }
   if (moved) {
-    if (p.scouting) bump(counters_.scout_finds);
+    const bool found = scout && st.retired_in_sweep;  // not a fault, nor cancelled markers only
+    if (found) bump(counters_.scout_finds);
+    p.scout_found = found;  // the work got shorter: the next waits are scouted too
     learn(st, now);
-    p.scout_found = p.scouting;  // the work got shorter: the next waits are scouted too
     p.waiting_since = now;
     p.missed = false;
     p.query_after = {};

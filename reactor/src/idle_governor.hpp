@@ -175,6 +175,10 @@ class idle_governor {
   bool done_time(const stream_state& st, clock::time_point start, clock::time_point now,
                  clock::time_point& done) const noexcept;
   void plan(stream_state& st, clock::time_point now);
+  /// Scouts (idle_policy.hpp, next_scout) are planned only under the predictive policy.
+  bool scouts_allowed() const noexcept {
+    return mode_.between_looks == idle_traits::rest::predictive;
+  }
   /// Makes `o`'s next look a scout (next_scout) if one comes before it, the work is steady and
   /// the oldest wait of `st` is not unhurried (or the last one was found by a scout).
   void scout_if_due(stream_state& st, stream_outlook& o, clock::time_point start,

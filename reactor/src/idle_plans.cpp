@@ -46,6 +46,8 @@ void idle_governor::went_idle(stream_state& st) noexcept {
   p.on_poll_tick = false;
   p.host_look = clock::time_point::max();
   p.host_spin = false;
+  p.scout_at = clock::time_point::max();
+  p.scouting = false;
 }
 
 void idle_governor::plan(stream_state& st, clock::time_point now) {
@@ -89,13 +91,16 @@ void idle_governor::scout_if_due(stream_state& st, stream_outlook& o, clock::tim
   // wait was found by a scout; a Python loop then stops predicting it, and its next wait is
   // unhurried): its consumer accepts some lateness, and 64 torch streams on a saturated GPU
   // would make two more looks every wait.
-  if (o.where != stream_outlook::phase::before_window || !o.steady) return;
+  // And only when the reactor rests by the plans (the predictive policy): under the ladder its
+  // sweeps would look at the stream on every pass from the first scout on.
+  if (!scouts_allowed() || o.where != stream_outlook::phase::before_window || !o.steady) return;
   const wait_op* front = st.entries.front().op;
   if (front != nullptr && front->unhurried_ && !st.plan.scout_found) return;
   if (const clock::time_point scout = next_scout(start, o.window_open, now); scout < o.next_look) {
     o.next_look = scout;
     o.scout = true;
     st.plan.scouting = true;
+    st.plan.scout_at = scout;
   }
 }
 
@@ -117,9 +122,12 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   // found short) made the stream irregular, and then the next short wait slept until the window.
   if (const wait_op* front = st.entries.empty() ? nullptr : st.entries.front().op;
       front != nullptr && front->covered_until() > now) {
-    const clock::time_point scout = next_scout(start, front->covered_until(), now);
+    const clock::time_point scout = scouts_allowed()
+                                        ? next_scout(start, front->covered_until(), now)
+                                        : clock::time_point::max();
     const clock::time_point until = std::min(scout, front->covered_until());
     p.scouting = scout < front->covered_until();
+    p.scout_at = p.scouting ? scout : clock::time_point::max();
     skip_until(st, until);
     p.spin = false;
     p.wake = std::min(wake, until);
@@ -201,9 +209,9 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
     case phase::before_window:
       p.host_look = o.window_open;
       p.host_spin = o.steady;
-      // A scout is the reactor's: a nap of its own costs less than the host's timer and pass, and
-      // it seldom finds anything (then it posts the completion across, as a safety look does).
-      if (o.scout) p.scout_at = o.next_look;
+      // A scout is the reactor's (scout_at, set with it): a nap of its own costs less than the
+      // host's timer and pass, and it seldom finds anything (then it posts the completion
+      // across, as a safety look does).
       break;
     case phase::window_spin:
       p.host_look = now;
