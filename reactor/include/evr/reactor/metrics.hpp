@@ -40,10 +40,10 @@ struct reactor_metrics {
   /// (the work got longer, or is irregular beyond what was seen); each counts once.
   std::uint64_t prediction_misses = 0;
   /// idle_mode::predictive: looks at a stream of long steady work before its window (scouts,
-  /// which find work that suddenly got much shorter), and those of them that found work done. A
-  /// scout is best effort: a reactor napping for other streams makes it at its next wake-up.
+  /// which find work that suddenly got much shorter). A scout is best effort: a reactor napping
+  /// for other streams makes it at its next wake-up.
   std::uint64_t scout_looks = 0;
-  std::uint64_t scout_finds = 0;
+  std::uint64_t scout_finds = 0;  ///< scouts that found their stream's work done
   /// Time the reactor spent in the passes that delivered at least one completion, from before
   /// their sweep to after their delivery: its own work of finding, retiring and handing over
   /// completions, without the polling and sleeping between them (cpu_time() counts those too).
