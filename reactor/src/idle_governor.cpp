@@ -153,10 +153,9 @@ void idle_governor::looked_at(stream_state& st, clock::time_point now, bool move
   stream_state::plan_state& p = st.plan;
   // The plan's scout, if this is its look: counted once (a stream whose young model is looked at
   // by every sweep is looked at again before it is planned again).
-  const bool scout = p.scouting && now >= p.scout_at;
+  const bool scout = now >= p.scout_at;
   if (scout) {
     bump(counters_.scout_looks);
-    p.scouting = false;
     p.scout_at = clock::time_point::max();
   }
   if (moved) {

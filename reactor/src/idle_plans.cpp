@@ -47,7 +47,6 @@ void idle_governor::went_idle(stream_state& st) noexcept {
   p.host_look = clock::time_point::max();
   p.host_spin = false;
   p.scout_at = clock::time_point::max();
-  p.scouting = false;
 }
 
 void idle_governor::plan(stream_state& st, clock::time_point now) {
@@ -56,7 +55,6 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   p.stale = false;
   p.asleep_before_window = false;
   p.scout_at = clock::time_point::max();
-  p.scouting = false;
   p.planned_seq = st.entries.front().seq;
   ++p.epoch;  // a new plan: a host schedules it anew (plan_host_polls)
   const clock::time_point start = service_start(st);
@@ -98,8 +96,6 @@ void idle_governor::scout_if_due(stream_state& st, stream_outlook& o, clock::tim
   if (front != nullptr && front->unhurried_ && !st.plan.scout_found) return;
   if (const clock::time_point scout = next_scout(start, o.window_open, now); scout < o.next_look) {
     o.next_look = scout;
-    o.scout = true;
-    st.plan.scouting = true;
     st.plan.scout_at = scout;
   }
 }
@@ -126,8 +122,7 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
                                         ? next_scout(start, front->covered_until(), now)
                                         : clock::time_point::max();
     const clock::time_point until = std::min(scout, front->covered_until());
-    p.scouting = scout < front->covered_until();
-    p.scout_at = p.scouting ? scout : clock::time_point::max();
+    p.scout_at = scout < front->covered_until() ? scout : clock::time_point::max();
     skip_until(st, until);
     p.spin = false;
     p.wake = std::min(wake, until);
@@ -141,7 +136,8 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   if (o.where == phase::window_spin && unhurried) o.where = phase::window_poll;
   if (o.where == phase::before_window && p.model.samples() >= service_time_model::window / 2) {
     skip_until(st, o.next_look);
-    p.asleep_before_window = !o.scout;  // a scout looks when it comes; a wake-up plans again
+    // A scout looks when it comes; a wake-up towards the window plans again.
+    p.asleep_before_window = p.scout_at == clock::time_point::max();
   } else if (o.where == phase::window_poll) {
     // Looked at on the poll tick, with every other stream in such a window, and not by the sweeps
     // other streams' completions ask for. A tick already due (no stream was on it) comes at once.

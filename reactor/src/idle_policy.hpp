@@ -139,9 +139,6 @@ struct stream_outlook {
   idle_time window_open{}, window_close{};
   /// Once the model is ready: the work is steady (spun through) rather than irregular (polled).
   bool steady = false;
-  /// before_window only, set by the caller of predict(): next_look is a scout (next_scout), a
-  /// look at work not expected done yet, rather than the wake-up towards the window.
-  bool scout = false;
   /// The prediction is not helping (learning, missed): a doorbell may be armed once the wait is
   /// old enough (adaptive strategy).
   bool unpredicted() const noexcept { return where == phase::learning || where == phase::missed; }

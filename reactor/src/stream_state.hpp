@@ -102,11 +102,10 @@ struct stream_state {
     /// query_after is the reactor's wake before the window: a sweep that reaches it plans the
     /// stream again rather than looking (idle_governor::reached_window).
     bool asleep_before_window = false;
-    /// A hosted stream's scout (idle_policy.hpp, next_scout): the reactor looks then although
-    /// the host covers the stream; max() when none is planned.
+    /// The plan's scout (idle_policy.hpp, next_scout; the reactor's own, a hosted stream's or a
+    /// probed wait's): the reactor looks then, although a host or the caller covers the stream;
+    /// max() when none is planned or it has been made.
     idle_time scout_at = idle_time::max();
-    /// The plan's next look is a scout (reactor's, host's stream or probed wait).
-    bool scouting = false;
     /// The last wait retired was found by a scout: the work got shorter, and the stream's
     /// unhurried waits are scouted too until a wait is found otherwise.
     bool scout_found = false;
