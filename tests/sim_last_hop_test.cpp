@@ -291,29 +291,33 @@ TEST_CASE("last hop: work that gets much shorter is found by a scout, not at the
   // next_scout: an eighth and half way to the window), so the first short wait is found after
   // about 7.5 ms and posted to the context. 15 ms leaves a loaded machine's scheduling more than
   // it adds (a few ms).
-  evr::sim::device sim(threaded);
+  // Each attempt starts afresh (a new reactor, context and stream): a loaded machine's late looks
+  // can make the long samples look irregular, and irregular work gets no scouts; and once an
+  // attempt's short sample is in the model, the stream is irregular for the next attempt too.
   auto opts = predictive();
   opts.fault_probe_interval = 10s;  // no fault probe may find the wait in the host's place
-  evr::reactor r(sim, opts);
-  asio::io_context io(1);
-  evr::gpu_waiter waiter(io.get_executor(), r);
-  evr::stream st(sim, 0);
-  one_at_a_time one{sim, st, waiter, io};
   bool found_early = false;
   std::string trips_us;
   for (int attempt = 0; attempt < 5 && !found_early; ++attempt) {
+    evr::sim::device sim(threaded);
+    evr::reactor r(sim, opts);
+    asio::io_context io(1);
+    evr::gpu_waiter waiter(io.get_executor(), r);
+    evr::stream st(sim, 0);
+    one_at_a_time one{sim, st, waiter, io};
     for (int i = 0; i < 6; ++i) one(60ms);
-    const auto finds = r.metrics().scout_finds;
+    const evr::reactor_metrics before = r.metrics();
     const auto trip = one(300us);
+    const evr::reactor_metrics after = r.metrics();
     trips_us +=
-        std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(trip).count()) + " ";
-    found_early = trip < 15ms && r.metrics().scout_finds > finds;
+        std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(trip).count()) +
+        " us (scout looks " + std::to_string(after.scout_looks) + ", finds " +
+        std::to_string(after.scout_finds) + ") ";
+    found_early = trip < 15ms && after.scout_finds > before.scout_finds;
+    CHECK(one.failed == 0);
   }
-  MESSAGE("launch to the handler, the first short wait of each attempt, us: "
-          << trips_us << "; scout looks " << r.metrics().scout_looks << ", finds "
-          << r.metrics().scout_finds);
+  MESSAGE("launch to the handler, the first short wait of each attempt: " << trips_us);
   CHECK(found_early);
-  CHECK(one.failed == 0);
 }
 
 TEST_CASE("last hop: waits submitted from another thread are hosted too") {
