@@ -436,38 +436,3 @@ TEST_CASE(
     return late == 0 && r.metrics().scout_finds >= 1;
   }));
 }
-
-TEST_CASE("predictive: a new wait's first scout wakes a reactor that would nap past it") {
-  // The reactor naps for another stream: a long wait it is still learning, looked at in naps of
-  // a quarter of its age, up to max_sleep (40 ms here). A wait of steady 60 ms work comes while
-  // it naps: its first scout (an eighth of the way, about 7.5 ms on) is due before the reactor
-  // wakes, its window long after. Without the submitter's scout rule
-  // (idle_governor::first_scout_ns) the reactor slept through that scout, and the first wait
-  // after the work dropped to 0.3 ms was found at the half-way scout (30 ms) or at the window.
-  auto opts = predictive_fence();
-  opts.max_sleep = 40ms;
-  CHECK(holds_in_one_of_three([&] {
-    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
-    evr::reactor r(sim, opts);
-    evr::stream slow(sim, 0), st(sim, 0);
-    sim.launch_kernel(slow.native(), 30s);
-    auto slow_result = std::make_shared<std::atomic<int>>(0);
-    evr::wait_handle slow_wait;
-    REQUIRE_FALSE(evr::on_complete(
-        r, slow, [slow_result](std::error_code ec) { *slow_result = ec ? 2 : 1; }, slow_wait));
-    for (int i = 0; i < 6; ++i) run_one(sim, r, st, 60ms);  // the slow wait is 360 ms old
-    const auto before = r.metrics();
-    const auto t0 = std::chrono::steady_clock::now();
-    run_one(sim, r, st, 300us);
-    const auto trip = std::chrono::steady_clock::now() - t0;
-    const auto after = r.metrics();
-    CHECK(slow_wait.cancel());
-    REQUIRE(wait_until([&] { return slow_result->load() != 0; }, 10s));
-    CHECK(slow_result->load() == 2);  // cancelled, not completed: still napped for
-    MESSAGE("the first 0.3 ms wait after 60 ms ones was found "
-            << std::chrono::duration_cast<std::chrono::microseconds>(trip).count()
-            << " us after its launch; scout finds " << after.scout_finds - before.scout_finds);
-    // 15 ms: twice the first scout, far before the half-way one.
-    return trip < 15ms && after.scout_finds > before.scout_finds;
-  }));
-}
