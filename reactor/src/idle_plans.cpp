@@ -118,11 +118,10 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   // found short) made the stream irregular, and then the next short wait slept until the window.
   if (const wait_op* front = st.entries.empty() ? nullptr : st.entries.front().op;
       front != nullptr && front->covered_until() > now) {
-    const clock::time_point scout = scouts_allowed()
-                                        ? next_scout(start, front->covered_until(), now)
-                                        : clock::time_point::max();
-    const clock::time_point until = std::min(scout, front->covered_until());
-    p.scout_at = scout < front->covered_until() ? scout : clock::time_point::max();
+    // next_scout gives max() when no scout is left before the caller's window closes.
+    p.scout_at = scouts_allowed() ? next_scout(start, front->covered_until(), now)
+                                  : clock::time_point::max();
+    const clock::time_point until = std::min(p.scout_at, front->covered_until());
     skip_until(st, until);
     p.spin = false;
     p.wake = std::min(wake, until);
