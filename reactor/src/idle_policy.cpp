@@ -48,6 +48,9 @@ void service_time_model::add(nanoseconds sample) noexcept {
   samples_.push_back(v);
   if (run_above_ >= regime_run || run_below_ >= regime_run) {
     // The work changed (a longer or shorter kernel): forget the old regime, keep the new samples.
+    // Its bounds are remembered: work that alternates between lengths goes back to it.
+    previous_low_ = ref_low_;
+    previous_high_ = ref_high_;
     samples_.keep_newest(regime_run);
     run_above_ = run_below_ = 0;
   }
@@ -56,6 +59,27 @@ void service_time_model::add(nanoseconds sample) noexcept {
     ref_low_ = low_;
     ref_high_ = high_;
   }
+}
+
+bool service_time_model::run_above(nanoseconds& low, nanoseconds& high) const noexcept {
+  if (run_above_ == 0) return false;
+  std::int64_t lo = samples_.at(samples_.size() - 1), hi = lo;  // the newest run_above_ samples
+  for (int i = 2; i <= run_above_; ++i) {
+    const std::int64_t v = samples_.at(samples_.size() - static_cast<std::size_t>(i));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  low = nanoseconds(lo);
+  high = nanoseconds(hi);
+  return true;
+}
+
+bool service_time_model::longer_previous_regime(nanoseconds& low,
+                                                nanoseconds& high) const noexcept {
+  if (previous_high_ <= high_) return false;
+  low = nanoseconds(previous_low_);
+  high = nanoseconds(previous_high_);
+  return true;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -166,6 +190,30 @@ idle_time sleep_until(const idle_settings& settings, const stream_outlook& o, id
   return open - now >= worth ? open : idle_time::max();
 }
 
+/// A wait past its window (`o`, missed) whose model knows longer work, with samples in [low,
+/// high]: that work's window, computed as a model's, is slept towards and spun through (looked
+/// at every window_poll_period if irregular), as the wait's own window would be; the missed
+/// phase's naps go on around it. Why: work that alternates between lengths (a Python stream, 20
+/// kernels of 5 ms then 20 of 200 us, on an H200) had its first long waits after each rise found
+/// by those naps, 600-850 us over the phase's median, until the model restarted from three.
+void look_at_longer_work(const idle_settings& settings, nanoseconds low, nanoseconds high,
+                         idle_time start, idle_time now, const sleep_overshoot& overshoot,
+                         stream_outlook& o) noexcept {
+  const nanoseconds spread = high - low;
+  const bool steady =
+      spread <= std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
+                         2 * settings.poll_period);
+  const idle_time open = start + low - spread / 4 - settings.prespin;
+  const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), open - start));
+  const idle_time close = start + high + std::max(margin, spread / 2);
+  if (now > close) return;
+  if (now < open) {
+    o.next_look = std::min(o.next_look, std::max(now, open - overshoot.margin(open - now)));
+  } else {
+    o.next_look = steady ? now : std::min(o.next_look, now + settings.window_poll_period);
+  }
+}
+
 }  // namespace
 
 stream_outlook predict(const idle_settings& settings, const service_time_model& model,
@@ -184,10 +232,16 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
     o.where = phase::window_poll;
     o.next_look = now + settings.window_poll_period;
   } else {
-    // Missed: the work outlasted everything seen lately. Back off with the time since the miss.
+    // Missed: the work outlasted everything seen lately. Back off with the time since the miss,
+    // and look at the window of a longer regime the model knows.
     o.where = phase::missed;
     o.next_look = now + std::clamp<nanoseconds>((now - o.window_close) / 2, settings.poll_period,
                                                 settings.max_sleep);
+    nanoseconds low{}, high{};
+    if (model.run_above(low, high))
+      look_at_longer_work(settings, low, high, start, now, overshoot, o);
+    if (model.longer_previous_regime(low, high))
+      look_at_longer_work(settings, low, high, start, now, overshoot, o);
   }
   return o;
 }
