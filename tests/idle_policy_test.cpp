@@ -166,8 +166,10 @@ TEST_CASE("idle predict: a missed window looks at the longer regime's window") {
   CHECK(o.next_look == long_open);  // spun through
   o = predict(s, m, t0, t0 + 5ms + margin, timers);
   CHECK(o.next_look == t0 + 5ms + margin);
-  o = predict(s, m, t0, t0 + 6ms, timers);  // past it too: naps only
-  CHECK(o.next_look > t0 + 6ms);
+  // Past it too: naps, grown from its close (half the time since), not from the 200 us
+  // window's (max_sleep by now).
+  o = predict(s, m, t0, t0 + 6ms, timers);
+  CHECK(o.next_look == t0 + 6ms + (6ms - (5ms + margin)) / 2);
   // A run of somewhat longer short work (one 320 us sample) is looked at, and the 5 ms regime
   // still is once that run's window has passed.
   m.add(320us);

@@ -193,9 +193,10 @@ idle_time sleep_until(const idle_settings& settings, const stream_outlook& o, id
 /// A wait past its window (`o`, missed) whose model knows longer work, with samples in [low,
 /// high]: that work's window, computed as a model's, is slept towards and spun through (looked
 /// at every window_poll_period if irregular), as the wait's own window would be; the missed
-/// phase's naps go on around it. Why: work that alternates between lengths (a Python stream, 20
-/// kernels of 5 ms then 20 of 200 us, on an H200) had its first long waits after each rise found
-/// by those naps, 600-850 us over the phase's median, until the model restarted from three.
+/// phase's naps go on around it, and grow from that window's close once it has passed. Why: work
+/// that alternates between lengths (a Python stream, 20 kernels of 5 ms then 20 of 200 us, on an
+/// H200) had its first long waits after each rise found by those naps, 600-850 us over the phase's
+/// median, until the model restarted from three.
 void look_at_longer_work(const idle_settings& settings, nanoseconds low, nanoseconds high,
                          idle_time start, idle_time now, const sleep_overshoot& overshoot,
                          stream_outlook& o) noexcept {
@@ -206,8 +207,13 @@ void look_at_longer_work(const idle_settings& settings, nanoseconds low, nanosec
   const idle_time open = start + low - spread / 4 - settings.prespin;
   const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), open - start));
   const idle_time close = start + high + std::max(margin, spread / 2);
-  if (now > close) return;
-  if (now < open) {
+  if (now > close) {
+    // Past it too: the naps grow from this window's close, the latest end expected, not from
+    // the wait's own (a 20 ms wait past a 200 us window would nap 10 ms at a time by then).
+    o.next_look = std::min(
+        o.next_look,
+        now + std::clamp<nanoseconds>((now - close) / 2, settings.poll_period, settings.max_sleep));
+  } else if (now < open) {
     o.next_look = std::min(o.next_look, std::max(now, open - overshoot.margin(open - now)));
   } else {
     o.next_look = steady ? now : std::min(o.next_look, now + settings.window_poll_period);
