@@ -51,7 +51,8 @@
 //                   host-function doorbell so the driver wakes the reactor. When the model knows
 //                   longer work (the run of samples since the work got longer, the regime before
 //                   the model's last restart), the windows of that work are also slept towards
-//                   and spun through (polled, if irregular).
+//                   and spun through (polled, if irregular); past one, the naps grow from its
+//                   close.
 // The reactor sweeps again at once if any stream wants spinning, else sleeps until the earliest
 // look any stream wants (and never past a fault probe). A submission that could finish before
 // that wakes it (wakeup.hpp); so does a doorbell.
