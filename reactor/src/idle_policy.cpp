@@ -116,18 +116,32 @@ nanoseconds budgeted_poll_period(nanoseconds poll_period, nanoseconds look_cost,
 // ------------------------------------------------------------------------------------------------
 // predict
 
-bool is_steady(const idle_settings& settings, const service_time_model& model) noexcept {
-  const nanoseconds high = model.high();
-  return high - model.low() <=
+namespace {
+
+/// Work whose samples lie in [low, high] is steady (see is_steady).
+bool is_steady_range(const idle_settings& settings, nanoseconds low, nanoseconds high) noexcept {
+  return high - low <=
          std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
                   2 * settings.poll_period);
 }
 
+/// When the window of work with samples in [low, high] opens, from its start, if its earliest
+/// end is `earliest` (see window_of).
+nanoseconds open_offset(const idle_settings& settings, nanoseconds low, nanoseconds high,
+                        nanoseconds earliest) noexcept {
+  return earliest - (high - low) / 4 - settings.prespin;
+}
+
+}  // namespace
+
+bool is_steady(const idle_settings& settings, const service_time_model& model) noexcept {
+  return is_steady_range(settings, model.low(), model.high());
+}
+
 nanoseconds window_open_offset(const idle_settings& settings,
                                const service_time_model& model) noexcept {
-  const nanoseconds spread = model.high() - model.low();
   const nanoseconds earliest = (is_steady(settings, model) ? model.low() : model.shortest());
-  return earliest - spread / 4 - settings.prespin;
+  return open_offset(settings, model.low(), model.high(), earliest);
 }
 
 namespace {
@@ -147,6 +161,18 @@ stream_outlook learning(const idle_settings& settings, idle_time start, idle_tim
   return o;
 }
 
+/// The window of work with samples in [low, high] whose earliest end is `earliest` (window_of).
+stream_outlook window_for(const idle_settings& settings, nanoseconds low, nanoseconds high,
+                          nanoseconds earliest, idle_time start,
+                          const sleep_overshoot& overshoot) noexcept {
+  stream_outlook o;
+  o.window_open = start + open_offset(settings, low, high, earliest);
+  const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), o.window_open - start));
+  o.window_close = start + high + std::max(margin, (high - low) / 2);
+  o.steady = is_steady_range(settings, low, high);
+  return o;
+}
+
 /// The window of a ready model: when a looker must be awake, when it closes, steady or not.
 stream_outlook window_of(const idle_settings& settings, const service_time_model& model,
                          idle_time start, const sleep_overshoot& overshoot) noexcept {
@@ -162,12 +188,8 @@ stream_outlook window_of(const idle_settings& settings, const service_time_model
   // shortest, as polling early costs little: its second shortest says little about how short it
   // can be (uniform 100 us-5 ms: over 1 ms for about a fifth of the waits, and the work shorter
   // than the window's opening was found when it opened: 1-stream p99 376 us on the H100).
-  stream_outlook o;
-  o.window_open = start + window_open_offset(settings, model);
-  const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), o.window_open - start));
-  o.window_close = start + model.high() + std::max(margin, (model.high() - model.low()) / 2);
-  o.steady = is_steady(settings, model);
-  return o;
+  const nanoseconds earliest = is_steady(settings, model) ? model.low() : model.shortest();
+  return window_for(settings, model.low(), model.high(), earliest, start, overshoot);
 }
 
 /// When to wake for a window that opens after `now`; idle_time::max() when it is too near to
@@ -200,13 +222,8 @@ idle_time sleep_until(const idle_settings& settings, const stream_outlook& o, id
 void look_at_longer_work(const idle_settings& settings, nanoseconds low, nanoseconds high,
                          idle_time start, idle_time now, const sleep_overshoot& overshoot,
                          stream_outlook& o) noexcept {
-  const nanoseconds spread = high - low;
-  const bool steady =
-      spread <= std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
-                         2 * settings.poll_period);
-  const idle_time open = start + low - spread / 4 - settings.prespin;
-  const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), open - start));
-  const idle_time close = start + high + std::max(margin, spread / 2);
+  const stream_outlook w = window_for(settings, low, high, low, start, overshoot);
+  const idle_time open = w.window_open, close = w.window_close;
   if (now > close) {
     // Past it too: the naps grow from this window's close, the latest end expected, not from
     // the wait's own (a 20 ms wait past a 200 us window would nap 10 ms at a time by then).
@@ -216,7 +233,7 @@ void look_at_longer_work(const idle_settings& settings, nanoseconds low, nanosec
   } else if (now < open) {
     o.next_look = std::min(o.next_look, std::max(now, open - overshoot.margin(open - now)));
   } else {
-    o.next_look = steady ? now : std::min(o.next_look, now + settings.window_poll_period);
+    o.next_look = w.steady ? now : std::min(o.next_look, now + settings.window_poll_period);
   }
 }
 
