@@ -108,21 +108,27 @@ TEST_CASE("idle model: a jump in work length is learned within three samples") {
   }
 }
 
-TEST_CASE("idle model: the regime before a restart, and the run since the work got longer") {
+TEST_CASE(
+    "idle model: the settled regimes before restarts, and the run since the work got longer") {
   service_time_model m;
   nanoseconds low{}, high{};
-  work longer(5ms, 0.02, 5), shorter(200us, 0.02, 6);
+  const auto none_longer = [&] {
+    for (int i = 0; i < service_time_model::remembered; ++i)
+      if (m.longer_previous_regime(i, low, high)) return false;
+    return true;
+  };
+  work longer(5ms, 0.02, 5), shorter(200us, 0.02, 6), passing(3ms, 0.02, 7);
   for (int i = 0; i < 20; ++i) m.add(longer.next());
-  CHECK_FALSE(m.longer_previous_regime(low, high));  // one regime so far
+  CHECK(none_longer());  // one regime so far
   CHECK_FALSE(m.run_above(low, high));
   for (int i = 0; i < 20; ++i) m.add(shorter.next());
-  // Restarted from 200 us work: the 5 ms regime is remembered.
+  // Restarted from 200 us work: the settled 5 ms regime is remembered.
   REQUIRE(m.high() <= 204us);
   CHECK_FALSE(m.run_above(low, high));
-  REQUIRE(m.longer_previous_regime(low, high));
+  REQUIRE(m.longer_previous_regime(0, low, high));
   CHECK(low >= 4900us);
   CHECK(high <= 5100us);
-  // Back to 5 ms: the run so far (one sample, then two) is the longer regime.
+  // Back to 5 ms: the run so far (one sample, then two) is the longer work.
   const nanoseconds first = longer.next();
   m.add(first);
   REQUIRE(m.run_above(low, high));
@@ -133,14 +139,17 @@ TEST_CASE("idle model: the regime before a restart, and the run since the work g
   REQUIRE(m.run_above(low, high));
   CHECK(low == std::min(first, second));
   CHECK(high == std::max(first, second));
-  // Three in a row: the model is the 5 ms regime; the shorter one it left is not "longer".
+  // Three in a row: the model is the 5 ms regime; the regimes it remembers are not longer.
   m.add(longer.next());
   CHECK(m.low() >= 4900us);
   CHECK_FALSE(m.run_above(low, high));
-  CHECK_FALSE(m.longer_previous_regime(low, high));
-  // Back to 200 us work: restarted again, from a regime whose previous one is 5 ms.
-  for (int i = 0; i < 3; ++i) m.add(shorter.next());
-  REQUIRE(m.longer_previous_regime(low, high));
+  CHECK(none_longer());
+  for (int i = 0; i < 20; ++i) m.add(longer.next());
+  // Down to 200 us through a passing 3 ms regime (three samples, as scouts' brackets give): the
+  // passing one is not remembered; the settled 5 ms one is, the most recent.
+  for (int i = 0; i < 3; ++i) m.add(passing.next());
+  for (int i = 0; i < 20; ++i) m.add(shorter.next());
+  REQUIRE(m.longer_previous_regime(0, low, high));
   CHECK(low >= 4900us);
 }
 

@@ -474,14 +474,15 @@ TEST_CASE("predictive: a new wait's first scout wakes a reactor that would nap p
 
 TEST_CASE(
     "predictive: when work gets longer again, its first waits are found at the longer window") {
-  // 20 ms and 200 us phases alternate (a server's long and short batches). The model restarts
-  // at each change, and remembers the regime it left; the first waits of a 20 ms phase outlive
-  // the 200 us window and, besides the missed phase's naps, are looked at through the 20 ms
+  // 50 ms and 200 us phases alternate (a server's long and short batches). The model restarts
+  // at each change, and remembers the regime it left; the first waits of a 50 ms phase outlive
+  // the 200 us window and, besides the missed phase's naps, are looked at through the 50 ms
   // window: the regime before the restart, then the run of long samples so far. Without that,
-  // with max_sleep 20 ms, the naps found them milliseconds late (they grow with the time since
-  // the miss).
+  // with max_sleep 50 ms, the naps found them up to tens of ms late (they grow with the time
+  // since the miss). Long work, so that a loaded machine's own lateness (the simulated device
+  // ends work late too) stays well below that.
   auto opts = predictive_fence();
-  opts.max_sleep = 20ms;
+  opts.max_sleep = 50ms;
   CHECK(holds_in_one_of_three([&] {
     evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::threaded});
     evr::reactor r(sim, opts);
@@ -512,13 +513,13 @@ TEST_CASE(
     };
     // Phases of 20, as the gate's Python row: the 200 us phase's model settles (its first
     // samples, found by scouts, are a few hundred us).
-    for (int i = 0; i < 20; ++i) lateness(20ms);
+    for (int i = 0; i < 8; ++i) lateness(50ms);
     std::chrono::nanoseconds worst{0};
     std::string late_us;
     for (int cycle = 0; cycle < 2; ++cycle) {
       for (int i = 0; i < 20; ++i) lateness(200us);
-      for (int i = 0; i < 20; ++i) {
-        const auto l = lateness(20ms);
+      for (int i = 0; i < 8; ++i) {
+        const auto l = lateness(50ms);
         if (i >= 3) continue;  // three: then the model restarts (regime_run)
         worst = std::max(worst, l);
         late_us +=
@@ -526,6 +527,6 @@ TEST_CASE(
       }
     }
     MESSAGE("the first long waits after each rise, us late: " << late_us);
-    return worst < 1ms;
+    return worst < 5ms;
   }));
 }

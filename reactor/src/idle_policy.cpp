@@ -21,6 +21,12 @@ void robust_bounds(const ring<std::int64_t, N>& v, std::int64_t& low, std::int64
   shortest = s[0];
 }
 
+/// How far outside [low, high] a sample (or a regime's bound) must be to count as other work:
+/// half the range's width, at least 1/16 of its high, at least 1 us.
+std::int64_t far_beyond(std::int64_t low, std::int64_t high) noexcept {
+  return std::max({(high - low) / 2, high / 16, std::int64_t{1000}});
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -33,8 +39,7 @@ void service_time_model::add(nanoseconds sample) noexcept {
     // least 1/16 of its high, at least 1 us) counts towards a regime change; jitter within a
     // steady regime does not. The reference stays that of the regime while a run lasts, so the
     // run is judged against what came before it, not against bounds it has already moved.
-    const std::int64_t tolerance =
-        std::max({(ref_high_ - ref_low_) / 2, ref_high_ / 16, std::int64_t{1000}});
+    const std::int64_t tolerance = far_beyond(ref_low_, ref_high_);
     if (v > ref_high_ + tolerance) {
       ++run_above_;
       run_below_ = 0;
@@ -48,9 +53,15 @@ void service_time_model::add(nanoseconds sample) noexcept {
   samples_.push_back(v);
   if (run_above_ >= regime_run || run_below_ >= regime_run) {
     // The work changed (a longer or shorter kernel): forget the old regime, keep the new samples.
-    // Its bounds are remembered: work that alternates between lengths goes back to it.
-    previous_low_ = ref_low_;
-    previous_high_ = ref_high_;
+    // Its bounds are remembered, if it had settled (half a window of its own samples): work that
+    // alternates between lengths goes back to it. Not a passing one: after 50 ms work, the first
+    // 200 us waits are found by scouts, their samples a few ms, and that regime lasted a few
+    // waits. And not only the last: 200 us work with its jitter can restart the model (0.33 ms,
+    // then 0.2), and the last one alone then hid the 50 ms regime before them.
+    if (static_cast<int>(samples_.size()) - regime_run >= window / 2) {
+      std::copy_backward(previous_.begin(), previous_.end() - 1, previous_.end());
+      previous_.front() = {ref_low_, ref_high_};
+    }
     samples_.keep_newest(regime_run);
     run_above_ = run_below_ = 0;
   }
@@ -74,11 +85,12 @@ bool service_time_model::run_above(nanoseconds& low, nanoseconds& high) const no
   return true;
 }
 
-bool service_time_model::longer_previous_regime(nanoseconds& low,
+bool service_time_model::longer_previous_regime(int i, nanoseconds& low,
                                                 nanoseconds& high) const noexcept {
-  if (previous_high_ <= high_) return false;
-  low = nanoseconds(previous_low_);
-  high = nanoseconds(previous_high_);
+  const auto [lo, hi] = previous_[static_cast<std::size_t>(i)];
+  if (hi <= high_ + far_beyond(low_, high_)) return false;  // none, or not clearly longer
+  low = nanoseconds(lo);
+  high = nanoseconds(hi);
   return true;
 }
 
@@ -263,8 +275,10 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
     nanoseconds low{}, high{};
     if (model.run_above(low, high))
       look_at_longer_work(settings, low, high, start, now, overshoot, o);
-    if (model.longer_previous_regime(low, high))
-      look_at_longer_work(settings, low, high, start, now, overshoot, o);
+    for (int i = 0; i < service_time_model::remembered; ++i) {
+      if (model.longer_previous_regime(i, low, high))
+        look_at_longer_work(settings, low, high, start, now, overshoot, o);
+    }
   }
   return o;
 }

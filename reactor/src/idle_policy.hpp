@@ -64,6 +64,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <utility>
 
 #include <evr/reactor/detail/ring.hpp>
 #include <evr/reactor/options.hpp>
@@ -103,15 +104,18 @@ class service_time_model {
   /// largest samples; false when there is none). The run of samples far above the model (the
   /// work just got longer; fewer than regime_run so far):
   bool run_above(nanoseconds& low, nanoseconds& high) const noexcept;
-  /// ... and the regime the model last restarted from, if it was longer (work that alternates
-  /// between lengths: a long phase after short ones).
-  bool longer_previous_regime(nanoseconds& low, nanoseconds& high) const noexcept;
+  /// ... and the settled regimes (half a window of samples each) the model last restarted from,
+  /// the `i`-th most recent (i < remembered), if it was longer (work that alternates between
+  /// lengths: a long phase after short ones).
+  bool longer_previous_regime(int i, nanoseconds& low, nanoseconds& high) const noexcept;
+  static constexpr int remembered = 3;  ///< settled regimes kept
 
  private:
   ring<std::int64_t, window> samples_;
   std::int64_t low_ = 0, high_ = 0, shortest_ = 0;
-  std::int64_t ref_low_ = 0, ref_high_ = 0;            // the bounds before the current run began
-  std::int64_t previous_low_ = 0, previous_high_ = 0;  // the regime before the last restart
+  std::int64_t ref_low_ = 0, ref_high_ = 0;  // the bounds before the current run began
+  /// Bounds of the settled regimes before the last restarts, most recent first ({0, 0}: none).
+  std::array<std::pair<std::int64_t, std::int64_t>, remembered> previous_{};
   int run_above_ = 0, run_below_ = 0;  // consecutive samples well beyond / below the reference
 };
 
