@@ -511,8 +511,8 @@ TEST_CASE(
       REQUIRE(t->ended.load() > 0);  // the host function ran before the wait's marker
       return std::chrono::nanoseconds(t->seen.load() - t->ended.load());
     };
-    // Phases of 20, as the gate's Python row: the 200 us phase's model settles (its first
-    // samples, found by scouts, are a few hundred us).
+    // Short phases of 20: the 200 us phase's model settles (its first samples, found by scouts,
+    // are a few ms). Long ones of 8: enough to settle the 50 ms regime.
     for (int i = 0; i < 8; ++i) lateness(50ms);
     std::chrono::nanoseconds worst{0};
     std::string late_us;
