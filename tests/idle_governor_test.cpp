@@ -342,3 +342,31 @@ TEST_CASE("idle governor: a probed wait is learnt from when its caller saw the w
     }
   }
 }
+
+TEST_CASE("idle governor: a late look does not drag a steady model down, an early find does") {
+  // Steady 60 ms work, looked at half way (a scout: pending), then found done by a late look (a
+  // loaded host's, 70 ms after the start): the work ended somewhere in [30, 70] ms, which holds
+  // the model's 60 ms. The bracket's midpoint (50 ms) was the sample before, and a few such made
+  // the model call the work irregular (no more scouts; windows opened 15-20 ms early). A find
+  // before the model's earliest end (40 ms) does say the work got shorter: its midpoint stays.
+  for (const auto found_at : {70ms, 40ms}) {
+    CAPTURE(found_at.count());
+    governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
+    const auto now = std::chrono::steady_clock::now();
+    lone_wait w(g, now);
+    // A young model (fewer than 8 samples): its low is its shortest sample, so one sample moves
+    // it, as on a machine that has only begun to see the work.
+    for (int i = 0; i < 4; ++i) w.st.plan.model.add(60ms);
+    w.st.plan.last_done = now;  // the wait before ended as this one was submitted
+    g.idle.plan_unplanned(w.st, now);
+    g.idle.looked_at(w.st, now + 30ms, /*moved=*/false);
+    w.st.retired_in_sweep = true;  // what the sweep sets when the wait retires
+    w.st.retired_submit = now;
+    g.idle.looked_at(w.st, now + found_at, /*moved=*/true);
+    if (found_at == 70ms) {
+      CHECK(w.st.plan.model.low() == 60ms);
+    } else {
+      CHECK(w.st.plan.model.low() == 35ms);
+    }
+  }
+}

@@ -108,6 +108,92 @@ TEST_CASE("idle model: a jump in work length is learned within three samples") {
   }
 }
 
+TEST_CASE(
+    "idle model: the settled regimes before restarts, and the run since the work got longer") {
+  service_time_model m;
+  nanoseconds low{}, high{};
+  const auto none_longer = [&] {
+    for (int i = 0; i < service_time_model::remembered; ++i)
+      if (m.longer_previous_regime(i, low, high)) return false;
+    return true;
+  };
+  work longer(5ms, 0.02, 5), shorter(200us, 0.02, 6), passing(3ms, 0.02, 7);
+  for (int i = 0; i < 20; ++i) m.add(longer.next());
+  CHECK(none_longer());  // one regime so far
+  CHECK_FALSE(m.run_above(low, high));
+  for (int i = 0; i < 20; ++i) m.add(shorter.next());
+  // Restarted from 200 us work: the settled 5 ms regime is remembered.
+  REQUIRE(m.high() <= 204us);
+  CHECK_FALSE(m.run_above(low, high));
+  REQUIRE(m.longer_previous_regime(0, low, high));
+  CHECK(low >= 4900us);
+  CHECK(high <= 5100us);
+  // Back to 5 ms: the run so far (one sample, then two) is the longer work.
+  const nanoseconds first = longer.next();
+  m.add(first);
+  REQUIRE(m.run_above(low, high));
+  CHECK(low == first);
+  CHECK(high == first);
+  const nanoseconds second = longer.next();
+  m.add(second);
+  REQUIRE(m.run_above(low, high));
+  CHECK(low == std::min(first, second));
+  CHECK(high == std::max(first, second));
+  // Three in a row: the model is the 5 ms regime; the regimes it remembers are not longer.
+  m.add(longer.next());
+  CHECK(m.low() >= 4900us);
+  CHECK_FALSE(m.run_above(low, high));
+  CHECK(none_longer());
+  for (int i = 0; i < 20; ++i) m.add(longer.next());
+  // Down to 200 us through a passing 3 ms regime (three samples, as scouts' brackets give): the
+  // passing one is not remembered; the settled 5 ms one is, the most recent.
+  for (int i = 0; i < 3; ++i) m.add(passing.next());
+  for (int i = 0; i < 20; ++i) m.add(shorter.next());
+  REQUIRE(m.longer_previous_regime(0, low, high));
+  CHECK(low >= 4900us);
+}
+
+TEST_CASE("idle predict: a missed window looks at the longer regime's window") {
+  // 200 us work after a 5 ms phase. A wait that outlives the 200 us window is in the missed
+  // phase; besides its naps it sleeps towards the 5 ms regime's window and spins through it.
+  idle_settings s = defaults();
+  s.prespin = 10us;
+  s.final_sleep = 0us;
+  const nanoseconds margin = 15us;
+  const sleep_overshoot timers = overshoot_of(margin);
+  service_time_model m;
+  for (int i = 0; i < 16; ++i) m.add(5ms);
+  for (int i = 0; i < 16; ++i) m.add(200us);
+  const idle_time long_open = t0 + 5ms - s.prespin;  // spread 0
+  stream_outlook o = predict(s, m, t0, t0 + 300us, timers);
+  CHECK(o.where == phase::missed);
+  CHECK(o.next_look <= t0 + 300us + s.max_sleep);  // the naps go on
+  o = predict(s, m, t0, t0 + 4ms, timers);
+  CHECK(o.where == phase::missed);
+  CHECK(o.next_look == long_open - margin);  // the longer window, before the next nap's end
+  o = predict(s, m, t0, long_open, timers);
+  CHECK(o.next_look == long_open);  // spun through
+  o = predict(s, m, t0, t0 + 5ms + margin, timers);
+  CHECK(o.next_look == t0 + 5ms + margin);
+  // Past it too: naps, grown from its close (half the time since), not from the 200 us
+  // window's (max_sleep by now).
+  o = predict(s, m, t0, t0 + 6ms, timers);
+  CHECK(o.next_look == t0 + 6ms + (6ms - (5ms + margin)) / 2);
+  // A run of somewhat longer short work (one 320 us sample) is looked at, and the 5 ms regime
+  // still is once that run's window has passed.
+  m.add(320us);
+  o = predict(s, m, t0, t0 + 315us, timers);
+  CHECK(o.where == phase::missed);
+  CHECK(o.next_look == t0 + 315us);  // in the 320 us sample's window: spun
+  o = predict(s, m, t0, t0 + 4ms, timers);
+  CHECK(o.next_look == long_open - margin);
+  // Without a longer regime (200 us work from the start), the same wait only naps.
+  service_time_model plain;
+  for (int i = 0; i < 16; ++i) plain.add(200us);
+  o = predict(s, plain, t0, t0 + 4ms, timers);
+  CHECK(o.next_look == t0 + 4ms + s.max_sleep);
+}
+
 TEST_CASE("idle predict: learning, then sleep until the window, spin through it, back off after") {
   idle_settings s = defaults();
   s.prespin = 10us;

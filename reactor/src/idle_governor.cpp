@@ -49,6 +49,28 @@ std::int64_t idle_governor::earliest_completion_ns(const stream_state* st,
   return now + st->published_low_ns.load(std::memory_order_relaxed);
 }
 
+std::int64_t idle_governor::first_scout_ns(const stream_state* st,
+                                           const wait_op& op) const noexcept {
+  // As the reactor will plan it (scout_if_due; a probed wait's from its caller's window), from
+  // what the last sample published: a wait at its stream's front, started at its submission.
+  constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+  if (st == nullptr || !scouts_allowed() ||
+      op.seq_ != st->published_completed_seq.load(std::memory_order_relaxed) + 1)
+    return none;
+  const clock::time_point start = op.submitted_at_;
+  clock::time_point horizon = op.covered_until();
+  if (horizon <= start) {  // not probed: the reactor's model, steady work only
+    using scouted = stream_state::scouted;
+    const scouted rule = st->published_scouts.load(std::memory_order_relaxed);
+    const std::int64_t open = st->published_open_ns.load(std::memory_order_relaxed);
+    if (rule == scouted::none || (op.unhurried_ && rule != scouted::all_waits) || open == 0)
+      return none;
+    horizon = start + nanoseconds(open);
+  }
+  const clock::time_point scout = next_scout(start, horizon, start);
+  return scout == clock::time_point::max() ? none : scout.time_since_epoch().count();
+}
+
 std::int64_t idle_governor::window_open_ns(const stream_state* st,
                                            const wait_op& op) const noexcept {
   // The wait's work starts now when nothing of its stream is pending before it; otherwise the
@@ -212,6 +234,12 @@ void idle_governor::learn(stream_state& st, clock::time_point now) {
   st.published_open_ns.store(
       ready ? std::max<std::int64_t>(1, window_open_offset(settings_, p.model).count()) : 0,
       std::memory_order_relaxed);
+  using scouted = stream_state::scouted;
+  const bool scouts = ready && scouts_allowed() && is_steady(settings_, p.model);
+  st.published_scouts.store(!scouts         ? scouted::none
+                            : p.scout_found ? scouted::all_waits
+                                            : scouted::hurried_waits,
+                            std::memory_order_relaxed);
 }
 
 bool idle_governor::done_time(const stream_state& st, clock::time_point start,
@@ -231,6 +259,13 @@ bool idle_governor::done_time(const stream_state& st, clock::time_point start,
   }
   const clock::time_point seen_pending = std::max(p.last_look, start);
   done = seen_pending + (now - seen_pending) / 2;
+  // A bracket that holds the model's earliest end (start + low) says nothing against the model:
+  // its midpoint would drag it down. A look made late (a loaded host's, after the window opened)
+  // following one long before (a scout's, or the submission) gave 44 ms samples of steady 60 ms
+  // work on a loaded machine; the model then called the work irregular, gave it no scouts, and
+  // opened its windows 20 ms early. So such a sample is no earlier than that end. A find before
+  // it (the work got shorter) keeps its midpoint.
+  if (p.model.ready() && now >= start + p.model.low()) done = std::max(done, start + p.model.low());
   return true;
 }
 

@@ -8,13 +8,13 @@
 // Owns: the settings and the reactor-wide state (the ladder, how late sleeps end, the poll tick
 // and what its sweeps cost, when to plan again while spinning); each stream's plan
 // (stream_state::plan) and what is published of it for submitters and hosts (published_low_ns,
-// published_open_ns); the doorbells (adaptive); the submitter's wake-up rule.
+// published_open_ns, published_scouts); the doorbells (adaptive); the submitter's wake-up rule.
 // Reads the wait registry's active streams and loose waits; may fail a device (a doorbell that
 // cannot be armed). The sweep asks it which streams to look at (wants_look) and reports what it
 // saw (looked_at); the registry reports new waits and streams gone idle.
 //
-// Threads: earliest_completion_ns and window_open_ns on any thread (they read immutable settings
-// and relaxed atomics); everything else under the pass lock.
+// Threads: earliest_completion_ns, first_scout_ns and window_open_ns on any thread (they read
+// immutable settings and relaxed atomics); everything else under the pass lock.
 #pragma once
 
 #include <chrono>
@@ -95,6 +95,11 @@ class idle_governor {
   /// ns) a new wait of `st` (nullptr: a user's event) with sequence number `seq` could be done;
   /// INT64_MAX: never before a napping reactor looks anyway.
   std::int64_t earliest_completion_ns(const stream_state* st, std::uint64_t seq) const noexcept;
+  /// The submitter's wake-up rule, for scouts: when the reactor will make `op`'s first scout
+  /// (steady clock ns; next_scout), a look of its own whoever covers the wait; INT64_MAX: none.
+  /// Without it a reactor napping past the scout (its nap set before the wait came) made it
+  /// late or not at all, and work that got much shorter was found at the old window.
+  std::int64_t first_scout_ns(const stream_state* st, const wait_op& op) const noexcept;
   /// When `op`'s window opens, for its host to arm a timer (host_window); 0: not known now.
   std::int64_t window_open_ns(const stream_state* st, const wait_op& op) const noexcept;
   /// The submitter's wake-up rule for a wait whose polling host was told when its window opens

@@ -21,6 +21,12 @@ void robust_bounds(const ring<std::int64_t, N>& v, std::int64_t& low, std::int64
   shortest = s[0];
 }
 
+/// How far outside [low, high] a sample (or a regime's bound) must be to count as other work:
+/// half the range's width, at least 1/16 of its high, at least 1 us.
+std::int64_t far_beyond(std::int64_t low, std::int64_t high) noexcept {
+  return std::max({(high - low) / 2, high / 16, std::int64_t{1000}});
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -33,8 +39,7 @@ void service_time_model::add(nanoseconds sample) noexcept {
     // least 1/16 of its high, at least 1 us) counts towards a regime change; jitter within a
     // steady regime does not. The reference stays that of the regime while a run lasts, so the
     // run is judged against what came before it, not against bounds it has already moved.
-    const std::int64_t tolerance =
-        std::max({(ref_high_ - ref_low_) / 2, ref_high_ / 16, std::int64_t{1000}});
+    const std::int64_t tolerance = far_beyond(ref_low_, ref_high_);
     if (v > ref_high_ + tolerance) {
       ++run_above_;
       run_below_ = 0;
@@ -48,6 +53,15 @@ void service_time_model::add(nanoseconds sample) noexcept {
   samples_.push_back(v);
   if (run_above_ >= regime_run || run_below_ >= regime_run) {
     // The work changed (a longer or shorter kernel): forget the old regime, keep the new samples.
+    // Its bounds are remembered, if it had settled (half a window of its own samples): work that
+    // alternates between lengths goes back to it. Not a passing one: after 50 ms work, the first
+    // 200 us waits are found by scouts, their samples a few ms, and that regime lasted a few
+    // waits. And not only the last: 200 us work with its jitter can restart the model (0.33 ms,
+    // then 0.2), and the last one alone then hid the 50 ms regime before them.
+    if (static_cast<int>(samples_.size()) - regime_run >= window / 2) {
+      std::copy_backward(previous_.begin(), previous_.end() - 1, previous_.end());
+      previous_.front() = {ref_low_, ref_high_};
+    }
     samples_.keep_newest(regime_run);
     run_above_ = run_below_ = 0;
   }
@@ -56,6 +70,28 @@ void service_time_model::add(nanoseconds sample) noexcept {
     ref_low_ = low_;
     ref_high_ = high_;
   }
+}
+
+bool service_time_model::run_above(nanoseconds& low, nanoseconds& high) const noexcept {
+  if (run_above_ == 0) return false;
+  std::int64_t lo = samples_.at(samples_.size() - 1), hi = lo;  // the newest run_above_ samples
+  for (int i = 2; i <= run_above_; ++i) {
+    const std::int64_t v = samples_.at(samples_.size() - static_cast<std::size_t>(i));
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  low = nanoseconds(lo);
+  high = nanoseconds(hi);
+  return true;
+}
+
+bool service_time_model::longer_previous_regime(int i, nanoseconds& low,
+                                                nanoseconds& high) const noexcept {
+  const auto [lo, hi] = previous_[static_cast<std::size_t>(i)];
+  if (hi <= high_ + far_beyond(low_, high_)) return false;  // none, or not clearly longer
+  low = nanoseconds(lo);
+  high = nanoseconds(hi);
+  return true;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -92,18 +128,32 @@ nanoseconds budgeted_poll_period(nanoseconds poll_period, nanoseconds look_cost,
 // ------------------------------------------------------------------------------------------------
 // predict
 
-bool is_steady(const idle_settings& settings, const service_time_model& model) noexcept {
-  const nanoseconds high = model.high();
-  return high - model.low() <=
+namespace {
+
+/// Work whose samples lie in [low, high] is steady (see is_steady).
+bool is_steady_range(const idle_settings& settings, nanoseconds low, nanoseconds high) noexcept {
+  return high - low <=
          std::max(std::chrono::duration_cast<nanoseconds>(settings.spin_fraction * high),
                   2 * settings.poll_period);
 }
 
+/// When the window of work with samples in [low, high] opens, from its start, if its earliest
+/// end is `earliest` (see window_of).
+nanoseconds open_offset(const idle_settings& settings, nanoseconds low, nanoseconds high,
+                        nanoseconds earliest) noexcept {
+  return earliest - (high - low) / 4 - settings.prespin;
+}
+
+}  // namespace
+
+bool is_steady(const idle_settings& settings, const service_time_model& model) noexcept {
+  return is_steady_range(settings, model.low(), model.high());
+}
+
 nanoseconds window_open_offset(const idle_settings& settings,
                                const service_time_model& model) noexcept {
-  const nanoseconds spread = model.high() - model.low();
   const nanoseconds earliest = (is_steady(settings, model) ? model.low() : model.shortest());
-  return earliest - spread / 4 - settings.prespin;
+  return open_offset(settings, model.low(), model.high(), earliest);
 }
 
 namespace {
@@ -123,6 +173,18 @@ stream_outlook learning(const idle_settings& settings, idle_time start, idle_tim
   return o;
 }
 
+/// The window of work with samples in [low, high] whose earliest end is `earliest` (window_of).
+stream_outlook window_for(const idle_settings& settings, nanoseconds low, nanoseconds high,
+                          nanoseconds earliest, idle_time start,
+                          const sleep_overshoot& overshoot) noexcept {
+  stream_outlook o;
+  o.window_open = start + open_offset(settings, low, high, earliest);
+  const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), o.window_open - start));
+  o.window_close = start + high + std::max(margin, (high - low) / 2);
+  o.steady = is_steady_range(settings, low, high);
+  return o;
+}
+
 /// The window of a ready model: when a looker must be awake, when it closes, steady or not.
 stream_outlook window_of(const idle_settings& settings, const service_time_model& model,
                          idle_time start, const sleep_overshoot& overshoot) noexcept {
@@ -138,12 +200,8 @@ stream_outlook window_of(const idle_settings& settings, const service_time_model
   // shortest, as polling early costs little: its second shortest says little about how short it
   // can be (uniform 100 us-5 ms: over 1 ms for about a fifth of the waits, and the work shorter
   // than the window's opening was found when it opened: 1-stream p99 376 us on the H100).
-  stream_outlook o;
-  o.window_open = start + window_open_offset(settings, model);
-  const nanoseconds margin = overshoot.margin(std::max(nanoseconds(0), o.window_open - start));
-  o.window_close = start + model.high() + std::max(margin, (model.high() - model.low()) / 2);
-  o.steady = is_steady(settings, model);
-  return o;
+  const nanoseconds earliest = is_steady(settings, model) ? model.low() : model.shortest();
+  return window_for(settings, model.low(), model.high(), earliest, start, overshoot);
 }
 
 /// When to wake for a window that opens after `now`; idle_time::max() when it is too near to
@@ -166,6 +224,31 @@ idle_time sleep_until(const idle_settings& settings, const stream_outlook& o, id
   return open - now >= worth ? open : idle_time::max();
 }
 
+/// A wait past its window (`o`, missed) whose model knows longer work, with samples in [low,
+/// high]: that work's window, computed as a model's, is slept towards and spun through (looked
+/// at every window_poll_period if irregular), as the wait's own window would be; the missed
+/// phase's naps go on around it, and grow from that window's close once it has passed. Why: work
+/// that alternates between lengths (a Python stream, 20 kernels of 5 ms then 20 of 200 us, on an
+/// H200) had its first long waits after each rise found by those naps, 600-850 us over the phase's
+/// median, until the model restarted from three.
+void look_at_longer_work(const idle_settings& settings, nanoseconds low, nanoseconds high,
+                         idle_time start, idle_time now, const sleep_overshoot& overshoot,
+                         stream_outlook& o) noexcept {
+  const stream_outlook w = window_for(settings, low, high, low, start, overshoot);
+  const idle_time open = w.window_open, close = w.window_close;
+  if (now > close) {
+    // Past it too: the naps grow from this window's close, the latest end expected, not from
+    // the wait's own (a 20 ms wait past a 200 us window would nap 10 ms at a time by then).
+    o.next_look = std::min(
+        o.next_look,
+        now + std::clamp<nanoseconds>((now - close) / 2, settings.poll_period, settings.max_sleep));
+  } else if (now < open) {
+    o.next_look = std::min(o.next_look, std::max(now, open - overshoot.margin(open - now)));
+  } else {
+    o.next_look = w.steady ? now : std::min(o.next_look, now + settings.window_poll_period);
+  }
+}
+
 }  // namespace
 
 stream_outlook predict(const idle_settings& settings, const service_time_model& model,
@@ -184,10 +267,18 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
     o.where = phase::window_poll;
     o.next_look = now + settings.window_poll_period;
   } else {
-    // Missed: the work outlasted everything seen lately. Back off with the time since the miss.
+    // Missed: the work outlasted everything seen lately. Back off with the time since the miss,
+    // and look at the window of a longer regime the model knows.
     o.where = phase::missed;
     o.next_look = now + std::clamp<nanoseconds>((now - o.window_close) / 2, settings.poll_period,
                                                 settings.max_sleep);
+    nanoseconds low{}, high{};
+    if (model.run_above(low, high))
+      look_at_longer_work(settings, low, high, start, now, overshoot, o);
+    for (int i = 0; i < service_time_model::remembered; ++i) {
+      if (model.longer_previous_regime(i, low, high))
+        look_at_longer_work(settings, low, high, start, now, overshoot, o);
+    }
   }
   return o;
 }

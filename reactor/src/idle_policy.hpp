@@ -48,7 +48,11 @@
 //                   (budgeted_poll_period).
 //   missed          past the window: the prediction failed (the work got longer): naps that grow
 //                   with the time since the miss, up to `max_sleep`; the adaptive strategy arms a
-//                   host-function doorbell so the driver wakes the reactor.
+//                   host-function doorbell so the driver wakes the reactor. When the model knows
+//                   longer work (the run of samples since the work got longer, the regime before
+//                   the model's last restart), the windows of that work are also slept towards
+//                   and spun through (polled, if irregular); past one, the naps grow from its
+//                   close.
 // The reactor sweeps again at once if any stream wants spinning, else sleeps until the earliest
 // look any stream wants (and never past a fault probe). A submission that could finish before
 // that wakes it (wakeup.hpp); so does a doorbell.
@@ -60,6 +64,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <utility>
 
 #include <evr/reactor/detail/ring.hpp>
 #include <evr/reactor/options.hpp>
@@ -95,11 +100,22 @@ class service_time_model {
   nanoseconds high() const noexcept { return nanoseconds(high_); }
   /// The smallest kept sample (irregular work's window opens from it).
   nanoseconds shortest() const noexcept { return nanoseconds(shortest_); }
+  /// Where the work may have gone when a wait outlives the model's window (each: its smallest and
+  /// largest samples; false when there is none). The run of samples far above the model (the
+  /// work just got longer; fewer than regime_run so far):
+  bool run_above(nanoseconds& low, nanoseconds& high) const noexcept;
+  /// ... and the settled regimes (half a window of samples each) the model last restarted from,
+  /// the `i`-th most recent (i < remembered), if it was longer (work that alternates between
+  /// lengths: a long phase after short ones).
+  bool longer_previous_regime(int i, nanoseconds& low, nanoseconds& high) const noexcept;
+  static constexpr int remembered = 3;  ///< settled regimes kept
 
  private:
   ring<std::int64_t, window> samples_;
   std::int64_t low_ = 0, high_ = 0, shortest_ = 0;
   std::int64_t ref_low_ = 0, ref_high_ = 0;  // the bounds before the current run began
+  /// Bounds of the settled regimes before the last restarts, most recent first ({0, 0}: none).
+  std::array<std::pair<std::int64_t, std::int64_t>, remembered> previous_{};
   int run_above_ = 0, run_below_ = 0;  // consecutive samples well beyond / below the reference
 };
 

@@ -140,6 +140,10 @@ struct stream_state {
   /// When a wait's window opens, from its service start (window_open_offset), once the model is
   /// ready, else 0: a host arms its timer from it when it submits (reactor_access::submit_hosted).
   std::atomic<std::int64_t> published_open_ns{0};
+  /// Which new waits the reactor scouts (idle_governor::scout_if_due): a napping reactor must be
+  /// woken for a new wait's first scout (idle_governor::first_scout_ns).
+  enum class scouted : std::uint8_t { none, hurried_waits, all_waits };
+  std::atomic<scouted> published_scouts{scouted::none};
 };
 
 /// Keeps `st` alive, and reachable, for the rest of the process: for a state that a host function
