@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import os
 import statistics
 import sys
@@ -352,6 +353,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=["auto", "cuda", "sim"], default="auto")
     ap.add_argument("--samples", type=int, default=400)
+    ap.add_argument("--min-seconds", type=float, default=0, metavar="S",
+                    help="each kernel's rows measure for at least S seconds: more samples than "
+                         "--samples for short kernels (a row's CPU figure over 60 ms moves by a "
+                         "tenth of a core with one 6 ms stall of the loop)")
     ap.add_argument("--kernels-us", default=None,
                     help="comma-separated kernel lengths (default: 1000 sim, 200,1000,5000 GPU)")
     ap.add_argument("--kernel-us", type=float, default=None, help="one kernel length (old spelling)")
@@ -398,6 +403,8 @@ def main():
                           "US:N: microseconds : kernels, e.g. 5000:20")
     if args.smoke:
         args.samples, args.many = 30, 2000
+    if args.samples < 1 or args.min_seconds < 0:
+        ap.error("--samples takes 1 or more, --min-seconds 0 or more")
     SPIN_WAITS[0] = args.spin_waits
     d = pick_device(args.device, args.torch_launch)
     opts = {}
@@ -431,9 +438,13 @@ def main():
     out = {"device": d.name, "loop": args.loop, "spin_us": args.spin_us,
            "torch_launch": None if sim else args.torch_launch, "kernels": {}}
 
+    def samples_for(kernel_us):
+        return max(args.samples, math.ceil(args.min_seconds / (kernel_us * 1e-6)))
+
     async def run_all():
         for k in kernels:
-            out["kernels"][str(k)] = {m: await latency(m, d, k / 1e6, args.samples, spin) for m in methods}
+            out["kernels"][str(k)] = {m: await latency(m, d, k / 1e6, samples_for(k), spin)
+                                      for m in methods}
         if phases:
             out["phases"] = {"spec": args.phases,
                              "rows": {m: await phased(m, d, phases, args.samples, spin) for m in methods}}
@@ -457,7 +468,7 @@ def main():
     asyncio.run(run_all())
     out["goals"] = {}
     for k in kernels:
-        out["goals"][str(k)] = report(k, out["kernels"][str(k)], args.samples, args.loop)
+        out["goals"][str(k)] = report(k, out["kernels"][str(k)], samples_for(k), args.loop)
     if "phases" in out:
         print(f"\nphases {args.phases} (us:kernels) on one stream, {args.samples} samples per method")
         for m, r in out["phases"]["rows"].items():

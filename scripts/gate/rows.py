@@ -204,7 +204,9 @@ class python_group:
     rate bound by its own wait's latency: the case the loop's polling windows are for); 64 tasks
     at 500 us (the loop thread saturated: a completion waits for its round; a bimodal row); one
     stream whose work alternates 20 kernels of 5 ms and 20 of 200 us (what the loop's predictions
-    make of a change of length: the mean over the blocking floor's)."""
+    make of a change of length: the mean over the blocking floor's). Each kernel length's rows
+    measure for half a second at least (--min-seconds): 300 awaits of 200 us were 63 ms, over
+    which the loop's CPU ranged 0.30-0.65 cores between rounds of one build."""
 
     def __init__(self, name, sim):
         self.name, self.sim = name, sim
@@ -214,6 +216,7 @@ class python_group:
         doc = self._bench(build, work, log, "await.json",
                           ["--kernels-us", kernels, "--methods", "sync,evr",
                            "--samples", "100" if self.sim else "300",
+                           "--min-seconds", "0.1" if self.sim else "0.5",
                            "--tasks", "64", "--task-kernel-us", "2000",
                           "--phases", "5000:20,200:20"])
         out = {}
