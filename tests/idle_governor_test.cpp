@@ -370,3 +370,23 @@ TEST_CASE("idle governor: a late look does not drag a steady model down, an earl
     }
   }
 }
+
+TEST_CASE("idle governor: an unhurried wait is not spun for through a remembered longer window") {
+  // A wait past its own window (200 us work) whose model remembers a longer regime (5 ms) is
+  // looked at through that regime's window (idle_policy.hpp, missed): spun through for a hurried
+  // wait. An unhurried one (a Python task's wait, taken through the loop's eventfd anyway) is
+  // never spun for, there as in its own window: looked at every poll period at most.
+  for (const bool unhurried : {false, true}) {
+    CAPTURE(unhurried);
+    governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
+    const auto now = std::chrono::steady_clock::now();
+    lone_wait w(g, now);
+    w.op.unhurried_ = unhurried;
+    for (int i = 0; i < 16; ++i) w.st.plan.model.add(5ms);   // a settled 5 ms regime ...
+    for (int i = 0; i < 3; ++i) w.st.plan.model.add(200us);  // ... then the work got shorter
+    REQUIRE(w.st.plan.model.high() < 1ms);
+    const auto in_longer_window = now + 5ms;
+    (void)g.idle.rest(in_longer_window, false, false, false);
+    CHECK(w.st.plan.spin == !unhurried);
+  }
+}

@@ -133,6 +133,10 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   const bool unhurried =
       !st.entries.empty() && st.entries.front().op != nullptr && st.entries.front().op->unhurried_;
   if (o.where == phase::window_spin && unhurried) o.where = phase::window_poll;
+  // Nor through the window of longer work its model remembers, when it missed its own
+  // (look_at_longer_work): looked at every poll period at most, as its naps otherwise are.
+  if (o.where == phase::missed && unhurried)
+    o.next_look = std::max(o.next_look, now + settings_.window_poll_period);
   if (o.where == phase::before_window && p.model.samples() >= service_time_model::window / 2) {
     skip_until(st, o.next_look);
     // A scout looks when it comes; a wake-up towards the window plans again.
