@@ -20,7 +20,6 @@
 using namespace std::chrono_literals;
 using evr::test::holds_in_one_of_three;
 using evr::test::predictive_fence;
-using evr::test::quick_options;
 using evr::test::run_one;
 using evr::test::wait_until;
 
