@@ -49,21 +49,25 @@ std::int64_t idle_governor::earliest_completion_ns(const stream_state* st,
   return now + st->published_low_ns.load(std::memory_order_relaxed);
 }
 
+idle_governor::scout_basis idle_governor::scout_basis::of(const wait_op& op) noexcept {
+  return {op.seq_, op.submitted_at_, op.covered_until(), op.unhurried_};
+}
+
 std::int64_t idle_governor::first_scout_ns(const stream_state* st,
-                                           const wait_op& op) const noexcept {
+                                           const scout_basis& w) const noexcept {
   // As the reactor will plan it (scout_if_due; a probed wait's from its caller's window), from
   // what the last sample published: a wait at its stream's front, started at its submission.
   constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
   if (st == nullptr || !scouts_allowed() ||
-      op.seq_ != st->published_completed_seq.load(std::memory_order_relaxed) + 1)
+      w.seq != st->published_completed_seq.load(std::memory_order_relaxed) + 1)
     return none;
-  const clock::time_point start = op.submitted_at_;
-  clock::time_point horizon = op.covered_until();
+  const clock::time_point start = w.submitted;
+  clock::time_point horizon = w.covered_until;
   if (horizon <= start) {  // not probed: the reactor's model, steady work only
     using scouted = stream_state::scouted;
     const scouted rule = st->published_scouts.load(std::memory_order_relaxed);
     const std::int64_t open = st->published_open_ns.load(std::memory_order_relaxed);
-    if (rule == scouted::none || (op.unhurried_ && rule != scouted::all_waits) || open == 0)
+    if (rule == scouted::none || (w.unhurried && rule != scouted::all_waits) || open == 0)
       return none;
     horizon = start + nanoseconds(open);
   }

@@ -95,11 +95,21 @@ class idle_governor {
   /// ns) a new wait of `st` (nullptr: a user's event) with sequence number `seq` could be done;
   /// INT64_MAX: never before a napping reactor looks anyway.
   std::int64_t earliest_completion_ns(const stream_state* st, std::uint64_t seq) const noexcept;
-  /// The submitter's wake-up rule, for scouts: when the reactor will make `op`'s first scout
+  /// What first_scout_ns needs of a wait: copied before its push (the reactor may complete and
+  /// free it from then on), read after the wake-up handshake's seq_cst load (wakeup.hpp).
+  struct scout_basis {
+    std::uint64_t seq = 0;
+    clock::time_point submitted{}, covered_until{};
+    bool unhurried = false;
+    static scout_basis of(const wait_op& op) noexcept;
+  };
+  /// The submitter's wake-up rule, for scouts: when the reactor will make the wait's first scout
   /// (steady clock ns; next_scout), a look of its own whoever covers the wait; INT64_MAX: none.
   /// Without it a reactor napping past the scout (its nap set before the wait came) made it
-  /// late or not at all, and work that got much shorter was found at the old window.
-  std::int64_t first_scout_ns(const stream_state* st, const wait_op& op) const noexcept;
+  /// late or not at all, and work that got much shorter was found at the old window. Called
+  /// inside the wake-up rule, so that it reads the published values of the reactor's last pass
+  /// (read before the push, they could be a retire behind, and the scout was then none).
+  std::int64_t first_scout_ns(const stream_state* st, const scout_basis& w) const noexcept;
   /// When `op`'s window opens, for its host to arm a timer (host_window); 0: not known now.
   std::int64_t window_open_ns(const stream_state* st, const wait_op& op) const noexcept;
   /// The submitter's wake-up rule for a wait whose polling host was told when its window opens

@@ -154,7 +154,7 @@ std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
   // A probed wait's caller looks until covered_until_: the reactor need not be woken before.
   const std::int64_t probed_until = op.probed_ ? op.covered_until_ns_ : 0;
   // The reactor's own look at the wait, whoever covers it: its first scout.
-  const std::int64_t scout = p_.idle.first_scout_ns(st, op);
+  const idle_governor::scout_basis scout_basis = idle_governor::scout_basis::of(op);
   const stack::push_result pushed = submissions_.push(&op);
   if (pushed != stack::push_result::closed) {
     // A parked reactor is woken by the push that makes the stack non-empty; a napping one only
@@ -162,6 +162,7 @@ std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
     // covered wait, when the reactor would look later than its host's safety net allows; and
     // when it would sleep through the wait's first scout.
     p_.wake->wake_for_submission(pushed == stack::push_result::pushed_to_empty, [&] {
+      const std::int64_t scout = p_.idle.first_scout_ns(st, scout_basis);
       if (covered) return std::min(hosted_deadline, scout);
       return std::min(scout, std::max(probed_until, p_.idle.earliest_completion_ns(st, seq)));
     });
