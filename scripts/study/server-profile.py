@@ -14,12 +14,13 @@ evr-async-server, warms the route up with wrk, then runs wrk for --seconds while
     live threads');
   * samples the server with perf (cpu-clock, no hardware counters needed) and prints the top
     frames by self time, for the whole process and per thread group, in % and in us per request.
-  * with --callers (call graphs, DWARF unwinding), two more tables each for the io threads and
+  * with --callers (call graphs, DWARF unwinding), three more tables each for the io threads and
     the reactor thread, in us per request: the CPU spent outside the server (the CUDA driver,
     the kernel, libc) by the server's function that called out and the CUDA runtime call it made
     (which of evr's calls the driver's time belongs to, although libcuda's frames have no
     symbols); and all their CPU by the innermost evr function on the stack and the evr function
-    that called it (what evr costs the thread, callees included).
+    that called it (what evr costs the thread, callees included); and that share again by the
+    frame the innermost evr function called (its own code, Asio's, the driver's).
 Output goes to stdout and DIR/profile.txt; numbers to DIR/profile.json.
 
 On a GPU machine without a package registry: run scripts/gpu/stage-deps.sh,
@@ -198,27 +199,56 @@ def calling_out(chain, binary):
     return (f"{who} > {api}" if api else who), leaf
 
 
-def innermost_evr(chain, binary):
+def untemplated(symbol):
+    """`symbol` without its template arguments (Asio's handler types run to kilobytes)."""
+    out, depth = [], 0
+    for i, ch in enumerate(symbol):
+        literal = symbol[:i].endswith(("operator", "operator<", "operator-"))  # <, <<, ->
+        depth += ch == "<" and not literal
+        if depth == 0:
+            out.append(ch)
+        depth -= ch == ">" and depth > 0 and not literal
+    return "".join(out)
+
+
+NO_EVR = "(no evr function: the server's own code, Asio and the kernel under it)"
+
+
+def innermost_evr(chain, binary, callee=False):
     """The innermost evr function on the stack and the evr function that called it ("inner <
     caller"), unless the server's own code (a frame of `binary` that is neither evr, Asio, the
-    standard library nor the CUDA runtime) is nearer: evr's inclusive share, with the handlers evr
-    runs charged to the server, not to evr's operation."""
+    standard library nor the CUDA runtime, or Asio starting an operation) is nearer: evr's
+    inclusive share, with the handlers evr runs charged to the server, not to evr's operation. With `callee`: "inner > the frame it
+    called" instead ("(self)" when the sample is in the evr function itself), which splits an
+    evr function's share between its own code and what it calls (Asio's, the driver's)."""
     mine = os.path.basename(binary)
     transparent = ("asio::", "std::", "cu", "libcudart_static_", "operator", "__", "void ")
     found = []
-    for symbol, dso in chain:
+    for i, (symbol, dso) in enumerate(chain):
         if symbol.startswith("evr::"):
             name = re.sub(r"^evr::(detail::|device::\(anonymous namespace\)::)?", "", symbol)
+            if callee:
+                inner = chain[i - 1] if i > 0 else None
+                inner = f"{untemplated(inner[0])} [{short_dso(inner[1])}]" if inner else "(self)"
+                return f"{untemplated(name)} > {inner}"
             if not found or found[-1] != name:
                 found.append(name)
             if len(found) == 2:
                 break
             continue
-        if os.path.basename(dso) == mine and not symbol.startswith(transparent):
+        if os.path.basename(dso) == mine and (not symbol.startswith(transparent)
+                                              or starts_an_operation(symbol)):
             break
     if found:
         return " < ".join(found)
-    return "(no evr function: the server's own code, Asio and the kernel under it)"
+    return NO_EVR
+
+
+def starts_an_operation(symbol):
+    """Asio's start of an asynchronous operation (async_result<...>::initiate). Under a handler
+    evr calls, it is the resumed coroutine's next operation (the server's next read, inlined into
+    the handler's frame): the server's, though no frame of the server's own is on the stack."""
+    return symbol.startswith("asio::async_result<") and "::initiate" in untemplated(symbol)
 
 
 def caller_tables(perf, data, binary, requests, cpu_s, comms, lines=25):
@@ -226,13 +256,16 @@ def caller_tables(perf, data, binary, requests, cpu_s, comms, lines=25):
     percent of all their samples): `calling_out`, the time outside the server by who called out;
     `evr`, every sample by the innermost evr function on its stack (evr's inclusive share)."""
     chains = call_chains(perf, data, comms)
-    out_counts, evr_counts = {}, {}
+    out_counts, evr_counts, callee_counts = {}, {}, {}
     for chain in chains:
         key = calling_out(chain, binary)
         if key:
             out_counts[key] = out_counts.get(key, 0) + 1
         key = innermost_evr(chain, binary)
         evr_counts[key] = evr_counts.get(key, 0) + 1
+        key = innermost_evr(chain, binary, callee=True)
+        if key != NO_EVR:
+            callee_counts[key] = callee_counts.get(key, 0) + 1
 
     def rows(counts):
         total = len(chains)
@@ -240,7 +273,8 @@ def caller_tables(perf, data, binary, requests, cpu_s, comms, lines=25):
                  "us_per_request": n / total * cpu_s / requests * 1e6 if requests else None}
                 for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:lines]]
 
-    return {"calling_out": rows(out_counts), "evr": rows(evr_counts)}
+    return {"calling_out": rows(out_counts), "evr": rows(evr_counts),
+            "evr_callees": rows(callee_counts)}
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -347,7 +381,8 @@ def text(doc):
                        f"{f['symbol'][:110]} [{os.path.basename(f['dso'])}]")
     titles = {"calling_out": "time outside the server, by who called out [where the time went]",
               "evr": "time by the innermost evr function on the stack < the evr function that "
-                     "called it"}
+                     "called it",
+              "evr_callees": "evr's share by the innermost evr function > the frame it called"}
     for group, tables in doc.get("callers", {}).items():
         who = {"io": "the io threads'", "reactor": "the reactor thread's"}[group]
         for table, rows in tables.items():
