@@ -69,6 +69,7 @@ bool wait_registry::settle(wait_op* op) noexcept {
 
 std::int64_t wait_registry::retire_front(stream_state& st, std::size_t count, std::error_code ec) {
   count = std::min(count, st.entries.size());
+  if (count > 0) entries_left_ = true;
   std::int64_t fences = 0;
   for (std::size_t i = 0; i < count; ++i) {
     timeline_entry e = st.entries.front();

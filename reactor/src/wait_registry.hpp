@@ -87,7 +87,9 @@ class wait_registry {
   /// is then `now`).
   template <class Look>
   bool look_at_loose(std::size_t budget, clock::time_point now, Look&& look);
-  /// Streams without entries leave the active list; `went_idle(st)` is called for each.
+  /// Streams without entries leave the active list; `went_idle(st)` is called for each. Only
+  /// after an entry left some timeline: a pass that retired nothing (most of a busy host's) does
+  /// not walk the active streams.
   template <class WentIdle>
   void drop_idle_streams(WentIdle&& went_idle);
 
@@ -115,9 +117,10 @@ class wait_registry {
   using marker = std::pair<event_pool*, device::native_event>;
   /// Entry `i` of `st` no longer has a wait: a ghost keeps its marker until the GPU is past it;
   /// a device-signalled wait's entry (no marker) leaves the timeline.
-  static void forget_entry(stream_state& st, std::size_t i) noexcept {
+  void forget_entry(stream_state& st, std::size_t i) noexcept {
     if (st.entries.at(i).is_signal()) {
       st.entries.erase(i);
+      entries_left_ = true;
     } else {
       st.entries.at(i).op = nullptr;
     }
@@ -143,6 +146,7 @@ class wait_registry {
   std::vector<marker> to_release_;  // the GPU is past them
   std::vector<marker> abandoned_;   // it may never be
   bool aborted_fences_ = false;
+  bool entries_left_ = false;  // an entry left a timeline since drop_idle_streams last looked
 };
 
 template <class Take>
@@ -166,6 +170,7 @@ void wait_registry::remove_if(Take&& take) {
         ++i;
       } else if (leaves) {
         st->entries.erase(i);  // nothing of it on the stream
+        entries_left_ = true;
       } else {
         e.op = nullptr;  // a ghost: the marker stays
         ++i;
@@ -197,6 +202,7 @@ bool wait_registry::look_at_loose(std::size_t budget, clock::time_point now, Loo
 
 template <class WentIdle>
 void wait_registry::drop_idle_streams(WentIdle&& went_idle) {
+  if (!std::exchange(entries_left_, false)) return;
   // Swap-remove keeps this O(active).
   for (std::size_t i = 0; i < active_.size();) {
     stream_state& st = *active_[i];

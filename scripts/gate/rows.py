@@ -270,5 +270,12 @@ def groups(sim, all_gpus=False):
     # One GPU: the servers on GPU 0, so that a host with more GPUs measures the same rows.
     out.append(server_group("server", sim, plan, connections=64 if sim else 256,
                             devices=None if all_gpus else "0"))
+    if not all_gpus:
+        # A server with spare CPU (its io thread not saturated): per core is then the CPU a
+        # request costs, where the host's polls between completions are most of evr's share.
+        moderate = [("evr N=1 stream-waits", [busy200, busy1000]), ("evr N=1", [busy1000]),
+                    ("poll N=1", [busy200, busy1000])]
+        out.append(server_group("server, few connections", sim, moderate,
+                                connections=16 if sim else 32, devices="0"))
     out.append(python_group("python", sim))
     return out
