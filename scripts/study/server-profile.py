@@ -218,9 +218,10 @@ def innermost_evr(chain, binary, callee=False):
     """The innermost evr function on the stack and the evr function that called it ("inner <
     caller"), unless the server's own code (a frame of `binary` that is neither evr, Asio, the
     standard library nor the CUDA runtime, or Asio starting an operation) is nearer: evr's
-    inclusive share, with the handlers evr runs charged to the server, not to evr's operation. With `callee`: "inner > the frame it
-    called" instead ("(self)" when the sample is in the evr function itself), which splits an
-    evr function's share between its own code and what it calls (Asio's, the driver's)."""
+    inclusive share, with the handlers evr runs charged to the server, not to evr's operation.
+    With `callee`: "inner > the frame it called" instead ("(self)" when the sample is in the evr
+    function itself), which splits an evr function's share between its own code and what it
+    calls (Asio's, the driver's)."""
     mine = os.path.basename(binary)
     transparent = ("asio::", "std::", "cu", "libcudart_static_", "operator", "__", "void ")
     found = []
@@ -254,7 +255,8 @@ def starts_an_operation(symbol):
 def caller_tables(perf, data, binary, requests, cpu_s, comms, lines=25):
     """Two tables over the samples of `comms` (rows {key, samples, percent, us_per_request};
     percent of all their samples): `calling_out`, the time outside the server by who called out;
-    `evr`, every sample by the innermost evr function on its stack (evr's inclusive share)."""
+    `evr`, every sample by the innermost evr function on its stack (evr's inclusive share);
+    `evr_callees`, evr's share by the innermost evr function and the frame it called."""
     chains = call_chains(perf, data, comms)
     out_counts, evr_counts, callee_counts = {}, {}, {}
     for chain in chains:
