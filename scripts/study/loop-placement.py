@@ -28,8 +28,9 @@ import threading
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench", "python"))
 
-import bench_await  # noqa: E402  (after the path)
+import await_rows  # noqa: E402  (after the path)
 import evr  # noqa: E402
+from bench_devices import pick_device  # noqa: E402
 
 
 def cpu_list(text):
@@ -80,7 +81,7 @@ async def measure(device, tasks, kernel_s, seconds, pin):
                 os.sched_setaffinity(tid, {cpu})
 
     try:
-        row = await bench_await.tasks(device, tasks, kernel_s, seconds, warmed=pin_threads)
+        row = await await_rows.tasks(device, tasks, kernel_s, seconds, warmed=pin_threads)
     finally:
         for tid, _ in pinned:
             os.sched_setaffinity(tid, everywhere)
@@ -97,7 +98,7 @@ def main():
     args = ap.parse_args()
     if args.tasks < 1 or args.kernel_us <= 0 or args.rounds < 1 or not 0 < args.seconds <= 60:
         ap.error("expected --tasks >= 1, --kernel-us > 0, --rounds >= 1, 0 < --seconds <= 60")
-    device = bench_await.pick_device(args.device)
+    device = pick_device(args.device)
     where = placements()
     print(f"device: {device.name}; {args.tasks} tasks x {args.kernel_us:g} us; placements "
           "(loop cpu, reactor cpu): " + ", ".join(f"{k} {v}" for k, v in where.items()))
