@@ -306,17 +306,24 @@ TEST_CASE("a doorbell that rings after its wait was found is spent: the reactor 
     auto opts = quick_options(evr::strategy::adaptive);
     opts.idle = mode;
     opts.doorbell_after = 1ms;
-    opts.fault_probe_interval = 1s;
+    // A is found before the ring by the reactor's own look: with every stream's doorbell armed,
+    // the reactor naps until a fault probe is due, and with a probe only every second the ring
+    // itself found A (the stream moved at the ring, and a doorbell left set was cleared by that).
+    opts.fault_probe_interval = 5ms;
     // The ladder naps at once: its spin and yield phases sweep as often as a sweep is fast (a
     // few hundred times), which would make the bound below one on the speed of a sweep.
     if (mode == evr::idle_mode::ladder) opts.spin_window = opts.yield_window = 0ns;
     // Before the reactor: its destructor completes pending waits into these.
     std::atomic<int> a_done{0};
+    std::atomic<std::uint64_t> rung_at_a{0};  // host functions run when A completed
     std::atomic<std::int64_t> sweeps_at_b{-1};
     evr::reactor r(sim, opts);
     evr::stream st(sim, 0);
     sim.launch_kernel(st.native(), 20ms);
-    evr::on_complete(r, st, [&](std::error_code ec) { a_done = ec ? -1 : 1; });
+    evr::on_complete(r, st, [&](std::error_code ec) {
+      rung_at_a = sim.counters().host_funcs_run;
+      a_done = ec ? -1 : 1;
+    });
     sim.launch_kernel(st.native(), 60ms);
     REQUIRE(wait_until([&] { return r.metrics().doorbells >= 1 || a_done != 0; }, 10s));
     if (a_done != 0) continue;  // a loaded machine: A was found before its doorbell was armed
@@ -327,6 +334,8 @@ TEST_CASE("a doorbell that rings after its wait was found is spent: the reactor 
     });
     REQUIRE(wait_until([&] { return a_done.load() != 0; }, 10s));
     CHECK(a_done.load() == 1);
+    // What this case is about: A was found before its doorbell rang.
+    CHECK(rung_at_a.load() == rung_before);
     // The doorbell rang (K2 ended) while B pends behind K3.
     REQUIRE(wait_until([&] { return sim.counters().host_funcs_run > rung_before; }, 10s));
     const std::int64_t sweeps_at_ring = static_cast<std::int64_t>(r.metrics().sweeps);
