@@ -237,8 +237,9 @@ def innermost_evr(chain, binary, callee=False):
             if len(found) == 2:
                 break
             continue
-        if os.path.basename(dso) == mine and (not symbol.startswith(transparent)
-                                              or starts_an_operation(symbol)):
+        # (An operation's start may be a frame perf found inlined: any library.)
+        if starts_an_operation(symbol) or (os.path.basename(dso) == mine
+                                           and not symbol.startswith(transparent)):
             break
     if found:
         return " < ".join(found)
