@@ -1,6 +1,6 @@
-// bench/studies/study_common.cuh — what the CUDA studies (marker_queues.cu, event_queries.cu)
-// share: the work kernel, the error check and the command line. Each study is one executable;
-// this header is included by one translation unit of each.
+// bench/studies/study_common.cuh — what the CUDA studies (marker_queues.cu, event_queries.cu,
+// launch_after_done.cu) share: the work kernel, the error check and the command line. Each study
+// is one executable; this header is included by one translation unit of each.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -157,10 +157,13 @@ class server_group:
                 if srv.port is None:
                     raise RuntimeError(f"{label}: the server did not start: "
                                        + " | ".join(srv.lines[-5:]))
-                for route in routes:
+                wrk_threads = min(8, os.cpu_count() or 2)
+                for i, route in enumerate(routes):
                     st.warm_up(srv.port, route)
+                    if i == 0:
+                        st.warm_at_load(srv, route, self.connections, wrk, wrk_threads)
                     p = st.run_point(srv, route, self.connections, self.seconds, wrk, False,
-                                     min(8, os.cpu_count() or 2))
+                                     wrk_threads)
                     points[(label, route)] = p
             finally:
                 summary, rc = srv.stop()

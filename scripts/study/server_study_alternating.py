@@ -8,7 +8,10 @@ evr N=2, poll N=2, evr N=1 with stream waits; every second round runs that order
 that a steady drift favours neither mode (a server that ran first of its pair in one round runs
 second in the next). A figure of a table is the median over the rounds of that server's clean
 points; evr / poll per core also shows the range of the rounds' own ratios (evr and poll of the
-same round), which says how far one run's figures can be trusted.
+same round), which says how far one round's figures can be trusted, and a 90 % bootstrap interval
+of the ratio of medians, which says how far the run's can: a fresh server's requests per core
+vary by about a third (an H200 with 16 cores), and 14 rounds of 2 s points put the ratio within
+about +-10 %.
 
 Points: /busy?us=200, 1000 and 5000 at each connection count of the set, and /healthz (no GPU
 work: the HTTP path alone, the CPU per request the GPU routes are measured against) at the first;
@@ -18,6 +21,7 @@ The goals (issue 39) are evaluated from the medians: evr's requests/s per server
 poll mode's at every /busy point at a p99 no worse, evr's reactor thread <= 0.05 of a core there,
 and evr with stream waits >= 1.0x the poll mode per core.
 """
+import random
 import statistics
 
 from server_study_points import (BUSY200, BUSY1000, BUSY5000, HEALTHZ, ROUTES, STREAM_WAITS, fmt,
@@ -139,6 +143,26 @@ def round_ratios(points, evr_row):
     return out
 
 
+def ratio_interval(points, evr_row, level=0.9, draws=2000):
+    """A bootstrap interval (`level`, seeded: the same JSON gives the same text) of the ratio of
+    medians, evr's requests/s per core over the poll mode's, from each mode's clean points over
+    the rounds; None with fewer than MIN_ROUNDS of either. Unpaired: on an H200 with 16 cores the
+    rounds' evr and poll points were hardly correlated (14 rounds: r = -0.1 to 0.5), so a fresh
+    server's speed is its own, and the interval narrows only with more servers started."""
+    def values(server):
+        return [per_core(p) for p in points
+                if p["server"] == server and p["route"] == evr_row["route"]
+                and p["connections"] == evr_row["connections"] and usable(p)]
+    evr, poll = values(evr_row["server"]), values(rival(evr_row["server"]))
+    if len(evr) < MIN_ROUNDS or len(poll) < MIN_ROUNDS:
+        return None
+    rng = random.Random(0)
+    ratios = sorted(statistics.median(rng.choices(evr, k=len(evr))) /
+                    statistics.median(rng.choices(poll, k=len(poll))) for _ in range(draws))
+    tail = int(draws * (1 - level) / 2)
+    return ratios[tail], ratios[draws - 1 - tail]
+
+
 def pairs(rows, stream_waits=False):
     """[(evr row, its poll row or None)] for the evr servers with (or without) stream waits."""
     evr = [r for r in rows if r["mode"] == "evr" and r["busy_signal"] != stream_waits]
@@ -190,9 +214,14 @@ def spread(values):
     return f"{min(values):.2f}-{max(values):.2f}" if values else "-"
 
 
+def interval_text(interval):
+    return f"{interval[0]:.2f}-{interval[1]:.2f}" if interval else "-"
+
+
 def comparison_table(rows, points):
     lines = ["| route | conns | N | evr: req/s, cores | poll: req/s, cores | per core, evr / poll "
-             "(rounds' range) | p99 evr / poll, ms | evr's reactor, cores | rounds, evr / poll |",
+             "(rounds' range; 90 % interval) | p99 evr / poll, ms | evr's reactor, cores | rounds, evr / "
+             "poll |",
              "|---|---:|---:|---|---|---|---|---:|---|"]
     for e, p in pairs(rows):
         r = ratio(e["per_core"], p and p["per_core"])
@@ -200,7 +229,8 @@ def comparison_table(rows, points):
             f"| {e['route']} | {e['connections']} | {e['threads']} | "
             f"{fmt(e['rps'], 0)}, {fmt(e['server_cores'], 2)} | "
             f"{fmt(p and p['rps'], 0)}, {fmt(p and p['server_cores'], 2)} | "
-            f"**{fmt(r, 2)}** ({spread(round_ratios(points, e))}) | "
+            f"**{fmt(r, 2)}** ({spread(round_ratios(points, e))}; "
+            f"{interval_text(ratio_interval(points, e))}) | "
             f"{fmt(ms(e['p99_us']), 2)} / {fmt(ms(p and p['p99_us']), 2)} | "
             f"{fmt(e['cores_by_group']['reactor'], 3)} | {rounds_text(e)} / {rounds_text(p)} |")
     return lines
@@ -258,7 +288,7 @@ def detail_table(rows):
 
 def stream_table(rows, points):
     lines = ["| route | conns | N | evr, stream waits: req/s, cores, p99 ms | poll: req/s, cores, "
-             "p99 ms | per core, evr / poll (rounds' range) | evr's reactor, cores |",
+             "p99 ms | per core, evr / poll (rounds' range; 90 % interval) | evr's reactor, cores |",
              "|---|---:|---:|---|---|---|---:|"]
     for e, p in pairs(rows, stream_waits=True):
         lines.append(
@@ -266,7 +296,8 @@ def stream_table(rows, points):
             f"{fmt(e['server_cores'], 2)}, {fmt(ms(e['p99_us']), 2)} | {fmt(p and p['rps'], 0)}, "
             f"{fmt(p and p['server_cores'], 2)}, {fmt(ms(p and p['p99_us']), 2)} | "
             f"**{fmt(ratio(e['per_core'], p and p['per_core']), 2)}** "
-            f"({spread(round_ratios(points, e))}) | {fmt(e['cores_by_group']['reactor'], 3)} |")
+            f"({spread(round_ratios(points, e))}; {interval_text(ratio_interval(points, e))}) | "
+            f"{fmt(e['cores_by_group']['reactor'], 3)} |")
     return lines if len(lines) > 2 else ["none measured"]
 
 
@@ -290,7 +321,8 @@ def markdown(doc, header, detail=True):
     rows, points = medians(doc["points"]), doc["points"]
     lines = [header, "", f"#### evr and the poll mode, medians over the rounds measured "
              f"({doc['meta'].get('rounds')} planned; per core: each mode's median, in brackets "
-             "the range of the rounds' own ratios)", ""] + comparison_table(rows, points)
+             "the range of the rounds' own ratios and a 90 % bootstrap interval of the ratio of "
+             "medians)", ""] + comparison_table(rows, points)
     lines += ["", "#### CPU per request (us, medians) against /healthz, the HTTP path alone (at "
               "its one connection count)", ""] + cpu_table(rows)
     lines += ["", "#### evr with stream waits (--no-busy-signal) and the poll mode", ""] + \

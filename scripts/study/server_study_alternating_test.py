@@ -134,6 +134,38 @@ class goals_test(unittest.TestCase):
         self.assertEqual(goal["why"], "0.99 < 1.0")
 
 
+class interval_test(unittest.TestCase):
+    def interval(self, evr, poll):
+        pts = rounds_of("evr N=1", evr) + rounds_of("poll N=1", poll)
+        (row,) = [r for r in alt.medians(pts) if r["server"] == "evr N=1"]
+        return alt.ratio_interval(pts, row)
+
+    def test_without_spread_the_interval_is_the_ratio(self):
+        lo, hi = self.interval([(200, 1.0)] * 4, [(100, 1.0)] * 4)
+        self.assertAlmostEqual(lo, 2.0)
+        self.assertAlmostEqual(hi, 2.0)
+
+    def test_the_interval_holds_the_ratio_of_medians_within_the_extremes(self):
+        evr = [(r, 1.0) for r in (150, 180, 200, 210, 260, 190, 170)]
+        poll = [(r, 1.0) for r in (100, 120, 90, 110, 105, 95, 130)]
+        lo, hi = self.interval(evr, poll)
+        self.assertLess(lo, 190 / 105)
+        self.assertGreater(hi, 190 / 105)
+        self.assertGreaterEqual(lo, 150 / 130)
+        self.assertLessEqual(hi, 260 / 90)
+        self.assertEqual((lo, hi), self.interval(evr, poll))  # seeded: a table is reproducible
+
+    def test_more_rounds_of_the_same_spread_narrow_the_interval(self):
+        evr = [(r, 1.0) for r in (150, 180, 200, 210, 260, 190, 170)]
+        poll = [(r, 1.0) for r in (100, 120, 90, 110, 105, 95, 130)]
+        lo, hi = self.interval(evr, poll)
+        lo4, hi4 = self.interval(evr * 4, poll * 4)
+        self.assertLess(hi4 - lo4, hi - lo)
+
+    def test_fewer_than_three_rounds_of_either_mode_give_none(self):
+        self.assertIsNone(self.interval([(200, 1.0)] * 2, [(100, 1.0)] * 5))
+
+
 class tables_test(unittest.TestCase):
     def test_tables_from_the_json_are_the_tables_of_the_run(self):
         pts = []
@@ -145,7 +177,7 @@ class tables_test(unittest.TestCase):
         text = alt.markdown(doc, "header")
         self.assertEqual(alt.markdown(json.loads(json.dumps(doc)), "header"), text)
         # per core, evr: 191, 190, 171; poll: 150, 160, 156; the rounds' ratios 1.27, 1.19, 1.10
-        self.assertIn(f"| {BUSY1000} | 256 | 1 | 205, 1.10 | 150, 1.00 | **1.22** (1.10-1.27) |",
+        self.assertIn(f"| {BUSY1000} | 256 | 1 | 205, 1.10 | 150, 1.00 | **1.22** (1.10-1.27; ",
                       text)
         self.assertIn("2 of 2 goals met", text)
 
