@@ -24,8 +24,8 @@ and evr with stream waits >= 1.0x the poll mode per core.
 import random
 import statistics
 
-from server_study_points import (BUSY200, BUSY1000, BUSY5000, HEALTHZ, ROUTES, STREAM_WAITS, fmt,
-                                 ms, per_core, ratio, usable)
+from server_study_points import (BUSY200, BUSY1000, BUSY5000, HEALTHZ, MLP, ROUTES, STREAM_WAITS,
+                                 fmt, ms, per_core, ratio, usable)
 
 BUSY = [BUSY200, BUSY1000, BUSY5000]
 ORDER = ["evr N=1", "poll N=1", "evr N=2", "poll N=2", f"evr N=1 {STREAM_WAITS}"]
@@ -48,8 +48,11 @@ GROUPS = {"io": ("io",), "reactor": ("reactor",), "cuda": ("cuda",), "sim": ("si
 
 def server_points(label, connections, routes=None):
     """[(route, [connections])] one server of the alternation serves: the /busy routes at every
-    count, /healthz at the first (not for stream waits: no GPU wait there to differ)."""
-    out = [(r, list(connections)) for r in BUSY]
+    count, /healthz at the first (not for stream waits: no GPU wait there to differ), and /mlp
+    at every count only when `routes` names it (cuBLAS: every server's waits on it are stream
+    waits; compared in the first table, without a goal)."""
+    extra = [MLP] if routes and MLP in routes else []
+    out = [(r, list(connections)) for r in BUSY + extra]
     if not label.split(" @")[0].endswith(STREAM_WAITS):
         out.append((HEALTHZ, connections[:1]))
     return [(r, c) for r, c in out if not routes or r in routes]

@@ -9,7 +9,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_study_alternating as alt  # noqa: E402
-from server_study_points import BUSY200, BUSY1000, HEALTHZ  # noqa: E402
+from server_study_points import BUSY200, BUSY1000, HEALTHZ, MLP  # noqa: E402
 
 
 def point(server, rnd, rps, cores, p99_us=1000.0, route=BUSY1000, connections=256,
@@ -52,6 +52,13 @@ class schedule_test(unittest.TestCase):
         steps = alt.schedule(alt.ORDER, 3, [32], routes=[HEALTHZ])
         self.assertEqual({label for _, label, _ in steps}, set(alt.ORDER[:4]))
         self.assertTrue(all(points == [(HEALTHZ, [32])] for _, _, points in steps))
+
+    def test_mlp_only_when_the_routes_name_it(self):
+        named = {label: points for _, label, points in
+                 alt.schedule(["evr N=2", "poll N=2"], 3, [256], routes=[MLP])}
+        self.assertEqual(named["evr N=2"], [(MLP, [256])])
+        default = {label: points for _, label, points in alt.schedule(["evr N=2"], 3, [256])}
+        self.assertNotIn(MLP, [route for route, _ in default["evr N=2"]])
 
     def test_fewer_than_three_rounds_is_refused_with_the_option_named(self):
         with self.assertRaisesRegex(ValueError, "--rounds must be at least 3 .*, not 2"):
