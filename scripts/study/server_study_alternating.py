@@ -15,7 +15,8 @@ about +-10 %.
 
 Points: /busy?us=200, 1000 and 5000 at each connection count of the set, and /healthz (no GPU
 work: the HTTP path alone, the CPU per request the GPU routes are measured against) at the first;
-the stream-waits server serves the /busy routes only (its /healthz is evr's).
+the stream-waits server serves the /busy routes only (its /healthz is evr's). /mlp (cuBLAS)
+only when --routes names it.
 
 The goals (issue 39) are evaluated from the medians: evr's requests/s per server core >= 1.2x the
 poll mode's at every /busy point at a p99 no worse, evr's reactor thread <= 0.05 of a core there,
