@@ -134,6 +134,29 @@ def perf_report(perf, data, requests, cpu_s_by_comm, comms=None, lines=25):
     return result[:lines]
 
 
+def dso_report(perf, data, requests, cpu_s_by_comm, comms):
+    """The threads' self time by library (the driver, the kernel, libc, the server's binary):
+    [{percent, us_per_request, dso}], every library, what the top frames leave in their tail.
+    (Sorted by thread and library and filtered here: perf's --comms with --sort dso dropped
+    libraries.)"""
+    cmd = perf[0] + ["report", "-i", data, "--no-children", "--sort", "comm,dso", "--stdio",
+                     "-F", "overhead,sample,comm,dso"]
+    out = subprocess.run(cmd, env=perf[1], capture_output=True, text=True).stdout
+    cpu = sum(v for c, v in cpu_s_by_comm.items() if c in comms)
+    by_dso = {}
+    for line in out.splitlines():
+        m = re.match(r"^\s+([0-9.]+)%\s+(\d+)\s+(\S+)\s+(\S.*?)\s*$", line)
+        if m and m.group(3) in comms:
+            dso = short_dso(m.group(4))
+            pct, n = by_dso.get(dso, (0.0, 0))
+            by_dso[dso] = (pct + float(m.group(1)), n + int(m.group(2)))
+    all_samples = sum(n for _, n in by_dso.values())
+    return sorted(({"percent": pct, "dso": dso,
+                    "us_per_request": n / all_samples * cpu / requests * 1e6
+                    if all_samples and requests else None}
+                   for dso, (pct, n) in by_dso.items()), key=lambda r: -r["percent"])
+
+
 def sum_samples(perf, data, comms):
     cmd = perf[0] + ["report", "-i", data, "--no-children", "--sort", "comm", "--stdio",
                      "-F", "sample,comm"]
@@ -347,6 +370,9 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
             if g in comms_of:
                 doc["frames"][g] = perf_report(perf, data, requests, cpu_by_comm, comms_of[g],
                                                lines)
+        if "evr-io (io threads)" in comms_of:
+            doc["io_by_library"] = dso_report(perf, data, requests, cpu_by_comm,
+                                              comms_of["evr-io (io threads)"])
         if args.callers:
             doc["callers"] = {}
             for g, short in (("evr-io (io threads)", "io"), ("evr-reactor", "reactor")):
@@ -382,6 +408,10 @@ def text(doc):
         for f in frames:
             out.append(f"   {f['percent']:6.2f} {study.fmt(f['us_per_request'], 2):>7}  "
                        f"{f['symbol'][:110]} [{os.path.basename(f['dso'])}]")
+    if doc.get("io_by_library"):
+        out.append("   the io threads' self time by library (us per request): " + ", ".join(
+            f"{r['dso']} {study.fmt(r['us_per_request'], 2)}" for r in doc["io_by_library"]
+            if r["percent"] >= 0.5))
     titles = {"calling_out": "time outside the server, by who called out [where the time went]",
               "evr": "time by the innermost evr function on the stack < the evr function that "
                      "called it",
