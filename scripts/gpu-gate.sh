@@ -5,7 +5,8 @@
 # example server against the poll mode at 256 and at 32 connections, Python on torch) with
 # baseline and tree alternated over
 # rounds, and prints one table: row, baseline, now, ratio, the rounds' spread and a verdict
-# (better / same / WORSE). Fits 9 minutes on a 16-core machine with one GPU.
+# (better / same / WORSE). About 11 minutes on a 16-core machine with one GPU (every group, three
+# rounds; a fresh server's unmeasured first second at load adds about 25 s a round).
 #
 #   scripts/gpu-gate.sh                     # against the tree of the last gate in docs/bench/gate/
 #   scripts/gpu-gate.sh --baseline 68abb84  # against a commit (or a .tgz of a tree: git archive)
@@ -15,7 +16,7 @@
 #   scripts/gpu-gate.sh --prepare [REV]     # on a checkout with git: writes .gate/ (the baseline's
 #                                           # tree and both commits' names) for a GPU machine
 #                                           # that has the working tree but not its history
-# Options: --rounds N (3), --budget-s S (540: the whole run, builds included), --out DIR
+# Options: --rounds N (3), --budget-s S (660: the whole run, builds included), --out DIR
 # (build/gate/out), --tree-build DIR (an existing build of this tree: only the baseline is built),
 # --no-ctest, --no-record, --jobs N, --groups A,B (only these groups of rows: idle, "idle, 32
 # queues", server, "server, few connections", python; for a change that cannot reach the
@@ -33,7 +34,7 @@ root=$PWD
 t0=$SECONDS
 command_line="scripts/gpu-gate.sh $*"
 
-sim=0 all_gpus=0 baseline="" tree_build="" groups="" rounds=3 budget=540 results_dir=build/gate/out ctest=1 record=1 prepare=0
+sim=0 all_gpus=0 baseline="" tree_build="" groups="" rounds=3 budget=660 results_dir=build/gate/out ctest=1 record=1 prepare=0
 jobs=$(nproc 2>/dev/null || echo 2)
 need() { [[ $# -ge 2 && -n "$2" ]] || { echo "gpu-gate: $1 needs a value" >&2; exit 64; }; }
 while [[ $# -gt 0 ]]; do
@@ -50,7 +51,7 @@ while [[ $# -gt 0 ]]; do
     --no-ctest) ctest=0 ;;
     --no-record) record=0 ;;
     --prepare) prepare=1; [[ $# -ge 2 && "$2" != --* ]] && { baseline=$2; shift; } ;;
-    -h | --help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu-gate: unknown argument '$1' (try --help)" >&2; exit 64 ;;
   esac
   shift
