@@ -16,11 +16,13 @@
 // (no driver call) and lets 20 us more pass for the events' own completion. The next round
 // launches again, each stream in one of three ways (rotating with the round), timing single calls
 // (ns, p50 and p90 over the rounds):
-//   after event query   cudaEventQuery of the stream's event (it finds the work done), then the launch
+//   after event query   cudaEventQuery of the stream's event (it finds the work done), then the
+//                       launch
 //   after stream query  cudaStreamQuery of the stream, then the launch
 //   nothing seen        the launch alone: the driver has not been asked since the last launch
 // The queries' own times are rows too. Each table runs twice: on an idle device, and with a
-// kernel of four times --work-us running on another stream throughout (a busy device, as a server's).
+// kernel of four times --work-us running on another stream throughout (a busy device, as a
+// server's).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,13 +43,7 @@ using clock_type = std::chrono::steady_clock;
 /// Spins for `ns` of the GPU's global timer, then writes `value` to `word` (mapped host memory),
 /// visible to the host before the kernel ends.
 __global__ void work_then_write(unsigned long long ns, volatile unsigned* word, unsigned value) {
-  unsigned long long start;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  for (;;) {
-    unsigned long long now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    if (now - start >= ns) break;
-  }
+  study::spin_for(ns);
   *word = value;
   __threadfence_system();
 }

@@ -11,8 +11,8 @@
 
 namespace study {
 
-/// One thread that spins for `ns` of the GPU's global timer: work of a known length.
-__global__ void busy_kernel(unsigned long long ns) {
+/// Spins the calling thread for `ns` of the GPU's global timer.
+__device__ inline void spin_for(unsigned long long ns) {
   unsigned long long start;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   for (;;) {
@@ -21,6 +21,9 @@ __global__ void busy_kernel(unsigned long long ns) {
     if (now - start >= ns) break;
   }
 }
+
+/// One thread that spins for `ns` of the GPU's global timer: work of a known length.
+__global__ void busy_kernel(unsigned long long ns) { spin_for(ns); }
 
 /// Exits with the CUDA error's text, naming `what`, unless `e` is cudaSuccess.
 inline void check(cudaError_t e, const char* what) {
