@@ -13,16 +13,19 @@
 // For N = 1, 16 and 128 streams, each round launches on every stream a one-thread kernel of
 // --work-us that writes the round's number into a word of mapped host memory as it ends, and
 // records an event behind it; the host then reads the words until every stream's has the round
-// (no driver call) and lets 20 us more pass for the events' own completion. The next round
+// (no driver call) and lets 100 us more pass for the events' own completion. The next round
 // launches again, each stream in one of three ways (rotating with the round), timing single calls
 // (ns, p50 and p90 over the rounds):
 //   after event query   cudaEventQuery of the stream's event (it finds the work done), then the
 //                       launch
 //   after stream query  cudaStreamQuery of the stream, then the launch
-//   nothing seen        the launch alone: the driver has not been asked since the last launch
-// The queries' own times are rows too. Each table runs twice: on an idle device, and with a
-// kernel of four times --work-us running on another stream throughout (a busy device, as a
-// server's).
+//   nothing seen        the launch alone: the driver has not been asked about this stream
+// The round's first driver call (stream 0's query or launch) is the only one that no call made
+// after the work ended precedes, so it is kept apart ("first call"): if the driver does its
+// bookkeeping of ended work per context rather than per stream, that call pays it. The queries'
+// own times are rows too. Each table runs twice: on an idle device, and with a one-thread kernel
+// on another stream that spins until the host ends it after the rounds (a busy device throughout,
+// as a server's, without a driver call of its own between the rounds).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,9 +39,14 @@
 
 namespace {
 
-using study::busy_kernel;
 using study::check;
 using clock_type = std::chrono::steady_clock;
+
+/// Spins until the host writes a non-zero value to `stop` (mapped host memory).
+__global__ void spin_until(volatile const unsigned* stop) {
+  while (*stop == 0) {
+  }
+}
 
 /// Spins for `ns` of the GPU's global timer, then writes `value` to `word` (mapped host memory),
 /// visible to the host before the kernel ends.
@@ -50,12 +58,13 @@ __global__ void work_then_write(unsigned long long ns, volatile unsigned* word, 
 
 struct samples {
   std::vector<double> ns;
+  /// Times `call` (returns its result).
   template <typename F>
-  cudaError_t time(F&& call) {
+  auto time(F&& call) {
     const clock_type::time_point a = clock_type::now();
-    const cudaError_t e = call();
+    auto result = call();
     ns.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - a).count());
-    return e;
+    return result;
   }
   double quantile(double q) {
     if (ns.empty()) return 0;
@@ -66,19 +75,66 @@ struct samples {
 };
 
 enum class seen { by_event_query, by_stream_query, nothing };
+constexpr int kinds = 3;
+
+/// One set of rows: the launches by what was asked before them, and the queries' own times.
+struct calls {
+  samples launch[kinds], event_query, stream_query;
+};
 
 struct table {
-  samples launch[3], event_query, stream_query;
+  calls first, later;  // the round's first driver call (stream 0), the other streams
   int queries_not_done = 0;
 };
 
-/// Spins without a driver call until every word holds `value`, then 20 us more.
+/// Mapped host memory: the host's pointer and the device's.
+struct mapped_words {
+  unsigned* host = nullptr;
+  unsigned* device = nullptr;
+  explicit mapped_words(int n) {
+    check(cudaHostAlloc(reinterpret_cast<void**>(&host), n * sizeof(unsigned), cudaHostAllocMapped),
+          "cudaHostAlloc");
+    std::fill(host, host + n, 0u);
+    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), host, 0),
+          "cudaHostGetDevicePointer");
+  }
+  ~mapped_words() { cudaFreeHost(host); }
+  mapped_words(const mapped_words&) = delete;
+  mapped_words& operator=(const mapped_words&) = delete;
+};
+
+/// Spins without a driver call until every word holds `value`, then 100 us more.
 void wait_words(const volatile unsigned* words, int n, unsigned value) {
   for (int i = 0; i < n; ++i)
     while (words[i] != value) std::atomic_thread_fence(std::memory_order_acquire);
-  const clock_type::time_point until = clock_type::now() + std::chrono::microseconds(20);
+  const clock_type::time_point until = clock_type::now() + std::chrono::microseconds(100);
   while (clock_type::now() < until) {
   }
+}
+
+/// A query that must find the work done; a not-ready answer is counted, any other error ends
+/// the study.
+void counted_query(samples& s, int& not_done, cudaError_t (*query)(void*), void* what) {
+  const cudaError_t e = s.time([&] { return query(what); });
+  if (e == cudaErrorNotReady)
+    ++not_done;
+  else
+    check(e, "query");
+}
+
+cudaError_t query_event(void* e) { return cudaEventQuery(static_cast<cudaEvent_t>(e)); }
+cudaError_t query_stream(void* s) { return cudaStreamQuery(static_cast<cudaStream_t>(s)); }
+
+void print_rows(int n, bool busy_device, const char* which, calls& c) {
+  const auto row = [&](const char* what, samples& s) {
+    std::printf("%8d %-6s %-10s %-22s %9.0f %9.0f %8zu\n", n, busy_device ? "busy" : "idle", which,
+                what, s.quantile(0.5), s.quantile(0.9), s.ns.size());
+  };
+  row("launch, nothing seen", c.launch[static_cast<int>(seen::nothing)]);
+  row("launch, after event q.", c.launch[static_cast<int>(seen::by_event_query)]);
+  row("launch, after stream q.", c.launch[static_cast<int>(seen::by_stream_query)]);
+  row("event query (done)", c.event_query);
+  row("stream query (done)", c.stream_query);
 }
 
 void run(int n, int rounds, double work_us, bool busy_device) {
@@ -90,56 +146,38 @@ void run(int n, int rounds, double work_us, bool busy_device) {
   }
   cudaStream_t background = nullptr;
   check(cudaStreamCreateWithFlags(&background, cudaStreamNonBlocking), "stream");
-  unsigned* host_words = nullptr;
-  check(cudaHostAlloc(reinterpret_cast<void**>(&host_words), n * sizeof(unsigned),
-                      cudaHostAllocMapped),
-        "cudaHostAlloc");
-  std::fill(host_words, host_words + n, 0u);
-  unsigned* device_words = nullptr;
-  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_words), host_words, 0),
-        "cudaHostGetDevicePointer");
+  mapped_words words(n), stop(1);
+  if (busy_device) spin_until<<<1, 1, 0, background>>>(stop.device);
   const auto work_ns = static_cast<unsigned long long>(work_us * 1000);
   table t;
   const int warm_up = 2;
   for (int r = 1; r <= rounds + warm_up; ++r) {
-    const bool keep = r > warm_up;
-    if (busy_device) busy_kernel<<<1, 1, 0, background>>>(4 * work_ns);
     for (int i = 0; i < n; ++i) {
-      const auto how = static_cast<seen>((i + r) % 3);
-      if (r > 1 && how == seen::by_event_query) {
-        const cudaError_t e = t.event_query.time([&] { return cudaEventQuery(events[i]); });
-        t.queries_not_done += e != cudaSuccess;
-      } else if (r > 1 && how == seen::by_stream_query) {
-        const cudaError_t e = t.stream_query.time([&] { return cudaStreamQuery(streams[i]); });
-        t.queries_not_done += e != cudaSuccess;
-      }
-      t.launch[static_cast<int>(how)].time([&] {
-        work_then_write<<<1, 1, 0, streams[i]>>>(work_ns, device_words + i,
+      calls& c = i == 0 ? t.first : t.later;
+      const auto how = static_cast<seen>((i + r) % kinds);
+      if (r > 1 && how == seen::by_event_query)
+        counted_query(c.event_query, t.queries_not_done, query_event, events[i]);
+      else if (r > 1 && how == seen::by_stream_query)
+        counted_query(c.stream_query, t.queries_not_done, query_stream, streams[i]);
+      c.launch[static_cast<int>(how)].time([&] {
+        work_then_write<<<1, 1, 0, streams[i]>>>(work_ns, words.device + i,
                                                  static_cast<unsigned>(r));
-        return cudaGetLastError();
+        return 0;
       });
+      check(cudaGetLastError(), "launch");
       check(cudaEventRecord(events[i], streams[i]), "record");
     }
-    check(cudaGetLastError(), "launch");
-    wait_words(host_words, n, static_cast<unsigned>(r));
-    if (busy_device) check(cudaStreamSynchronize(background), "synchronize");
-    if (!keep) t = table{};
+    wait_words(words.host, n, static_cast<unsigned>(r));
+    if (r <= warm_up) t = table{};
   }
+  *static_cast<volatile unsigned*>(stop.host) = 1;
   check(cudaDeviceSynchronize(), "synchronize");
-  const auto row = [&](const char* what, samples& s) {
-    std::printf("%8d %-6s %-22s %9.0f %9.0f %8zu\n", n, busy_device ? "busy" : "idle", what,
-                s.quantile(0.5), s.quantile(0.9), s.ns.size());
-  };
-  row("launch, nothing seen", t.launch[static_cast<int>(seen::nothing)]);
-  row("launch, after event q.", t.launch[static_cast<int>(seen::by_event_query)]);
-  row("launch, after stream q.", t.launch[static_cast<int>(seen::by_stream_query)]);
-  row("event query (done)", t.event_query);
-  row("stream query (done)", t.stream_query);
+  print_rows(n, busy_device, "first call", t.first);
+  if (n > 1) print_rows(n, busy_device, "later", t.later);
   if (t.queries_not_done > 0)
     std::printf("%8d %-6s %d queries found the work not done (the rows above mean less)\n", n,
                 busy_device ? "busy" : "idle", t.queries_not_done);
   std::fflush(stdout);
-  cudaFreeHost(host_words);
   cudaStreamDestroy(background);
   for (int i = 0; i < n; ++i) {
     cudaEventDestroy(events[i]);
@@ -155,8 +193,8 @@ int main(int argc, char** argv) {
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   std::printf("launch-after-done: work %.0f us, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
               opt.work_us, opt.rounds, conn ? conn : "unset (8)");
-  std::printf("%8s %-6s %-22s %9s %9s %8s\n", "streams", "device", "call", "p50 ns", "p90 ns",
-              "calls");
+  std::printf("%8s %-6s %-10s %-22s %9s %9s %8s\n", "streams", "device", "which", "call", "p50 ns",
+              "p90 ns", "calls");
   for (bool busy : {false, true})
     for (int n : {1, 16, 128}) run(n, opt.rounds, opt.work_us, busy);
   return 0;

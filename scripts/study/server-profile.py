@@ -136,7 +136,8 @@ def perf_report(perf, data, requests, cpu_s_by_comm, comms=None, lines=25):
 
 def dso_report(perf, data, requests, cpu_s_by_comm, comms):
     """The threads' self time by library (the driver, the kernel, libc, the server's binary):
-    [{percent, us_per_request, dso}], every library, what the top frames leave in their tail.
+    [{percent, us_per_request, dso}], every library, what the top frames leave in their tail;
+    percent is a share of the whole profile's samples (all threads), as in the frame tables.
     (Sorted by thread and library and filtered here: perf's --comms with --sort dso dropped
     libraries.)"""
     cmd = perf[0] + ["report", "-i", data, "--no-children", "--sort", "comm,dso", "--stdio",

@@ -448,10 +448,12 @@ def warm_up(port, route, requests=20, connections=1):
 
 
 def warm_at_load(srv, route, connections, wrk, wrk_threads):
-    """One second of `route` at the point's connections, not measured, after warm_up and before a
-    fresh server's first point: warm_up's one connection uses one lane, and the first use of the
-    others (evr's first waits on them, the driver's first launches) made first points' p99 tail
-    (an H200 with 16 cores: 6.7-18 ms at 32 connections where later points had 1.2-1.3)."""
+    """One second of `route` at `connections` (a server's largest count), not measured, after
+    warm_up and before a fresh server's first point: warm_up's one connection uses one lane, and
+    the first use of the others (evr's first waits on them, the driver's first launches) made
+    first points' p99 tail (an H200 with 16 cores: 6.7-18 ms at 32 connections where later points
+    had 1.2-1.3). Only before the first route: a later route's own first uses (/mlp's cuBLAS
+    kernels) are left to its one-connection warm_up."""
     run_point(srv, route, connections, 1, wrk, False, wrk_threads)
 
 
@@ -711,7 +713,7 @@ class measurer:
             return
         for i, (route, conns) in enumerate(points):
             warm_up(srv.port, route)
-            if i == 0:
+            if i == 0 and self.budget_left(1 + 5):
                 warm_at_load(srv, route, max(conns), self.wrk, self.doc["meta"]["wrk_threads"])
             wait_idle(srv.port)
             for c in conns:
@@ -804,9 +806,13 @@ def point_fields(spec, route, connections, lanes, queues, facts, doc):
 
 
 def git_head():
+    """The commit measured, "+dirty" when the tree had changes not committed."""
     try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head + ("+dirty" if head and dirty else "") or None
     except (OSError, subprocess.TimeoutExpired):
         return None
 

@@ -151,7 +151,7 @@ def ratio_interval(points, evr_row, level=0.9, draws=2000):
     """A bootstrap interval (`level`, seeded: the same JSON gives the same text) of the ratio of
     medians, evr's requests/s per core over the poll mode's, from each mode's clean points over
     the rounds; None with fewer than MIN_ROUNDS of either. Unpaired: on an H200 with 16 cores the
-    rounds' evr and poll points were hardly correlated (14 rounds: r = -0.1 to 0.5), so a fresh
+    rounds' evr and poll points were hardly correlated (14 rounds: r <= 0.6), so a fresh
     server's speed is its own, and the interval narrows only with more servers started."""
     def values(server):
         return [per_core(p) for p in points
@@ -163,7 +163,7 @@ def ratio_interval(points, evr_row, level=0.9, draws=2000):
     rng = random.Random(0)
     ratios = sorted(statistics.median(rng.choices(evr, k=len(evr))) /
                     statistics.median(rng.choices(poll, k=len(poll))) for _ in range(draws))
-    tail = int(draws * (1 - level) / 2)
+    tail = round(draws * (1 - level) / 2)
     return ratios[tail], ratios[draws - 1 - tail]
 
 
