@@ -74,17 +74,13 @@ def group_of(comm):
 
 
 def cpu_by_group(before, after, requests, seconds):
-    (t0, p0), (t1, p1) = before, after
+    live, exited, total = study.cpu_deltas(before, after)
     groups = {}
-    live = 0.0
-    for tid, (comm, cpu) in t1.items():
-        d = cpu - (t0[tid][1] if tid in t0 else 0.0)
-        live += d
+    for comm, d in live:
         g = groups.setdefault(group_of(comm), {"threads": 0, "cpu_s": 0.0, "names": set()})
         g["threads"] += 1
         g["cpu_s"] += d
         g["names"].add(re.sub(r"\d+$", "N", comm))
-    exited = (p1 - p0) - live
     if exited > 0.005:
         groups["exited during the run"] = {"threads": None, "cpu_s": exited, "names": set()}
     rows = []
@@ -92,8 +88,7 @@ def cpu_by_group(before, after, requests, seconds):
         rows.append({"group": name, "threads": g["threads"], "cores": g["cpu_s"] / seconds,
                      "us_per_request": g["cpu_s"] / requests * 1e6 if requests else None,
                      "names": sorted(g["names"])})
-    total = p1 - p0
-    rows.append({"group": "all server threads", "threads": len(t1), "cores": total / seconds,
+    rows.append({"group": "all server threads", "threads": len(live), "cores": total / seconds,
                  "us_per_request": total / requests * 1e6 if requests else None, "names": []})
     return rows
 

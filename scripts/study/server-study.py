@@ -83,10 +83,10 @@ import sys
 # server-profile.py import it so), where this folder is not on sys.path.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_study_alternating as alternating  # noqa: E402
-from server_harness import (ROOT, build, cpu_seconds, elapsed, find_wrk, log,  # noqa: E402
-                            parse_server, parse_wrk, run_builtin_point, run_point, server,
-                            server_args, spinning_threads, thread_cpu, thread_group, wait_idle,
-                            warm_at_load, warm_up)
+from server_harness import (ROOT, build, cpu_deltas, cpu_seconds, elapsed,  # noqa: E402
+                            find_wrk, log, parse_server, parse_wrk, run_builtin_point, run_point,
+                            server, server_args, spinning_threads, thread_cpu, thread_group,
+                            wait_idle, warm_at_load, warm_up)
 from server_study_plots import plot  # noqa: E402
 from server_study_points import (BUSY200, BUSY1000, BUSY5000, MLP, ROUTES, SAXPY,  # noqa: E402
                                  fmt, ms, per_core)
@@ -95,9 +95,9 @@ from server_study_tables import all_goals, markdown, short_summary  # noqa: E402
 # What other scripts use of this module when they load it by path as `study` (the gate's server
 # rows, server-profile.py, fleet-bench.py, host-stalls.py, served_model_load.py): the harness's
 # names (server_harness.py) and the points' helpers, re-exported here.
-__all__ = ["build", "cpu_seconds", "find_wrk", "fmt", "git_head", "ms", "parse_server",
-           "parse_wrk", "per_core", "run_point", "server", "server_args", "thread_cpu",
-           "thread_group", "wait_idle", "warm_at_load", "warm_up"]
+__all__ = ["build", "cpu_deltas", "cpu_seconds", "find_wrk", "fmt", "git_head", "ms",
+           "parse_server", "parse_wrk", "per_core", "run_point", "server", "server_args",
+           "thread_cpu", "thread_group", "wait_idle", "warm_at_load", "warm_up"]
 
 
 

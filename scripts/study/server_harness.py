@@ -200,19 +200,26 @@ def thread_group(comm):
     return "other"
 
 
-def cpu_by_group(before, after):
-    """CPU seconds per thread group between two thread_cpu() samples; 'exited': the process's
-    total minus its live threads' (threads that ended in between, e.g. thread per connection)."""
+def cpu_deltas(before, after):
+    """Between two thread_cpu() samples: [(comm, CPU seconds)] of the threads alive at the second,
+    the CPU of threads that ended in between (the process's total minus its live threads': e.g.
+    thread per connection), and the process's total."""
     (t0, p0), (t1, p1) = before, after
+    live = [(comm, cpu - (t0[tid][1] if tid in t0 else 0.0)) for tid, (comm, cpu) in t1.items()]
+    total = p1 - p0
+    return live, total - sum(d for _, d in live), total
+
+
+def cpu_by_group(before, after):
+    """CPU seconds per thread group between two thread_cpu() samples; 'exited': the threads that
+    ended in between."""
+    live, exited, total = cpu_deltas(before, after)
     groups = {}
-    live = 0.0
-    for tid, (comm, cpu) in t1.items():
-        d = cpu - (t0[tid][1] if tid in t0 else 0.0)
-        live += d
+    for comm, d in live:
         g = thread_group(comm)
         groups[g] = groups.get(g, 0.0) + d
-    groups["exited"] = max(0.0, (p1 - p0) - live)
-    return groups, p1 - p0
+    groups["exited"] = max(0.0, exited)
+    return groups, total
 
 
 class gpu_sampler:
