@@ -26,10 +26,9 @@
 // hardware queues", has the figures and what they mean for evr's markers.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "study_common.cuh"
@@ -39,32 +38,21 @@ namespace {
 using study::busy_kernel;
 using study::check;
 
-using clock_type = std::chrono::steady_clock;
-
 /// cuEventQuery's signature with the runtime's types (CUevent is cudaEvent_t; CUresult an enum
 /// whose success is 0), so that no driver symbol is referenced at link time.
 using driver_event_query_fn = int (*)(cudaEvent_t);
 
 /// Samples of one kind of call, ns, and how many of the calls said "done".
-struct samples {
-  std::vector<double> ns;
+struct samples : study::call_times {
   int done = 0;
   template <typename F>
   void time(F&& call) {
-    const clock_type::time_point a = clock_type::now();
-    const bool finished = static_cast<int>(call()) == 0;  // cudaSuccess and CUDA_SUCCESS
-    ns.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - a).count());
-    done += finished ? 1 : 0;
+    // cudaSuccess and CUDA_SUCCESS are 0
+    done += static_cast<int>(call_times::time(std::forward<F>(call))) == 0 ? 1 : 0;
   }
   void clear() {
     ns.clear();
     done = 0;
-  }
-  double quantile(double q) {
-    if (ns.empty()) return 0;
-    std::sort(ns.begin(), ns.end());
-    return ns[std::min(ns.size() - 1,
-                       static_cast<std::size_t>(q * static_cast<double>(ns.size())))];
   }
 };
 

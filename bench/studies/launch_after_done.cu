@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "study_common.cuh"
@@ -56,23 +57,7 @@ __global__ void work_then_write(unsigned long long ns, volatile unsigned* word, 
   __threadfence_system();
 }
 
-struct samples {
-  std::vector<double> ns;
-  /// Times `call` (returns its result).
-  template <typename F>
-  auto time(F&& call) {
-    const clock_type::time_point a = clock_type::now();
-    auto result = call();
-    ns.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - a).count());
-    return result;
-  }
-  double quantile(double q) {
-    if (ns.empty()) return 0;
-    std::sort(ns.begin(), ns.end());
-    return ns[std::min(ns.size() - 1,
-                       static_cast<std::size_t>(q * static_cast<double>(ns.size())))];
-  }
-};
+using samples = study::call_times;
 
 enum class seen { by_event_query, by_stream_query, nothing };
 constexpr int kinds = 3;
@@ -114,16 +99,14 @@ void wait_words(const volatile unsigned* words, int n, unsigned value) {
 
 /// A query that must find the work done; a not-ready answer is counted, any other error ends
 /// the study.
-void counted_query(samples& s, int& not_done, cudaError_t (*query)(void*), void* what) {
-  const cudaError_t e = s.time([&] { return query(what); });
+template <typename Query>
+void counted_query(samples& s, int& not_done, Query&& query) {
+  const cudaError_t e = s.time(std::forward<Query>(query));
   if (e == cudaErrorNotReady)
     ++not_done;
   else
     check(e, "query");
 }
-
-cudaError_t query_event(void* e) { return cudaEventQuery(static_cast<cudaEvent_t>(e)); }
-cudaError_t query_stream(void* s) { return cudaStreamQuery(static_cast<cudaStream_t>(s)); }
 
 void print_rows(int n, bool busy_device, const char* which, calls& c) {
   const auto row = [&](const char* what, samples& s) {
@@ -156,9 +139,10 @@ void run(int n, int rounds, double work_us, bool busy_device) {
       calls& c = i == 0 ? t.first : t.later;
       const auto how = static_cast<seen>((i + r) % kinds);
       if (r > 1 && how == seen::by_event_query)
-        counted_query(c.event_query, t.queries_not_done, query_event, events[i]);
+        counted_query(c.event_query, t.queries_not_done, [&] { return cudaEventQuery(events[i]); });
       else if (r > 1 && how == seen::by_stream_query)
-        counted_query(c.stream_query, t.queries_not_done, query_stream, streams[i]);
+        counted_query(c.stream_query, t.queries_not_done,
+                      [&] { return cudaStreamQuery(streams[i]); });
       c.launch[static_cast<int>(how)].time([&] {
         work_then_write<<<1, 1, 0, streams[i]>>>(work_ns, words.device + i,
                                                  static_cast<unsigned>(r));

@@ -1,13 +1,16 @@
 // bench/studies/study_common.cuh — what the CUDA studies (marker_queues.cu, event_queries.cu,
-// launch_after_done.cu) share: the work kernel, the error check and the command line. Each study
-// is one executable; this header is included by one translation unit of each.
+// launch_after_done.cu) share: the work kernel, timed calls, the error check and the command line.
+// Each study is one executable; this header is included by one translation unit of each.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace study {
 
@@ -24,6 +27,26 @@ __device__ inline void spin_for(unsigned long long ns) {
 
 /// One thread that spins for `ns` of the GPU's global timer: work of a known length.
 __global__ void busy_kernel(unsigned long long ns) { spin_for(ns); }
+
+/// Single calls timed on the host, ns, and their quantiles.
+struct call_times {
+  std::vector<double> ns;
+  /// Times `call`; returns what it returned.
+  template <typename F>
+  auto time(F&& call) {
+    const auto start = std::chrono::steady_clock::now();
+    auto result = call();
+    ns.push_back(
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
+    return result;
+  }
+  double quantile(double q) {
+    if (ns.empty()) return 0;
+    std::sort(ns.begin(), ns.end());
+    return ns[std::min(ns.size() - 1,
+                       static_cast<std::size_t>(q * static_cast<double>(ns.size())))];
+  }
+};
 
 /// Exits with the CUDA error's text, naming `what`, unless `e` is cudaSuccess.
 inline void check(cudaError_t e, const char* what) {
