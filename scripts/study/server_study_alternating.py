@@ -133,18 +133,18 @@ def find(rows, server, route, connections):
                  and connections in (None, r["connections"])), None)
 
 
+def clean_points(points, server, row):
+    """`server`'s clean points at `row`'s route and connection count, in the JSON's order."""
+    return [p for p in points if p["server"] == server and p["route"] == row["route"]
+            and p["connections"] == row["connections"] and usable(p)]
+
+
 def round_ratios(points, evr_row):
     """evr / poll requests/s per core within each round where both points are clean."""
-    def of(server, rnd):
-        return next((p for p in points if p.get("round") == rnd and p["server"] == server and
-                     p["route"] == evr_row["route"] and p["connections"] == evr_row["connections"]
-                     and usable(p)), None)
-    out = []
-    for rnd in sorted({p["round"] for p in points if p.get("round") is not None}):
-        a, b = of(evr_row["server"], rnd), of(rival(evr_row["server"]), rnd)
-        if a and b:
-            out.append(per_core(a) / per_core(b))
-    return out
+    evr = {p.get("round"): p for p in clean_points(points, evr_row["server"], evr_row)}
+    poll = {p.get("round"): p for p in clean_points(points, rival(evr_row["server"]), evr_row)}
+    return [per_core(evr[r]) / per_core(poll[r])
+            for r in sorted(set(evr) & set(poll) - {None})]
 
 
 def ratio_interval(points, evr_row, level=0.9, draws=2000):
@@ -154,9 +154,7 @@ def ratio_interval(points, evr_row, level=0.9, draws=2000):
     rounds' evr and poll points were hardly correlated (14 rounds: r <= 0.6), so a fresh
     server's speed is its own, and the interval narrows only with more servers started."""
     def values(server):
-        return [per_core(p) for p in points
-                if p["server"] == server and p["route"] == evr_row["route"]
-                and p["connections"] == evr_row["connections"] and usable(p)]
+        return [per_core(p) for p in clean_points(points, server, evr_row)]
     evr, poll = values(evr_row["server"]), values(rival(evr_row["server"]))
     if len(evr) < MIN_ROUNDS or len(poll) < MIN_ROUNDS:
         return None
@@ -224,8 +222,8 @@ def interval_text(interval):
 
 def comparison_table(rows, points):
     lines = ["| route | conns | N | evr: req/s, cores | poll: req/s, cores | per core, evr / poll "
-             "(rounds' range; 90 % interval) | p99 evr / poll, ms | evr's reactor, cores | rounds, evr / "
-             "poll |",
+             "(rounds' range; 90 % interval) | p99 evr / poll, ms | evr's reactor, cores | "
+             "rounds, evr / poll |",
              "|---|---:|---:|---|---|---|---|---:|---|"]
     for e, p in pairs(rows):
         r = ratio(e["per_core"], p and p["per_core"])
