@@ -110,6 +110,30 @@ TEST_CASE("idle governor: a covered stream is left to its host only by a reactor
   }
 }
 
+TEST_CASE("idle governor: a predictive reactor spinning for its own stream leaves covered ones") {
+  // The predictive reactor spins through the window of a stream it looks at itself (a missed
+  // prediction, a stream learning) and gives up the pass lock after every pass, so the hosts'
+  // passes get in: its sweeps leave the streams a host covers to the host. Looking at them while
+  // it spun made it the poller of a server's every stream in its window (an H200, two io threads,
+  // /busy?us=1000 with stream waits: half the completions, half a core).
+  governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
+  const auto now = std::chrono::steady_clock::now();
+  lone_wait own(g, now);
+  for (int i = 0; i < 8; ++i) own.st.plan.model.add(1ms);  // steady 1 ms work: a narrow window
+  const auto in_window = now + 1ms;
+  hosted_stream h(in_window);  // the host promised to look a second from then
+  h.st.plan.host_look = in_window;
+  // In the own stream's window the reactor spins.
+  const evr::detail::rest_step step = g.idle.rest(in_window, false, false, false);
+  REQUIRE(own.st.plan.spin);
+  REQUIRE(step.what == evr::detail::rest_step::kind::go_on);  // no sleep: the next pass at once
+  evr::detail::poll_tick tick = g.idle.begin_sweep(in_window);
+  CHECK(g.idle.wants_look(own.st, in_window, tick));  // its own stream: looked at
+  CHECK_FALSE(g.idle.wants_look(h.st, in_window, tick));  // the host's: left to the host
+  // Once the host's promise has passed by its grace, the spinning reactor looks in its place.
+  CHECK(g.idle.wants_look(h.st, in_window + 2s, tick));
+}
+
 TEST_CASE("idle governor: a polling host's new wait is planned as covered before a sweep looks") {
   // A wait that makes its stream active is its host's, but is planned only at the host's next
   // pass; a sweep of the reactor in between saw it unplanned and queried it (an event marker:

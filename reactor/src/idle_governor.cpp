@@ -366,7 +366,6 @@ rest_step idle_governor::rest_predictive(clock::time_point now, bool closing) {
     }
   }
   if (closing) wake = std::min(wake, now + closing_nap);
-  reactor_spins_ = spin;
   if (spin || wake - now < min_nap) {
     replan_at_ = spun_window ? now + replan_interval : clock::time_point{};
     return {};

@@ -239,18 +239,21 @@ class idle_governor {
   clock::time_point tick_began_{};  // when the last tick's sweep began
   clock::time_point replan_at_{};   // while spinning, plan again no sooner than this
   const nanoseconds host_grace_;    // host_grace()
-  /// The reactor spins for streams of its own: its sweeps then look at hosted streams in their
-  /// windows too (while it spins, a host's passes get in only between its passes).
-  bool reactor_spins_ = false;
   /// Whether the reactor's sweeps leave the streams a host covers to the host. A host's pass runs
-  /// only while the reactor thread sleeps or between its passes, so only a reactor that rests by
-  /// sleeping may leave them: the predictive policy when it does not spin, and host_func's naps.
-  /// The spin mode never sleeps while waits pend, and the ladder spins and yields before it naps:
-  /// left to hosts whose passes seldom get in, they were looked at by no one (issue 43: evr-bench
-  /// idle's fence-spin and ladder rows, posted, hung on a GPU machine's simulated device).
+  /// only while the reactor thread sleeps or between its passes (the pass lock), so only a reactor
+  /// that rests by sleeping may leave them: the predictive policy, also while it spins through a
+  /// window of its own (a bounded window, and a host its passes keep out makes no new promise, so
+  /// the reactor looks in its place once the old one has passed by the grace), and host_func's
+  /// naps. The spin mode never sleeps while waits pend, and the ladder spins and yields before it
+  /// naps: left to hosts whose passes seldom get in, they were looked at by no one (issue 43:
+  /// evr-bench idle's fence-spin and ladder rows, posted, hung on a GPU machine's simulated
+  /// device). Why the predictive spin leaves them too: spinning for a few streams of its own (a
+  /// missed prediction, a stream learning), the reactor queried every hosted stream in its window
+  /// on every sweep; an H200 server with two io threads at /busy?us=1000 and stream waits had the
+  /// reactor find half its completions at half a core, in every round (docs/notebook.md).
   bool leaves_covered_streams() const noexcept {
     return mode_.between_looks == idle_traits::rest::host_funcs ||
-           (mode_.between_looks == idle_traits::rest::predictive && !reactor_spins_);
+           mode_.between_looks == idle_traits::rest::predictive;
   }
 };
 

@@ -263,7 +263,8 @@ def groups(sim, all_gpus=False):
     busy200, busy1000, mlp = "/busy?us=200", "/busy?us=1000", "/mlp?seed=1"
     plan = [("evr N=1", [busy200, busy1000]), ("poll N=1", [busy200, busy1000]),
             ("evr N=2", [busy200, busy1000, mlp]), ("poll N=2", [busy200, busy1000, mlp]),
-            ("evr N=1 stream-waits", [busy200, busy1000])]
+            ("evr N=1 stream-waits", [busy200, busy1000]),
+            ("evr N=2 stream-waits", [busy200, busy1000])]
     if all_gpus:
         # Every GPU of the host: two io threads a GPU against the poll mode, and /mlp on all.
         plan = [("evr N=4", [busy1000, mlp]), ("poll N=4", [busy1000, mlp])]

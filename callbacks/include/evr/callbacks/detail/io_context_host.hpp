@@ -359,15 +359,18 @@ class io_context_host final : public poll_host {
 
   /// (mutex_) Posts a poll, stamped with the time of posting (its queue delay is measured from
   /// there); false when posting failed (out of memory: the reactor's look after the window finds
-  /// the waits instead).
-  bool post_poll() noexcept {
+  /// the waits instead). `promise`: the post is a promise to look now. A poll that found the pass
+  /// taken (busy) makes none: the promise of the last pass stands, so a host that the reactor's
+  /// passes keep out has its streams looked at by the reactor once that promise has passed by its
+  /// grace (idle_governor::covered_until), instead of renewing it on every try.
+  bool post_poll(bool promise = true) noexcept {
     if (!post(poll_slot_, /*continuation=*/true, [this] { poll(/*posted=*/true); })) {
       looks_at_ns.store(never, std::memory_order_relaxed);
       return false;
     }
     const std::int64_t now = now_ns();
     poll_posted_ns_ = now;
-    looks_at_ns.store(now, std::memory_order_relaxed);
+    if (promise) looks_at_ns.store(now, std::memory_order_relaxed);
     return true;
   }
 
@@ -401,7 +404,7 @@ class io_context_host final : public poll_host {
     // post_poll stamps the time of posting, not this pass's start: the next poll's delay is its
     // wait behind other handlers, not that plus this pass (a pass of event queries can take
     // longer than busy_after_ns, and an idle thread then looked awake and saturated).
-    if (again && post_poll()) return;
+    if (again && post_poll(/*promise=*/r.what != poll_result::outcome::busy)) return;
     polling_ = false;
     if (swept && next != never && pending_ > 0) {
       arm(next, now);
