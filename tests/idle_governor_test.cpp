@@ -128,7 +128,7 @@ TEST_CASE("idle governor: a predictive reactor spinning for its own stream leave
   REQUIRE(own.st.plan.spin);
   REQUIRE(step.what == evr::detail::rest_step::kind::go_on);  // no sleep: the next pass at once
   evr::detail::poll_tick tick = g.idle.begin_sweep(in_window);
-  CHECK(g.idle.wants_look(own.st, in_window, tick));  // its own stream: looked at
+  CHECK(g.idle.wants_look(own.st, in_window, tick));      // its own stream: looked at
   CHECK_FALSE(g.idle.wants_look(h.st, in_window, tick));  // the host's: left to the host
   // Once the host's promise has passed by its grace, the spinning reactor looks in its place.
   CHECK(g.idle.wants_look(h.st, in_window + 2s, tick));
