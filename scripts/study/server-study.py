@@ -15,6 +15,8 @@ Servers are named by label (--servers takes any):
   pool SYNC N=4 | pool SYNC N=lanes          a blocking pool (N=lanes: a thread per lane)
   thread SYNC                                a thread per connection
   evr N=1 stream-waits                       evr waiting on /busy's stream (--no-busy-signal)
+  evr N=1 q=8 stream-waits | poll N=1 q=8    with 8 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS)
+                                             for this server alone (default: --cuda-connections)
   ... @0 | @0,1                              on those GPUs only (default: every GPU, or --devices)
 with SYNC one of auto (the driver's default scheduling), spin, blocking-sync.
 A configuration whose spinning threads outnumber the host's cores (pool/thread with spin or auto:
@@ -278,6 +280,7 @@ class measurer:
     def measure(self, spec, points, sink, tag, lanes, queues):
         """One server started, its points [(route, [connections])] measured into sink, each point
         tagged with tag."""
+        queues = spec.get("queues") or queues  # the label's q=
         sargs = server_args(spec, self.device, lanes, queues, self.args.devices)
         if not self.budget_left(self.seconds + 10):
             self.skip(spec, points, sink, tag, lanes, queues)

@@ -42,6 +42,9 @@ def parse_server(label):
     stream_waits = words[-1:] == [STREAM_WAITS]
     if stream_waits:
         words.pop()
+    queues = int(words.pop()[2:]) if words and re.fullmatch(r"q=\d+", words[-1]) else None
+    if queues is not None and not 1 <= queues <= 32:
+        raise ValueError(f"'{label}': q= takes CUDA's hardware queues, 1 to 32")
     n = words.pop() if words and words[-1].startswith("N=") else None
     mode = words[0] if words else ""
     sync = words[1] if len(words) > 1 else None
@@ -52,10 +55,11 @@ def parse_server(label):
             (stream_waits and mode != "evr"):
         raise ValueError(f"'{label}' names no server: try 'evr N=2', 'hostfunc N=4', 'poll N=1', "
                          "'pool blocking-sync N=lanes', 'pool auto N=4', 'thread blocking-sync', "
-                         f"'evr N=1 {STREAM_WAITS}', with ' @0' for GPU 0 alone")
+                         f"'evr N=1 {STREAM_WAITS}', 'poll N=1 q=8' (CUDA_DEVICE_MAX_CONNECTIONS "
+                         "for this server alone), with ' @0' for GPU 0 alone")
     threads = None if not n else (0 if n == "N=lanes" else int(n[2:]))
     return {"label": label, "mode": mode, "sync": sync, "threads": threads,
-            "devices": devices or None, "busy_signal": not stream_waits}
+            "devices": devices or None, "busy_signal": not stream_waits, "queues": queues}
 
 
 def spinning_threads(spec, lanes, connections):
@@ -263,8 +267,10 @@ class gpu_sampler:
 
 
 def server_args(spec, device, lanes, cuda_connections, devices):
-    """The command-line arguments of a server spec (parse_server), after the binary."""
-    cmd = ["--device", device, "--mode", spec["mode"], "--cuda-connections", str(cuda_connections)]
+    """The command-line arguments of a server spec (parse_server), after the binary. The label's
+    q= wins over `cuda_connections`."""
+    queues = spec.get("queues") or cuda_connections
+    cmd = ["--device", device, "--mode", spec["mode"], "--cuda-connections", str(queues)]
     if lanes:
         cmd += ["--streams", str(lanes)]  # else the server's default (from the GPU)
     if spec["sync"]:

@@ -23,6 +23,7 @@ poll mode's at every /busy point at a p99 no worse, evr's reactor thread <= 0.05
 and evr with stream waits >= 1.0x the poll mode per core.
 """
 import random
+import re
 import statistics
 
 from server_study_points import (BUSY200, BUSY1000, BUSY5000, HEALTHZ, MLP, ROUTES, STREAM_WAITS,
@@ -70,6 +71,12 @@ def schedule(labels, rounds, connections, routes=None):
         order = labels if r % 2 else list(reversed(labels))
         out += [(r, label, server_points(label, connections, routes)) for label in order]
     return [step for step in out if step[2]]
+
+
+def n_text(e):
+    """A row's N: its io threads, with the label's hardware queues when it names them (q=8)."""
+    m = re.search(r"\bq=(\d+)", e["server"].split(" @")[0])
+    return f"{e['threads']}, q={m.group(1)}" if m else f"{e['threads']}"
 
 
 def rival(label):
@@ -180,7 +187,7 @@ def goals(rows):
     for e, p in pairs(rows):
         if e["route"] not in BUSY:
             continue
-        at = f"{e['route']}, {e['connections']} connections, N={e['threads']}"
+        at = f"{e['route']}, {e['connections']} connections, N={n_text(e)}"
         out.append(per_core_goal(f"{at}: evr / poll requests/s per server core, p99 no worse",
                                  e, p, PER_CORE_GOAL, check_p99=True))
         cores = e["cores_by_group"]["reactor"] if e["rounds"] else None
@@ -190,7 +197,7 @@ def goals(rows):
                     "why": f"{fmt(cores, 3)} > {REACTOR_GOAL}"})
     for e, p in pairs(rows, stream_waits=True):
         out.append(per_core_goal(
-            f"{e['route']}, {e['connections']} connections, N={e['threads']}: evr with stream "
+            f"{e['route']}, {e['connections']} connections, N={n_text(e)}: evr with stream "
             "waits / poll requests/s per server core", e, p, STREAM_WAITS_GOAL, check_p99=False))
     return out
 
@@ -228,7 +235,7 @@ def comparison_table(rows, points):
     for e, p in pairs(rows):
         r = ratio(e["per_core"], p and p["per_core"])
         lines.append(
-            f"| {e['route']} | {e['connections']} | {e['threads']} | "
+            f"| {e['route']} | {e['connections']} | {n_text(e)} | "
             f"{fmt(e['rps'], 0)}, {fmt(e['server_cores'], 2)} | "
             f"{fmt(p and p['rps'], 0)}, {fmt(p and p['server_cores'], 2)} | "
             f"**{fmt(r, 2)}** ({spread(round_ratios(points, e))}; "
@@ -258,7 +265,7 @@ def cpu_table(rows):
         hp = p and find(rows, p["server"], HEALTHZ, None)
         cpu_e, cpu_p = e["cpu_us_per_request"], p and p["cpu_us_per_request"]
         lines.append(
-            f"| {e['route']} | {e['connections']} | {e['threads']} | {fmt(cpu_e, 1)} | "
+            f"| {e['route']} | {e['connections']} | {n_text(e)} | {fmt(cpu_e, 1)} | "
             f"{fmt(cpu_p, 1)} | {fmt(he and he['cpu_us_per_request'], 1)} / "
             f"{fmt(hp and hp['cpu_us_per_request'], 1)} | "
             f"{fmt(diff(cpu_e, he and he['cpu_us_per_request']), 1)} | "
@@ -294,7 +301,7 @@ def stream_table(rows, points):
              "|---|---:|---:|---|---|---|---:|"]
     for e, p in pairs(rows, stream_waits=True):
         lines.append(
-            f"| {e['route']} | {e['connections']} | {e['threads']} | {fmt(e['rps'], 0)}, "
+            f"| {e['route']} | {e['connections']} | {n_text(e)} | {fmt(e['rps'], 0)}, "
             f"{fmt(e['server_cores'], 2)}, {fmt(ms(e['p99_us']), 2)} | {fmt(p and p['rps'], 0)}, "
             f"{fmt(p and p['server_cores'], 2)}, {fmt(ms(p and p['p99_us']), 2)} | "
             f"**{fmt(ratio(e['per_core'], p and p['per_core']), 2)}** "

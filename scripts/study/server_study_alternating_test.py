@@ -8,6 +8,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_harness as harness  # noqa: E402
 import server_study_alternating as alt  # noqa: E402
 from server_study_points import BUSY200, BUSY1000, HEALTHZ, MLP  # noqa: E402
 
@@ -68,6 +69,19 @@ class schedule_test(unittest.TestCase):
         self.assertEqual(alt.rival("evr N=2"), "poll N=2")
         self.assertEqual(alt.rival("evr N=1 stream-waits"), "poll N=1")
         self.assertEqual(alt.rival("evr N=4 @0,1"), "poll N=4 @0,1")
+        # A server's own hardware queues (q=8) are its rival's too.
+        self.assertEqual(alt.rival("evr N=1 q=8 stream-waits"), "poll N=1 q=8")
+
+    def test_a_label_names_its_hardware_queues(self):
+        spec = harness.parse_server("evr N=1 q=8 stream-waits")
+        self.assertEqual((spec["queues"], spec["threads"], spec["busy_signal"]), (8, 1, False))
+        self.assertIsNone(harness.parse_server("poll N=1")["queues"])
+        args = harness.server_args(spec, "cuda", 0, 32, None)
+        self.assertEqual(args[args.index("--cuda-connections") + 1], "8")  # the label wins
+        with self.assertRaises(ValueError):
+            harness.parse_server("poll N=1 q=64")
+        self.assertEqual(alt.n_text({"server": "evr N=1 q=8 stream-waits", "threads": 1}), "1, q=8")
+        self.assertEqual(alt.n_text({"server": "evr N=2 @0", "threads": 2}), "2")
 
 
 class medians_test(unittest.TestCase):
