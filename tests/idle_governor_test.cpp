@@ -1,9 +1,10 @@
 // The idle governor's rule for the streams a host covers (reactor/src/idle_governor.hpp,
-// docs/architecture.md, "The last hop"): a host's pass runs only while the reactor thread sleeps,
-// so only a reactor that rests by sleeping may leave a covered stream to its host. A spinning
-// reactor (idle_mode::spin, the ladder's spin and yield) that left it was a reactor that looked at
-// nobody's waits: on a GPU machine's simulated device evr-bench idle's fence-spin and ladder rows,
-// posted, hung that way (issue 43).
+// docs/architecture.md, "The last hop"): a host's pass runs only while the reactor thread sleeps
+// or between its passes, so only a reactor that rests by sleeping may leave a covered stream to
+// its host: the predictive one, also while it spins through a window of its own (bounded; it naps
+// after). A reactor that never sleeps while waits pend (idle_mode::spin, the ladder's spin and
+// yield) and left it was a reactor that looked at nobody's waits: on a GPU machine's simulated
+// device evr-bench idle's fence-spin and ladder rows, posted, hung that way (issue 43).
 #include <doctest/doctest.h>
 
 #include <chrono>
