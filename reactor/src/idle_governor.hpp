@@ -248,9 +248,9 @@ class idle_governor {
   /// naps: left to hosts whose passes seldom get in, they were looked at by no one (issue 43:
   /// evr-bench idle's fence-spin and ladder rows, posted, hung on a GPU machine's simulated
   /// device). Why the predictive spin leaves them too: spinning for a few streams of its own (a
-  /// missed prediction, a stream learning), the reactor queried every hosted stream in its window
-  /// on every sweep; an H200 server with two io threads at /busy?us=1000 and stream waits had the
-  /// reactor find half its completions at half a core, in every round (docs/notebook.md).
+  /// missed prediction, a stream learning), the reactor had queried every hosted stream in its
+  /// window on every sweep and taken the hosts' completions (docs/notebook.md, "The reactor as the
+  /// poller of a server with two io threads").
   bool leaves_covered_streams() const noexcept {
     return mode_.between_looks == idle_traits::rest::host_funcs ||
            mode_.between_looks == idle_traits::rest::predictive;
