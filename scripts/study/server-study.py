@@ -87,8 +87,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_study_alternating as alternating  # noqa: E402
 from server_harness import (ROOT, build, cpu_deltas, cpu_seconds, elapsed,  # noqa: E402
                             find_wrk, log, parse_server, parse_wrk, run_builtin_point, run_point,
-                            server, server_args, spinning_threads, thread_cpu, thread_group,
-                            wait_idle, warm_at_load, warm_up)
+                            queues_of, server, server_args, spinning_threads, thread_cpu,
+                            thread_group, wait_idle, warm_at_load, warm_up)
 from server_study_plots import plot  # noqa: E402
 from server_study_points import (BUSY200, BUSY1000, BUSY5000, MLP, ROUTES, SAXPY,  # noqa: E402
                                  fmt, ms, per_core)
@@ -280,7 +280,7 @@ class measurer:
     def measure(self, spec, points, sink, tag, lanes, queues):
         """One server started, its points [(route, [connections])] measured into sink, each point
         tagged with tag."""
-        queues = spec.get("queues") or queues  # the label's q=
+        queues = queues_of(spec, queues)  # recorded with each point
         sargs = server_args(spec, self.device, lanes, queues, self.args.devices)
         if not self.budget_left(self.seconds + 10):
             self.skip(spec, points, sink, tag, lanes, queues)

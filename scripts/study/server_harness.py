@@ -266,11 +266,16 @@ class gpu_sampler:
         return sum(v) / len(v) if v else None
 
 
+def queues_of(spec, cuda_connections):
+    """The hardware queues a server spec (parse_server) runs with: its label's q=, else
+    `cuda_connections`."""
+    return spec.get("queues") or cuda_connections
+
+
 def server_args(spec, device, lanes, cuda_connections, devices):
-    """The command-line arguments of a server spec (parse_server), after the binary. The label's
-    q= wins over `cuda_connections`."""
-    queues = spec.get("queues") or cuda_connections
-    cmd = ["--device", device, "--mode", spec["mode"], "--cuda-connections", str(queues)]
+    """The command-line arguments of a server spec (parse_server), after the binary."""
+    cmd = ["--device", device, "--mode", spec["mode"], "--cuda-connections",
+           str(queues_of(spec, cuda_connections))]
     if lanes:
         cmd += ["--streams", str(lanes)]  # else the server's default (from the GPU)
     if spec["sync"]:

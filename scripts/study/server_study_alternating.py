@@ -23,9 +23,9 @@ poll mode's at every /busy point at a p99 no worse, evr's reactor thread <= 0.05
 and evr with stream waits >= 1.0x the poll mode per core.
 """
 import random
-import re
 import statistics
 
+from server_harness import parse_server
 from server_study_points import (BUSY200, BUSY1000, BUSY5000, HEALTHZ, MLP, ROUTES, STREAM_WAITS,
                                  fmt, ms, per_core, ratio, usable)
 
@@ -75,8 +75,8 @@ def schedule(labels, rounds, connections, routes=None):
 
 def n_text(e):
     """A row's N: its io threads, with the label's hardware queues when it names them (q=8)."""
-    m = re.search(r"\bq=(\d+)", e["server"].split(" @")[0])
-    return f"{e['threads']}, q={m.group(1)}" if m else f"{e['threads']}"
+    queues = parse_server(e["server"])["queues"]
+    return f"{e['threads']}, q={queues}" if queues else f"{e['threads']}"
 
 
 def rival(label):
