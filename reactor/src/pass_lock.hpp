@@ -9,11 +9,20 @@
 // or between its passes. (Given up only in sleeps, a reactor that did not sleep held the hosts
 // off for good: issue 43's hangs.)
 //
+// Hosts only try (try_begin); the reactor thread waits (enter). A host's pass is a sweep plus the
+// handlers it delivers, so it may last longer than a spin should: the reactor spins a few
+// microseconds, then sleeps on the lock word (a futex), and a host's end() wakes it only when it
+// says it sleeps there (reactor_waits_), so a host pays no system call otherwise.
+//
 // Memory order: exchange (acquire) to take it, store (release) to give it up: a pass sees every
-// field the previous one wrote, whichever thread ran it.
+// field the previous one wrote, whichever thread ran it. The sleep's handshake is seq_cst on both
+// sides (the reactor: flag, then the lock word; end(): the lock word, then the flag), so either
+// the reactor's last try sees the lock free or end() sees the flag and wakes it.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 
 namespace evr::detail {
 
@@ -21,17 +30,20 @@ class pass_lock {
  public:
   /// Any thread: takes the lock if it is free; never blocks.
   bool try_begin() noexcept {
-    return !in_pass_.load(std::memory_order_relaxed) &&
-           !in_pass_.exchange(true, std::memory_order_acquire);
+    return in_pass_.load(std::memory_order_relaxed) == 0 &&
+           in_pass_.exchange(1, std::memory_order_acquire) == 0;
   }
-  void end() noexcept { in_pass_.store(false, std::memory_order_release); }
+  /// The holder: gives the lock up, waking the reactor thread if it sleeps for it.
+  void end() noexcept {
+    in_pass_.store(0, std::memory_order_seq_cst);
+    if (reactor_waits_.load(std::memory_order_seq_cst)) in_pass_.notify_one();
+  }
 
-  /// (reactor thread) Takes the lock unless it holds it; a host's pass is a sweep of its
-  /// streams, microseconds, so it spins.
+  /// (reactor thread) Takes the lock unless it holds it: spins for a short host pass, then
+  /// sleeps until the host's end().
   void enter() noexcept {
     if (!held_) {
-      while (!try_begin()) {
-      }
+      if (!spin_for_it()) sleep_for_it();
     }
     held_ = true;
   }
@@ -42,8 +54,30 @@ class pass_lock {
   }
 
  private:
-  std::atomic<bool> in_pass_{false};
-  bool held_ = false;  // (reactor thread) it holds the lock now
+  // Most host passes are a sweep of a few streams; one that delivers handlers is longer.
+  static constexpr std::chrono::nanoseconds spin_limit{4000};
+
+  bool spin_for_it() noexcept {
+    const auto give_up_at = std::chrono::steady_clock::now() + spin_limit;
+    for (unsigned tries = 1;; ++tries) {
+      if (try_begin()) return true;
+      if (tries % 64 == 0 && std::chrono::steady_clock::now() >= give_up_at) return false;
+    }
+  }
+
+  void sleep_for_it() noexcept {
+    for (;;) {
+      reactor_waits_.store(true, std::memory_order_seq_cst);
+      if (in_pass_.load(std::memory_order_seq_cst) == 0 && try_begin()) break;
+      in_pass_.wait(1, std::memory_order_seq_cst);
+      if (try_begin()) break;
+    }
+    reactor_waits_.store(false, std::memory_order_relaxed);
+  }
+
+  std::atomic<std::uint32_t> in_pass_{0};   // 1 while someone holds the lock
+  std::atomic<bool> reactor_waits_{false};  // the reactor thread sleeps (or is about to) in enter
+  bool held_ = false;                       // (reactor thread) it holds the lock now
 };
 
 }  // namespace evr::detail
