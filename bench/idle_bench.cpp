@@ -352,9 +352,12 @@ int idle_main(int argc, char** argv) {
                      static_cast<unsigned long long>(r.misses), r.reactor_cpu_percent(),
                      r.cpu_percent() - r.reactor_cpu_percent());
         if (r.host_passes > 0)
-          std::fprintf(stderr, "    io thread's own passes: %.1f per completion, found %.0f%%\n",
+          std::fprintf(stderr,
+                       "    io thread's own passes: %.1f per completion, found %.0f%%; reactor "
+                       "slept for the pass lock %llu times\n",
                        static_cast<double>(r.host_passes) / n,
-                       100.0 * static_cast<double>(r.host_completions) / n);
+                       100.0 * static_cast<double>(r.host_completions) / n,
+                       static_cast<unsigned long long>(r.pass_lock_sleeps));
       }
       sr.rows.push_back(r);
     };

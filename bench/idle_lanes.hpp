@@ -188,6 +188,8 @@ struct row_result {
   /// evr rows: passes run by the io_context's thread near predicted completions (delivery::post:
   /// the last hop) and the completions they found.
   std::uint64_t host_passes = 0, host_completions = 0;
+  /// evr rows: times the reactor thread slept waiting for an io thread's pass to end.
+  std::uint64_t pass_lock_sleeps = 0;
   double cpu_percent() const { return wall_ns > 0 ? 100.0 * cpu_ns / wall_ns : 0; }
   double reactor_cpu_percent() const { return wall_ns > 0 ? 100.0 * reactor_cpu_ns / wall_ns : 0; }
   double cpu_per_completion() const {

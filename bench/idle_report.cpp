@@ -41,6 +41,7 @@ std::string row_json(const row_result& r, const series& floor) {
          ",\"naps\":" + std::to_string(r.naps) +
          ",\"host_passes\":" + std::to_string(r.host_passes) +
          ",\"host_completions\":" + std::to_string(r.host_completions) +
+         ",\"pass_lock_sleeps\":" + std::to_string(r.pass_lock_sleeps) +
          ",\"nap_overshoot_log2_ns\":" + histogram_json(r.nap_overshoot) +
          ",\"probe_time_log2_ns\":" + histogram_json(r.probe_time) +
          ",\"failed\":" + (r.failed ? "true" : "false") +

@@ -115,6 +115,7 @@ void take_metrics(row_result& out, const reactor_metrics& m0, const reactor_metr
   out.naps = m1.parks - m0.parks;
   out.host_passes = m1.host_passes - m0.host_passes;
   out.host_completions = m1.host_completions - m0.host_completions;
+  out.pass_lock_sleeps = m1.pass_lock_sleeps - m0.pass_lock_sleeps;
   for (int i = 0; i < latency_histogram::buckets; ++i) {
     out.nap_overshoot.counts[i] = m1.nap_overshoot.counts[i] - m0.nap_overshoot.counts[i];
     out.probe_time.counts[i] = m1.fault_probe_time.counts[i] - m0.fault_probe_time.counts[i];

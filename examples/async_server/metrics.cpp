@@ -277,6 +277,8 @@ std::string server_metrics::render(const evr::reactor_metrics* reactor, const in
             m.host_event_queries);
     counter(out, "evr_reactor_host_intakes_total", "io threads' passes that took submitted waits.",
             m.host_intakes);
+    counter(out, "evr_reactor_pass_lock_sleeps_total",
+            "Times the reactor thread slept until an io thread's pass ended.", m.pass_lock_sleeps);
     counter(out, "evr_reactor_wakeups_total", "Times a submission or host function woke it.",
             m.wakeups);
     header(out, "evr_reactor_streams", "gauge", "Distinct streams the reactor knows.");

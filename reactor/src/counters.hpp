@@ -23,7 +23,8 @@ struct reactor_counters {
   std::atomic<std::uint64_t> submitted{0}, completed{0}, cancelled{0}, failed{0}, rejected{0},
       sweeps{0}, event_queries{0}, stream_queries{0}, doorbells{0}, parks{0}, device_faults{0},
       prediction_misses{0}, detached{0}, busy_ns{0}, host_passes{0}, host_completions{0},
-      host_intakes{0}, host_event_queries{0}, host_passes_cut{0}, scout_looks{0}, scout_finds{0};
+      host_intakes{0}, host_event_queries{0}, host_passes_cut{0}, scout_looks{0}, scout_finds{0},
+      pass_lock_sleeps{0};
   histogram_counts detect_to_deliver{}, submit_to_deliver{}, nap_overshoot{}, fault_probe_time{};
 
   /// Any thread: the counters now (`wakeups` and `streams` are not counted here: the caller's).

@@ -40,12 +40,15 @@ class pass_lock {
   }
 
   /// (reactor thread) Takes the lock unless it holds it: spins for a short host pass, then
-  /// sleeps until the host's end().
-  void enter() noexcept {
-    if (!held_) {
-      if (!spin_for_it()) sleep_for_it();
+  /// sleeps until the host's end(). Returns whether it slept (reactor_metrics::pass_lock_sleeps).
+  bool enter() noexcept {
+    bool slept = false;
+    if (!held_ && !spin_for_it()) {
+      sleep_for_it();
+      slept = true;
     }
     held_ = true;
+    return slept;
   }
   /// (reactor thread) Gives the lock up before the thread blocks, and after each pass.
   void leave() noexcept {

@@ -66,7 +66,7 @@ void reactor_core::run(std::shared_ptr<reactor_core> self) {
   become_reactor_thread();
   idle_.start(clock::now());
   for (;;) {
-    pass_.enter();  // given up while the thread sleeps (park, nap_until) and between passes
+    enter_pass();  // given up while the thread sleeps (park, nap_until) and between passes
     if (!one_pass()) break;
     // Between passes too, not only in sleeps: a reactor that does not sleep (it spins, or its
     // naps end at once because an input is pending that its passes leave to a host) must not hold
@@ -204,11 +204,15 @@ void reactor_core::rest(clock::time_point now, bool progress, bool took_new) {
   }
 }
 
+void reactor_core::enter_pass() noexcept {
+  if (pass_.enter()) bump(counters_.pass_lock_sleeps);  // held now: the counter is ours
+}
+
 void reactor_core::park() {
   bump(counters_.parks);
   // Zero wake-ups until a submission; hosts may run passes meanwhile.
   wake_->park([this] { return has_inputs(); }, [this] { pass_.leave(); });
-  pass_.enter();
+  enter_pass();
   idle_.woke_from_park(clock::now());
 }
 
@@ -218,7 +222,7 @@ void reactor_core::nap_until(clock::time_point until, bool learn_overshoot) {
   const bool timed_out = wake_->nap_until(
       until, [this] { return has_inputs(); }, [this] { pass_.leave(); });
   const clock::time_point woke = clock::now();  // before a host's pass may delay it
-  pass_.enter();
+  enter_pass();
   // Only a nap that ran its course says how late this machine's timers fire.
   if (!timed_out) return;
   add_sample(counters_.nap_overshoot, woke - until);

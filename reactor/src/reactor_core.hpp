@@ -97,6 +97,8 @@ class reactor_core : public std::enable_shared_from_this<reactor_core> {
   void deliver(clock::time_point detected);
   bool finish_closing();
   void rest(clock::time_point now, bool progress, bool took_new);
+  /// Takes the pass lock (pass_lock::enter), counting a sleep on it.
+  void enter_pass() noexcept;
   void park();
   void nap_until(clock::time_point until, bool learn_overshoot);
   bool has_inputs() const noexcept;

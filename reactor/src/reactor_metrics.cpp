@@ -58,7 +58,8 @@ reactor_metrics reactor_counters::snapshot() const noexcept {
       {&reactor_counters::host_passes, &reactor_metrics::host_passes},
       {&reactor_counters::host_completions, &reactor_metrics::host_completions},
       {&reactor_counters::host_passes_cut, &reactor_metrics::host_passes_cut},
-      {&reactor_counters::host_intakes, &reactor_metrics::host_intakes}};
+      {&reactor_counters::host_intakes, &reactor_metrics::host_intakes},
+      {&reactor_counters::pass_lock_sleeps, &reactor_metrics::pass_lock_sleeps}};
   static constexpr std::pair<histogram, latency_histogram reactor_metrics::*> histograms[] = {
       {&reactor_counters::detect_to_deliver, &reactor_metrics::detect_to_deliver},
       {&reactor_counters::submit_to_deliver, &reactor_metrics::submit_to_deliver},

@@ -64,6 +64,10 @@ struct reactor_metrics {
   /// The part of event_queries those passes made (the rest are the reactor thread's): who pays
   /// for the driver queries of event markers.
   std::uint64_t host_event_queries = 0;
+  /// Times the reactor thread, wanting a pass, found a host's pass running past a short spin
+  /// and slept until that pass ended (the host's end of pass then wakes it: a system call on
+  /// the host's thread).
+  std::uint64_t pass_lock_sleeps = 0;
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;
   /// Time from submission to the handler being posted / run inline (includes GPU time).
