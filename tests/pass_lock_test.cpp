@@ -3,8 +3,13 @@
 // No reactor, no device.
 #include <doctest/doctest.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -13,33 +18,54 @@
 namespace {
 using evr::detail::pass_lock;
 
-TEST_CASE("pass lock: a reactor that waits through a long host pass enters only after its end") {
-  // The host holds the lock until the reactor thread has surely given up spinning (it says so by
-  // setting `entering` before enter(); the host then waits for many spin limits' worth of its
-  // own tries), and writes a plain field before end(): the reactor must see it (release/acquire)
-  // and must not return from enter() before it.
+/// Whether the thread `tid` of this process is blocked in the kernel (state S in
+/// /proc/self/task/TID/stat): asleep in a futex, not spinning or yielding.
+bool blocked_in_kernel(pid_t tid) {
+  std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::size_t after_name = text.rfind(')');  // the name may hold spaces and parentheses
+  return after_name != std::string::npos && after_name + 2 < text.size() &&
+         text[after_name + 2] == 'S';
+}
+
+TEST_CASE("pass lock: a reactor that sleeps through a long host pass wakes at its end") {
+  // The host holds the lock until the reactor thread says it sleeps for it and is blocked in the
+  // kernel, then writes a plain field and ends its pass: the reactor must wake (a lost wake-up
+  // hangs here, and ctest's timeout fails it), must report that it slept, and must see the field
+  // (release/acquire).
   pass_lock lock;
   REQUIRE(lock.try_begin());
-  std::atomic<bool> entering{false};
   int written_in_host_pass = 0;
   int seen_by_reactor = -1;
+  bool slept = false;
+  std::atomic<pid_t> reactor_tid{0};
   std::thread reactor([&] {
-    entering.store(true);
-    lock.enter();
+    reactor_tid.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+    slept = lock.enter();
     seen_by_reactor = written_in_host_pass;
     lock.leave();
   });
-  while (!entering.load()) std::this_thread::yield();
-  // The lock stays taken whatever the reactor does meanwhile: a second try fails.
-  for (int i = 0; i < 1000; ++i) {
-    CHECK_FALSE(lock.try_begin());
+  while (reactor_tid.load() == 0 || !lock.reactor_sleeps() ||
+         !blocked_in_kernel(reactor_tid.load()))
     std::this_thread::yield();
-  }
+  CHECK_FALSE(lock.try_begin());  // still the host's
   written_in_host_pass = 42;
   lock.end();
   reactor.join();
+  CHECK(slept);
   CHECK(seen_by_reactor == 42);
+  CHECK_FALSE(lock.reactor_sleeps());
   // The reactor left: the lock is free again.
+  CHECK(lock.try_begin());
+  lock.end();
+}
+
+TEST_CASE("pass lock: a reactor that finds it free, or held by itself, does not sleep") {
+  pass_lock lock;
+  CHECK_FALSE(lock.enter());
+  CHECK_FALSE(lock.enter());  // held already: as in the reactor's loop after a nap
+  CHECK_FALSE(lock.try_begin());
+  lock.leave();
   CHECK(lock.try_begin());
   lock.end();
 }

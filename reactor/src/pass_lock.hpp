@@ -50,6 +50,9 @@ class pass_lock {
     held_ = true;
     return slept;
   }
+  /// Any thread: the reactor thread sleeps in enter() (or is about to). For tests and
+  /// diagnostics; a hint, stale as soon as it is read.
+  bool reactor_sleeps() const noexcept { return reactor_waits_.load(std::memory_order_relaxed); }
   /// (reactor thread) Gives the lock up before the thread blocks, and after each pass.
   void leave() noexcept {
     if (held_) end();
