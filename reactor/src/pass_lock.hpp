@@ -11,13 +11,14 @@
 //
 // Hosts only try (try_begin); the reactor thread waits (enter). A host's pass is a sweep plus the
 // handlers it delivers, so it may last longer than a spin should: the reactor spins a few
-// microseconds, then sleeps on the lock word (a futex), and a host's end() wakes it only when it
-// says it sleeps there (reactor_waits_), so a host pays no system call otherwise.
+// microseconds, then waits on the lock word (std::atomic::wait: a short spin of its own, then a
+// futex), and a host's end() wakes it only when it says it waits there (reactor_waits_), so a
+// host pays no system call otherwise.
 //
-// Memory order: exchange (acquire) to take it, store (release) to give it up: a pass sees every
-// field the previous one wrote, whichever thread ran it. The sleep's handshake is seq_cst on both
-// sides (the reactor: flag, then the lock word; end(): the lock word, then the flag), so either
-// the reactor's last try sees the lock free or end() sees the flag and wakes it.
+// Memory order: exchange (acquire) to take it, a seq_cst store (a release) to give it up: a pass
+// sees every field the previous one wrote, whichever thread ran it. The sleep's handshake is
+// seq_cst on both sides (the reactor: flag, then the lock word; end(): the lock word, then the
+// flag), so either the reactor's last try sees the lock free or end() sees the flag and wakes it.
 #pragma once
 
 #include <atomic>

@@ -65,8 +65,9 @@ struct reactor_metrics {
   /// for the driver queries of event markers.
   std::uint64_t host_event_queries = 0;
   /// Times the reactor thread, wanting a pass, found a host's pass running past a short spin
-  /// and slept until that pass ended (the host's end of pass then wakes it: a system call on
-  /// the host's thread).
+  /// and waited on the lock until that pass ended: mostly asleep in the kernel, and then the
+  /// host's end of pass wakes it (a system call on the host's thread); a pass that ends during
+  /// the last tries is counted too.
   std::uint64_t pass_lock_sleeps = 0;
   /// Time from the sweep that saw a wait done to its handler being posted / run inline.
   latency_histogram detect_to_deliver;
