@@ -109,8 +109,10 @@ def find_perf():
 def perf_report(perf, data, requests, cpu_s_by_comm, comms=None, lines=25):
     """Top symbols by self time: [{percent, us_per_request, symbol, dso}]. A symbol's us per
     request is its share of these threads' samples times their CPU over the run (from /proc)."""
+    # The limit is a share of every thread's samples: a small thread's (the reactor's) own top
+    # frames would all fall under it, so a group's table has none (it keeps its top `lines`).
     cmd = perf[0] + ["report", "-i", data, "--no-children", "--sort", "sym,dso", "--stdio",
-                     "-F", "overhead,sample,sym,dso", "--percent-limit", "0.3"]
+                     "-F", "overhead,sample,sym,dso", "--percent-limit", "0" if comms else "0.3"]
     if comms:
         cmd += ["--comms", ",".join(comms)]
     out = subprocess.run(cmd, env=perf[1], capture_output=True, text=True).stdout
