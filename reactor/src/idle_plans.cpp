@@ -266,9 +266,8 @@ poll_host* idle_governor::host_of(const stream_state& st) const noexcept {
   // An event marker (more streams than hardware queues) costs the host a driver query per look
   // where a fence word costs a memory read: hosted unless reactor_options::host_event_waits is
   // off (docs/architecture.md, "The last hop").
-  const timeline_entry& e = st.entries.front();
-  if (e.op == nullptr || (e.event != nullptr && !options_.host_event_waits)) return nullptr;
-  return e.op->host_;
+  if (!options_.host_event_waits && st.entries.front().event != nullptr) return nullptr;
+  return st.entries.front_host();  // nullptr for a ghost
 }
 
 const poll_host* idle_governor::covering_host(const stream_state& st) const noexcept {

@@ -122,7 +122,7 @@ class wait_registry {
       st.entries.erase(i);
       entries_left_ = true;
     } else {
-      st.entries.at(i).op = nullptr;
+      st.entries.make_ghost(i);
     }
   }
   void take_loose(std::size_t i) noexcept {  // swap-remove: order among loose waits is free
@@ -172,7 +172,7 @@ void wait_registry::remove_if(Take&& take) {
         st->entries.erase(i);  // nothing of it on the stream
         entries_left_ = true;
       } else {
-        e.op = nullptr;  // a ghost: the marker stays
+        st->entries.make_ghost(i);  // the marker stays
         ++i;
       }
     }
