@@ -41,9 +41,7 @@ class timeline {
  public:
   std::size_t size() const noexcept { return entries_.size(); }
   bool empty() const noexcept { return entries_.empty(); }
-  timeline_entry& at(std::size_t i) noexcept { return entries_.at(i); }
   const timeline_entry& at(std::size_t i) const noexcept { return entries_.at(i); }
-  timeline_entry& front() noexcept { return entries_.front(); }
   const timeline_entry& front() const noexcept { return entries_.front(); }
   /// The host of the oldest entry's wait (nullptr: none, a ghost, or a wait without one). Kept
   /// beside the ring's indices: the reactor's sweep asks it of every covered stream, and reading
@@ -61,8 +59,8 @@ class timeline {
   }
   /// Entry `i`'s wait was cancelled: the entry stays only for its marker.
   void make_ghost(std::size_t i) noexcept {
-    at(i).op = nullptr;
-    at(i).host = nullptr;
+    entries_.at(i).op = nullptr;
+    entries_.at(i).host = nullptr;
     if (i == 0) front_host_ = nullptr;
   }
   /// Inserts keeping seq order. Waits of one stream usually arrive in order (O(1)); two threads
@@ -72,7 +70,7 @@ class timeline {
     e.host = e.op != nullptr ? e.op->host_ : nullptr;
     entries_.push_back(e);
     std::size_t i = entries_.size() - 1;
-    for (; i > 0 && at(i - 1).seq > e.seq; --i) std::swap(at(i - 1), at(i));
+    for (; i > 0 && at(i - 1).seq > e.seq; --i) std::swap(entries_.at(i - 1), entries_.at(i));
     if (i == 0) front_host_ = e.host;
   }
   /// Index of the entry with `seq`, or size() if none (binary search: entries are sorted).

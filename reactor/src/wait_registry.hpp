@@ -164,7 +164,7 @@ template <class Take>
 void wait_registry::remove_if(Take&& take) {
   for (stream_state* st : active_) {
     for (std::size_t i = 0; i < st->entries.size();) {
-      timeline_entry& e = st->entries.at(i);
+      const timeline_entry& e = st->entries.at(i);
       const bool leaves = e.is_signal();  // read before take(): it may free the operation
       if (e.op == nullptr || !take(e.op)) {
         ++i;
