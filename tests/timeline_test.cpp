@@ -3,10 +3,11 @@
 // leave a stream to a host that no longer covers it, or look at one the host does.
 #include <doctest/doctest.h>
 
-#include <array>
 #include <cstdint>
 #include <deque>
 #include <system_error>
+
+#include <evr/reactor/detail/poll_host.hpp>
 
 #include "timeline.hpp"
 
@@ -18,10 +19,15 @@ using evr::detail::wait_op;
 
 void never_completes(wait_op*, std::error_code) noexcept {}
 
-// Only the addresses are used: the timeline never touches a host.
-std::array<std::byte, 2> host_storage;
-poll_host* const host_a = reinterpret_cast<poll_host*>(&host_storage[0]);
-poll_host* const host_b = reinterpret_cast<poll_host*>(&host_storage[1]);
+/// A host the timeline only points at: it never calls one.
+struct idle_host final : poll_host {
+  idle_host() : poll_host(role::polls) {}
+  void look_by(std::int64_t) noexcept override {}
+  void wake_until(std::int64_t) noexcept override {}
+};
+idle_host host_storage[2];
+poll_host* const host_a = &host_storage[0];
+poll_host* const host_b = &host_storage[1];
 
 /// Waits whose entries the tests insert; each keeps its host until the test ends.
 struct waits {
@@ -85,4 +91,25 @@ TEST_CASE("timeline: a ghost in front has no host, and the next front brings its
   CHECK(t.front_host() == nullptr);  // seq 2 is a ghost too
   t.pop_front();
   CHECK(t.front_host() == host_b);
+}
+
+TEST_CASE("timeline: the front's host when the only entry is erased, and across a wrapped ring") {
+  timeline t;
+  waits w;
+  t.insert(w.entry(1, host_a));
+  t.erase(0);  // a cancelled lone device-signalled wait leaves its timeline empty
+  CHECK(t.empty());
+  CHECK(t.front_host() == nullptr);
+  // Steady state: a wait in, the oldest out, so the ring's head goes round (and it grows once
+  // when three are pending); the front's host is always the oldest wait's.
+  std::uint64_t seq = 2;
+  t.insert(w.entry(seq++, host_a));
+  t.insert(w.entry(seq++, host_b));
+  for (int i = 0; i < 40; ++i) {
+    t.insert(w.entry(seq++, i % 3 == 0 ? nullptr : (i % 2 == 0 ? host_a : host_b)));
+    if (i % 8 == 0) t.insert(w.entry(seq++, host_a));
+    t.pop_front();
+    REQUIRE(!t.empty());
+    CHECK(t.front_host() == t.front().op->host_);
+  }
 }
