@@ -21,6 +21,10 @@ evr-async-server, warms the route up with wrk, then runs wrk for --seconds while
     symbols); and all their CPU by the innermost evr function on the stack and the evr function
     that called it (what evr costs the thread, callees included); and that share again by the
     frame the innermost evr function called (its own code, Asio's, the driver's).
+  * with --syscalls, instead of sampling: the system calls each thread group made a request
+    (perf stat on the syscalls:sys_enter_* tracepoints; needs tracefs and root): how often an io
+    thread went round its loop (epoll_wait), woke or waited for another thread (futex), sent,
+    received, or entered the driver (ioctl).
 Output goes to stdout and DIR/profile.txt; numbers to DIR/profile.json.
 
 On a GPU machine without a package registry: run scripts/gpu/stage-deps.sh,
@@ -301,6 +305,41 @@ def caller_tables(perf, data, binary, requests, cpu_s, comms, lines=25):
             "evr_callees": rows(callee_counts)}
 
 
+# --- system calls -------------------------------------------------------------------------------------
+
+SYSCALLS = ("epoll_wait", "epoll_pwait", "futex", "read", "write", "recvfrom", "sendto", "writev",
+            "ioctl", "sched_yield", "clock_nanosleep", "nanosleep", "timerfd_settime")
+
+
+def start_syscall_count(perf, pid, out_file):
+    """perf stat counting the syscalls' entry tracepoints of every thread of `pid`, until SIGINT."""
+    events = ",".join(f"syscalls:sys_enter_{name}" for name in SYSCALLS)
+    # An epoll_wait that found nothing ready: a turn of the loop with no I/O in it.
+    empty = ["-e", "syscalls:sys_exit_epoll_wait", "--filter", "ret == 0"]
+    return subprocess.Popen(perf[0] + ["stat", "--per-thread", "-x,", "-e", events] + empty +
+                            ["-p", str(pid), "-o", out_file], env=perf[1],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def syscalls_per_request(stat_file, requests):
+    """{group: {syscall: count a request}} from perf stat --per-thread -x, output, whose lines
+    read "comm-tid,count,,event,...". Calls made less than once in a hundred requests are left
+    out."""
+    counts = {}
+    with open(stat_file) as f:
+        for line in f:
+            fields = line.strip().split(",")
+            if len(fields) < 4 or not fields[1].isdigit():
+                continue
+            comm = fields[0].rsplit("-", 1)[0]
+            name = fields[3].replace("syscalls:sys_enter_", "").replace(
+                "syscalls:sys_exit_epoll_wait", "epoll_wait that found nothing")
+            group = counts.setdefault(group_of(comm), {})
+            group[name] = group.get(name, 0) + int(fields[1])
+    return {g: {name: n / requests for name, n in sorted(calls.items()) if n / requests >= 0.01}
+            for g, calls in sorted(counts.items())} if requests else {}
+
+
 # --- the run ------------------------------------------------------------------------------------------
 
 def profile_one(args, binary, wrk, perf, label, out_dir, lines):
@@ -325,7 +364,10 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
     rec = None
     before = threads(srv.proc.pid)
     t0 = time.monotonic()
-    if perf:
+    stat_file = os.path.join(out_dir, f"syscalls-{re.sub(r'[^A-Za-z0-9]+', '-', label)}.txt")
+    if perf and args.syscalls:
+        rec = start_syscall_count(perf, srv.proc.pid, stat_file)
+    elif perf:
         graph = ["--call-graph", "dwarf,16384"] if args.callers else []
         rec = subprocess.Popen(perf[0] + ["record", "-q", "-e", "cpu-clock", "-F",
                                           str(args.frequency), "-p", str(srv.proc.pid), "-o",
@@ -354,7 +396,12 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
            "errors": r.get("non2xx", 0) + r.get("socket_errors", 0), "lanes": lanes,
            "server_summary": summary, "reactor_summary": reactor_line, "exit": rc,
            "threads": rows, "frames": {}}
-    if perf and os.path.exists(data):
+    if perf and args.syscalls:
+        if os.path.exists(stat_file) and os.path.getsize(stat_file) > 0:
+            doc["syscalls"] = syscalls_per_request(stat_file, requests)
+        if not doc.get("syscalls"):
+            doc["perf_error"] = perf_err[-500:] or "perf stat counted no system call"
+    elif perf and os.path.exists(data):
         cpu_by_comm = {}
         for tid, (comm, cpu) in after[0].items():
             cpu_by_comm[comm] = cpu_by_comm.get(comm, 0.0) + cpu - (
@@ -400,6 +447,9 @@ def text(doc):
         out.append(f"   {row['group']:36} {'' if row['threads'] is None else row['threads']:>7} "
                    f"{row['cores']:6.2f} {study.fmt(row['us_per_request'], 2):>10}  "
                    f"{' '.join(row['names'])[:60]}")
+    for g, calls in doc.get("syscalls", {}).items():
+        out.append(f"   system calls a request, {g}: " +
+                   ", ".join(f"{name} {n:.2f}" for name, n in calls.items()))
     for g, frames in doc.get("frames", {}).items():
         out.append(f"   top frames by self time, {g}:")
         out.append(f"   {'% all':>6} {'us/req':>7}  symbol [dso]  (% of all samples; us per request of these threads)")
@@ -451,6 +501,8 @@ def main():
     ap.add_argument("--callers", action="store_true",
                     help="call graphs: the io threads' time in the driver, kernel and libc by "
                          "the server's function that called out (use a lower --frequency, 499)")
+    ap.add_argument("--syscalls", action="store_true",
+                    help="count each thread group's system calls a request instead of sampling")
     ap.add_argument("--keep-perf-data", action="store_true")
     ap.add_argument("--bin", help="an evr-async-server already built (skips the build)")
     ap.add_argument("--build-dir", default="build/study")
