@@ -53,6 +53,9 @@ _spec = importlib.util.spec_from_file_location("server_study",
                                                os.path.join(ROOT, "scripts", "study", "server-study.py"))
 study = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(study)
+sys.path.insert(0, os.path.join(ROOT, "scripts", "study"))
+import perf_callers  # noqa: E402  (beside this script)
+import server_syscalls  # noqa: E402
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -149,7 +152,7 @@ def dso_report(perf, data, requests, cpu_s_by_comm, comms):
     for line in out.splitlines():
         m = re.match(r"^\s+([0-9.]+)%\s+(\d+)\s+(\S+)\s+(\S.*?)\s*$", line)
         if m and m.group(3) in comms:
-            dso = short_dso(m.group(4))
+            dso = perf_callers.short_dso(m.group(4))
             pct, n = by_dso.get(dso, (0.0, 0))
             by_dso[dso] = (pct + float(m.group(1)), n + int(m.group(2)))
     all_samples = sum(n for _, n in by_dso.values())
@@ -169,175 +172,6 @@ def sum_samples(perf, data, comms):
         if m and (comms is None or m.group(2) in comms):
             n += int(m.group(1))
     return n
-
-
-def short_dso(dso):
-    name = os.path.basename(dso.strip("()"))
-    if name.startswith("[kernel"):
-        return "kernel"
-    return re.sub(r"\.so[.0-9]*$", "", name) or "?"
-
-
-def call_chains(perf, data, comms):
-    """The samples of `comms` as call chains, innermost first: [[(symbol, library)]]. perf names
-    a frame it found inlined "(inlined)" instead of its library (in libc at times without the
-    real frame around it)."""
-    cmd = perf[0] + ["script", "-i", data, "--comms", ",".join(comms), "-F", "comm,ip,sym,dso"]
-    out = subprocess.run(cmd, env=perf[1], capture_output=True, text=True).stdout
-    chains, frames = [], []
-    for line in out.splitlines():
-        if not line.strip():
-            if frames:
-                chains.append(frames)
-            frames = []
-            continue
-        m = re.match(r"^\s+[0-9a-f]+\s+(.*?)\s+\((\S+)\)\s*$", line)
-        if m and line[0] in " \t":
-            frames.append((re.sub(r"\+0x[0-9a-f]+$", "", m.group(1)), m.group(2)))
-    if frames:
-        chains.append(frames)
-    return chains
-
-
-def cudart_internal(symbol):
-    return symbol.startswith("libcudart_static_")  # the static CUDA runtime's hidden functions
-
-
-def calling_out(chain, binary):
-    """(who called out, where the time went) for a sample outside `binary`, else None. Who: the
-    innermost frame of `binary` that is not the CUDA runtime's own, with the runtime's entry point
-    it called ("evr::...::query > cudaEventQuery")."""
-    mine = os.path.basename(binary)
-    leaf = next((short_dso(dso) for _, dso in chain if dso != "inlined"), "?")
-    if leaf == short_dso(mine):
-        return None
-    api, caller = None, None
-    for symbol, dso in chain:
-        if os.path.basename(dso) != mine or cudart_internal(symbol):
-            continue
-        if symbol.startswith("cu") and api is None:
-            api = symbol
-            continue
-        caller = symbol
-        break
-    who = caller or "(no frame of the server: a thread of its own, or unwinding stopped)"
-    return (f"{who} > {api}" if api else who), leaf
-
-
-def untemplated(symbol):
-    """`symbol` without its template arguments (Asio's handler types run to kilobytes)."""
-    out, depth = [], 0
-    for i, ch in enumerate(symbol):
-        literal = symbol[:i].endswith(("operator", "operator<", "operator-"))  # <, <<, ->
-        depth += ch == "<" and not literal
-        if depth == 0:
-            out.append(ch)
-        depth -= ch == ">" and depth > 0 and not literal
-    return "".join(out)
-
-
-NO_EVR = "(no evr function: the server's own code, Asio and the kernel under it)"
-
-
-def innermost_evr(chain, binary, callee=False):
-    """The innermost evr function on the stack and the evr function that called it ("inner <
-    caller"), unless the server's own code (a frame of `binary` that is neither evr, Asio, the
-    standard library nor the CUDA runtime, or Asio starting an operation) is nearer: evr's
-    inclusive share, with the handlers evr runs charged to the server, not to evr's operation.
-    With `callee`: "inner > the frame it called" instead ("(self)" when the sample is in the evr
-    function itself), which splits an evr function's share between its own code and what it
-    calls (Asio's, the driver's)."""
-    mine = os.path.basename(binary)
-    transparent = ("asio::", "std::", "cu", "libcudart_static_", "operator", "__", "void ")
-    found = []
-    for i, (symbol, dso) in enumerate(chain):
-        if symbol.startswith("evr::"):
-            name = re.sub(r"^evr::(detail::|device::\(anonymous namespace\)::)?", "", symbol)
-            if callee:
-                inner = chain[i - 1] if i > 0 else None
-                inner = f"{untemplated(inner[0])} [{short_dso(inner[1])}]" if inner else "(self)"
-                return f"{untemplated(name)} > {inner}"
-            if not found or found[-1] != name:
-                found.append(name)
-            if len(found) == 2:
-                break
-            continue
-        # (An operation's start may be a frame perf found inlined: any library.)
-        if starts_an_operation(symbol) or (os.path.basename(dso) == mine
-                                           and not symbol.startswith(transparent)):
-            break
-    if found:
-        return " < ".join(found)
-    return NO_EVR
-
-
-def starts_an_operation(symbol):
-    """Asio's start of an asynchronous operation (async_result<...>::initiate). Under a handler
-    evr calls, it is the resumed coroutine's next operation (the server's next read, inlined into
-    the handler's frame): the server's, though no frame of the server's own is on the stack."""
-    return symbol.startswith("asio::async_result<") and "::initiate" in untemplated(symbol)
-
-
-def caller_tables(perf, data, binary, requests, cpu_s, comms, lines=25):
-    """Two tables over the samples of `comms` (rows {key, samples, percent, us_per_request};
-    percent of all their samples): `calling_out`, the time outside the server by who called out;
-    `evr`, every sample by the innermost evr function on its stack (evr's inclusive share);
-    `evr_callees`, evr's share by the innermost evr function and the frame it called."""
-    chains = call_chains(perf, data, comms)
-    out_counts, evr_counts, callee_counts = {}, {}, {}
-    for chain in chains:
-        key = calling_out(chain, binary)
-        if key:
-            out_counts[key] = out_counts.get(key, 0) + 1
-        key = innermost_evr(chain, binary)
-        evr_counts[key] = evr_counts.get(key, 0) + 1
-        key = innermost_evr(chain, binary, callee=True)
-        if key != NO_EVR:
-            callee_counts[key] = callee_counts.get(key, 0) + 1
-
-    def rows(counts):
-        total = len(chains)
-        return [{"key": key, "samples": n, "percent": 100.0 * n / total,
-                 "us_per_request": n / total * cpu_s / requests * 1e6 if requests else None}
-                for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:lines]]
-
-    return {"calling_out": rows(out_counts), "evr": rows(evr_counts),
-            "evr_callees": rows(callee_counts)}
-
-
-# --- system calls -------------------------------------------------------------------------------------
-
-SYSCALLS = ("epoll_wait", "epoll_pwait", "futex", "read", "write", "recvfrom", "sendto", "writev",
-            "ioctl", "sched_yield", "clock_nanosleep", "nanosleep", "timerfd_settime")
-
-
-def start_syscall_count(perf, pid, out_file):
-    """perf stat counting the syscalls' entry tracepoints of every thread of `pid`, until SIGINT."""
-    events = ",".join(f"syscalls:sys_enter_{name}" for name in SYSCALLS)
-    # An epoll_wait that found nothing ready: a turn of the loop with no I/O in it.
-    empty = ["-e", "syscalls:sys_exit_epoll_wait", "--filter", "ret == 0"]
-    return subprocess.Popen(perf[0] + ["stat", "--per-thread", "-x,", "-e", events] + empty +
-                            ["-p", str(pid), "-o", out_file], env=perf[1],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def syscalls_per_request(stat_file, requests):
-    """{group: {syscall: count a request}} from perf stat --per-thread -x, output, whose lines
-    read "comm-tid,count,,event,...". Calls made less than once in a hundred requests are left
-    out."""
-    counts = {}
-    with open(stat_file) as f:
-        for line in f:
-            fields = line.strip().split(",")
-            if len(fields) < 4 or not fields[1].isdigit():
-                continue
-            comm = fields[0].rsplit("-", 1)[0]
-            name = fields[3].replace("syscalls:sys_enter_", "").replace(
-                "syscalls:sys_exit_epoll_wait", "epoll_wait that found nothing")
-            group = counts.setdefault(group_of(comm), {})
-            group[name] = group.get(name, 0) + int(fields[1])
-    return {g: {name: n / requests for name, n in sorted(calls.items()) if n / requests >= 0.01}
-            for g, calls in sorted(counts.items())} if requests else {}
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -366,7 +200,7 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
     t0 = time.monotonic()
     stat_file = os.path.join(out_dir, f"syscalls-{re.sub(r'[^A-Za-z0-9]+', '-', label)}.txt")
     if perf and args.syscalls:
-        rec = start_syscall_count(perf, srv.proc.pid, stat_file)
+        rec = server_syscalls.start_count(perf, srv.proc.pid, stat_file)
     elif perf:
         graph = ["--call-graph", "dwarf,16384"] if args.callers else []
         rec = subprocess.Popen(perf[0] + ["record", "-q", "-e", "cpu-clock", "-F",
@@ -398,7 +232,7 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
            "threads": rows, "frames": {}}
     if perf and args.syscalls:
         if os.path.exists(stat_file) and os.path.getsize(stat_file) > 0:
-            doc["syscalls"] = syscalls_per_request(stat_file, requests)
+            doc["syscalls"] = server_syscalls.per_request(stat_file, requests, group_of)
         if not doc.get("syscalls"):
             doc["perf_error"] = perf_err[-500:] or "perf stat counted no system call"
     elif perf and os.path.exists(data):
@@ -423,7 +257,7 @@ def profile_one(args, binary, wrk, perf, label, out_dir, lines):
             for g, short in (("evr-io (io threads)", "io"), ("evr-reactor", "reactor")):
                 comms = comms_of.get(g)
                 if comms:
-                    doc["callers"][short] = caller_tables(
+                    doc["callers"][short] = perf_callers.caller_tables(
                         perf, data, binary, requests, sum(cpu_by_comm[c] for c in comms), comms,
                         lines)
         if not args.keep_perf_data:
