@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <system_error>
+#include <utility>
 
 #include <evr/reactor/detail/poll_host.hpp>
 
@@ -38,6 +40,10 @@ struct waits {
     op.host_ = host;
     return timeline_entry{seq, nullptr, &op};  // the timeline copies the host
   }
+  /// Inserts a wait for each (seq, host), in that order.
+  void insert(timeline& t, std::initializer_list<std::pair<std::uint64_t, poll_host*>> waits) {
+    for (const auto& [seq, host] : waits) t.insert(entry(seq, host));
+  }
 };
 }  // namespace
 
@@ -59,9 +65,7 @@ TEST_CASE("timeline: the front's host follows inserts, also out of order") {
 TEST_CASE("timeline: the front's host follows pops and erases") {
   timeline t;
   waits w;
-  t.insert(w.entry(1, host_a));
-  t.insert(w.entry(2, host_b));
-  t.insert(w.entry(3, host_a));
+  w.insert(t, {{1, host_a}, {2, host_b}, {3, host_a}});
   t.erase(1);  // not the front
   CHECK(t.front_host() == host_a);
   t.pop_front();
@@ -78,8 +82,7 @@ TEST_CASE("timeline: the front's host follows pops and erases") {
 TEST_CASE("timeline: a ghost in front has no host, and the next front brings its own") {
   timeline t;
   waits w;
-  t.insert(w.entry(1, host_a));
-  t.insert(w.entry(2, host_b));
+  w.insert(t, {{1, host_a}, {2, host_b}});
   t.make_ghost(1);  // behind the front: the front's host stays
   CHECK(t.front_host() == host_a);
   CHECK(t.at(1).host == nullptr);
@@ -102,9 +105,8 @@ TEST_CASE("timeline: the front's host when the only entry is erased, and across 
   CHECK(t.front_host() == nullptr);
   // Steady state: a wait in, the oldest out, so the ring's head goes round (and it grows once
   // when three are pending); the front's host is always the oldest wait's.
-  std::uint64_t seq = 2;
-  t.insert(w.entry(seq++, host_a));
-  t.insert(w.entry(seq++, host_b));
+  w.insert(t, {{2, host_a}, {3, host_b}});
+  std::uint64_t seq = 4;
   for (int i = 0; i < 40; ++i) {
     t.insert(w.entry(seq++, i % 3 == 0 ? nullptr : (i % 2 == 0 ? host_a : host_b)));
     if (i % 8 == 0) t.insert(w.entry(seq++, host_a));
