@@ -415,3 +415,56 @@ TEST_CASE("idle governor: an unhurried wait is not spun for through a remembered
     CHECK(w.st.plan.spin == !unhurried);
   }
 }
+
+TEST_CASE("idle governor: an unhurried wait sleeps towards its window on the poll tick") {
+  // 64 Python tasks on 64 streams: each wait's sleeps towards its window woke the reactor at
+  // times of their own. An unhurried wait's sleeps end on the poll tick that another stream's
+  // window keeps going (never later than they did); within a tick of the window, it is on the
+  // tick. A prompt wait beside it keeps its own times.
+  governor_alone g(evr::strategy::poll, evr::idle_mode::predictive);
+  const auto now = std::chrono::steady_clock::now();
+  // The tick: an unhurried stream of irregular 4-8 ms work in its window, looked at every 125 us.
+  lone_wait ticker(g, now);
+  ticker.op.unhurried_ = true;
+  for (int i = 0; i < 8; ++i) ticker.st.plan.model.add(i % 2 == 0 ? 4ms : 8ms);
+  const auto in_window = now + 4ms;
+  (void)g.idle.rest(in_window, false, false, false);
+  REQUIRE(ticker.st.plan.on_poll_tick);
+  evr::detail::poll_tick tick = g.idle.begin_sweep(in_window);
+  REQUIRE(g.idle.wants_look(ticker.st, in_window, tick));
+  g.idle.looked_at(ticker.st, in_window, /*moved=*/false);
+  g.idle.end_sweep(in_window, tick);
+  const std::chrono::nanoseconds period = std::chrono::nanoseconds(4ms) / 32;
+  auto on_tick = [&](std::chrono::steady_clock::time_point t) {
+    return (t - in_window) % period == std::chrono::nanoseconds(0);
+  };
+  // Two streams of steady 2 ms work submitted a little after that tick, one unhurried.
+  const auto submitted = in_window + 7us;
+  lone_wait unhurried(g, submitted), prompt(g, submitted);
+  unhurried.op.unhurried_ = true;
+  for (int i = 0; i < 8; ++i) {
+    unhurried.st.plan.model.add(2ms);
+    prompt.st.plan.model.add(2ms);
+  }
+  // Each is woken until its look at the window's margin; the unhurried one only on the tick.
+  auto wake_until_look = [&](lone_wait& w, bool expect_on_tick) {
+    g.idle.plan_unplanned(w.st, submitted);
+    REQUIRE(w.st.plan.asleep_before_window);
+    auto wake = w.st.plan.query_after;
+    for (int wakes = 1; !g.idle.reached_window(w.st, wake); ++wakes) {
+      REQUIRE(wakes < 16);
+      if (expect_on_tick) CHECK(on_tick(wake));
+      REQUIRE(w.st.plan.query_after > wake);
+      wake = w.st.plan.query_after;
+    }
+    if (expect_on_tick) CHECK(on_tick(wake));
+    return wake;
+  };
+  const auto prompt_look = wake_until_look(prompt, false);
+  const auto unhurried_look = wake_until_look(unhurried, true);
+  CHECK_FALSE(on_tick(prompt_look));
+  CHECK(unhurried_look <= prompt_look);
+  CHECK(unhurried_look > prompt_look - g.options.final_sleep - period);
+  CHECK(unhurried.st.plan.on_poll_tick);
+  CHECK_FALSE(prompt.st.plan.on_poll_tick);
+}

@@ -205,6 +205,11 @@ class idle_governor {
   void plan_host_polls(stream_state& st, poll_host& host, const stream_outlook& o,
                        clock::time_point now, nanoseconds grace);
   void skip_until(stream_state& st, clock::time_point t) const noexcept;
+  /// How often an unhurried wait in its window is looked at (unhurried_looks_per_work).
+  nanoseconds unhurried_spacing(const service_time_model& model) const noexcept;
+  /// The last poll tick at or before `t` on the grid of the last ticks (poll_tick_, every
+  /// tick_period_); min() before the first tick.
+  clock::time_point tick_at_or_before(clock::time_point t) const noexcept;
   /// Puts `st` (irregular work in its window) on the poll tick, looked at every `spacing` at
   /// least: the next tick comes no later than that after the last one.
   clock::time_point join_poll_tick(stream_state& st, nanoseconds spacing) noexcept;

@@ -133,6 +133,18 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   const bool unhurried =
       !st.entries.empty() && st.entries.front().op != nullptr && st.entries.front().op->unhurried_;
   if (o.where == phase::window_spin && unhurried) o.where = phase::window_poll;
+  // Nor woken for its own looks before its window: each sleep towards it ends on the last poll
+  // tick before the sleep's own end (the tick other streams' windows wake the reactor for, or
+  // the grid the unhurried streams share); within a tick of it, the stream is on the tick as in
+  // its window. 64 torch streams of 2 ms work each woke the reactor for their own sleeps: 1.5-1.75
+  // naps a wait (docs/notebook.md, "Where 64 torch tasks' reactor goes"). No look comes later
+  // than it did, but at most a tick; the looks it adds are a tick apart.
+  if (o.where == phase::before_window && unhurried && p.scout_at == clock::time_point::max()) {
+    if (const clock::time_point tick = tick_at_or_before(o.next_look); tick > now)
+      o.next_look = tick;
+    else if (tick != clock::time_point::min())
+      o.where = phase::window_poll;
+  }
   // Nor through the window of longer work its model remembers, when it missed its own
   // (look_at_longer_work): looked at every poll period at most, as its naps otherwise are.
   if (o.where == phase::missed && unhurried)
@@ -145,8 +157,7 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
     // Looked at on the poll tick, with every other stream in such a window, and not by the sweeps
     // other streams' completions ask for. A tick already due (no stream was on it) comes at once.
     const nanoseconds spacing =
-        unhurried ? std::max(settings_.window_poll_period, p.model.low() / unhurried_looks_per_work)
-                  : settings_.window_poll_period;
+        unhurried ? unhurried_spacing(p.model) : settings_.window_poll_period;
     o.next_look = std::max(now, join_poll_tick(st, spacing));
   }
   if (o.unpredicted()) {
@@ -316,6 +327,21 @@ idle_governor::clock::time_point idle_governor::join_poll_tick(stream_state& st,
   if (spacing < tick_period_)
     poll_tick_ = std::min(poll_tick_, tick_began_ + std::max(spacing, tick_soonest_));
   return poll_tick_;
+}
+
+nanoseconds idle_governor::unhurried_spacing(const service_time_model& model) const noexcept {
+  return std::max(settings_.window_poll_period, model.low() / unhurried_looks_per_work);
+}
+
+idle_governor::clock::time_point idle_governor::tick_at_or_before(
+    clock::time_point t) const noexcept {
+  if (tick_period_ <= nanoseconds::zero()) return clock::time_point::min();  // no tick yet
+  // Whole periods from the next tick, rounded down (towards the past): the ticks keep their
+  // phase while they run.
+  const nanoseconds from_tick = t - poll_tick_;
+  std::int64_t periods = from_tick / tick_period_;
+  if (from_tick < nanoseconds::zero() && from_tick % tick_period_ != nanoseconds::zero()) --periods;
+  return poll_tick_ + periods * tick_period_;
 }
 
 void idle_governor::skip_until(stream_state& st, clock::time_point t) const noexcept {
