@@ -207,8 +207,10 @@ class idle_governor {
   void skip_until(stream_state& st, clock::time_point t) const noexcept;
   /// How often an unhurried wait in its window is looked at (unhurried_looks_per_work).
   nanoseconds unhurried_spacing(const service_time_model& model) const noexcept;
-  /// The last poll tick at or before `t` on the grid of the last ticks (poll_tick_, every
-  /// tick_period_); min() before the first tick.
+  /// Whether the poll tick runs: some stream is on it (its last tick is less than a period ago).
+  bool ticking(clock::time_point now) const noexcept;
+  /// The last point at or before `t` of the poll tick's grid (poll_tick_, every tick_period_).
+  /// Only while ticking().
   clock::time_point tick_at_or_before(clock::time_point t) const noexcept;
   /// Puts `st` (irregular work in its window) on the poll tick, looked at every `spacing` at
   /// least: the next tick comes no later than that after the last one.

@@ -133,16 +133,21 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   const bool unhurried =
       !st.entries.empty() && st.entries.front().op != nullptr && st.entries.front().op->unhurried_;
   if (o.where == phase::window_spin && unhurried) o.where = phase::window_poll;
-  // Nor woken for its own looks before its window: each sleep towards it ends on the last poll
-  // tick before the sleep's own end (the tick other streams' windows wake the reactor for, or
-  // the grid the unhurried streams share); within a tick of it, the stream is on the tick as in
-  // its window. 64 torch streams of 2 ms work each woke the reactor for their own sleeps: 1.5-1.75
-  // naps a wait (docs/notebook.md, "Where 64 torch tasks' reactor goes"). No look comes later
-  // than it did, but at most a tick; the looks it adds are a tick apart.
-  if (o.where == phase::before_window && unhurried && p.scout_at == clock::time_point::max()) {
+  // Nor woken for its own sleeps towards its window while the poll tick runs (other streams'
+  // windows wake the reactor for it anyway): a sleep ends on the last tick before its own end.
+  // When no tick comes before the end of the last sleep (within final_sleep of the window: the
+  // look at the window's margin, which brackets an early end for learning), the stream is on the
+  // tick from now, as in its window: looked at on this tick, less than a tick before that look
+  // would have come. 64 torch streams of 2 ms work each woke the reactor for their own sleeps:
+  // 1.3-1.7 naps a wait (docs/notebook.md, "Where 64 torch tasks' reactor goes"). With no tick
+  // running (a lone stream) it sleeps as before.
+  if (o.where == phase::before_window && unhurried && p.scout_at == clock::time_point::max() &&
+      ticking(now)) {
+    const bool last_sleep = settings_.final_sleep <= nanoseconds::zero() ||
+                            o.window_open - now <= settings_.final_sleep;
     if (const clock::time_point tick = tick_at_or_before(o.next_look); tick > now)
       o.next_look = tick;
-    else if (tick != clock::time_point::min())
+    else if (last_sleep)
       o.where = phase::window_poll;
   }
   // Nor through the window of longer work its model remembers, when it missed its own
@@ -333,11 +338,17 @@ nanoseconds idle_governor::unhurried_spacing(const service_time_model& model) co
   return std::max(settings_.window_poll_period, model.low() / unhurried_looks_per_work);
 }
 
+bool idle_governor::ticking(clock::time_point now) const noexcept {
+  // A tick that came (or is due) within its period: a stream on it keeps it going (end_sweep).
+  return tick_period_ > nanoseconds::zero() && poll_tick_ + tick_period_ > now;
+}
+
 idle_governor::clock::time_point idle_governor::tick_at_or_before(
     clock::time_point t) const noexcept {
-  if (tick_period_ <= nanoseconds::zero()) return clock::time_point::min();  // no tick yet
-  // Whole periods from the next tick, rounded down (towards the past): the ticks keep their
-  // phase while they run.
+  // Whole periods from the next tick, rounded down (towards the past). Each tick is set from its
+  // sweep's start (end_sweep), late by the reactor's wake-up, so the real ticks drift behind this
+  // grid: a sleep to one of its points ends no later than the sleep it replaces, and the further
+  // ahead the point, the likelier it wakes the reactor on its own.
   const nanoseconds from_tick = t - poll_tick_;
   std::int64_t periods = from_tick / tick_period_;
   if (from_tick < nanoseconds::zero() && from_tick % tick_period_ != nanoseconds::zero()) --periods;
