@@ -8,26 +8,23 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
-#include <functional>
 #include <string>
-#include <vector>
 
 #include <evr/reactor/detail/poll_host.hpp>
 #include <evr/reactor/detail/wait_op.hpp>
 #include <evr/sim/device.hpp>
 
-#include "counters.hpp"
-#include "delivery_batch.hpp"
 #include "idle_governor.hpp"
-#include "marker_budget.hpp"
 #include "stream_state.hpp"
-#include "support/helpers.hpp"
-#include "wait_registry.hpp"
+#include "support/governor_alone.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using evr::detail::poll_host;
+using evr::test::governor_alone;
+using evr::test::lone_wait;
+using evr::test::never_completes;
 
 /// A host that has promised to look a second from now, and does nothing else.
 struct promising_host final : poll_host {
@@ -35,8 +32,6 @@ struct promising_host final : poll_host {
   void look_by(std::int64_t) noexcept override {}
   void wake_until(std::int64_t) noexcept override {}
 };
-
-void never_completes(evr::detail::wait_op*, std::error_code) noexcept {}
 
 /// A stream with one wait, submitted at `now`, whose host polls and has promised to look a second
 /// from now.
@@ -50,40 +45,6 @@ struct hosted_stream {
   promising_host host;
   evr::detail::wait_op op{&never_completes};
   evr::detail::stream_state st;
-};
-
-/// An idle governor with what it needs and nothing else: no reactor, no thread; the test drives
-/// its plans and asks what a sweep would look at.
-struct governor_alone {
-  governor_alone(evr::strategy how, evr::idle_mode mode) : options(options_for(how, mode)) {}
-  static evr::reactor_options options_for(evr::strategy how, evr::idle_mode mode) {
-    evr::reactor_options o = evr::test::quick_options(how);
-    o.idle = mode;
-    return o;
-  }
-  evr::sim::device sim;
-  const evr::reactor_options options;
-  const evr::detail::strategy_traits traits = evr::detail::strategy_traits::of(options.strategy);
-  evr::detail::reactor_counters counters;
-  evr::detail::delivery_batch batch{counters};
-  evr::detail::marker_budget markers{sim, options};
-  evr::detail::wait_registry registry{traits, batch, markers, counters};
-  evr::detail::idle_governor idle{options, traits, sim, registry, counters};
-};
-
-/// A stream with one wait of its own (no host), submitted at `now`, accepted by `g`'s registry
-/// and new to its governor. The wait's flags may be set until the governor first plans it.
-struct lone_wait {
-  lone_wait(governor_alone& g, std::chrono::steady_clock::time_point now) {
-    op.stream_ = &st;
-    op.seq_ = 1;
-    op.device_ = 0;
-    op.submitted_at_ = now;
-    REQUIRE(g.registry.accept(&op, now).activated);
-    g.idle.new_wait(st, op, now, /*activated=*/true);
-  }
-  evr::detail::stream_state st;
-  evr::detail::wait_op op{&never_completes};
 };
 
 }  // namespace
@@ -416,98 +377,4 @@ TEST_CASE("idle governor: an unhurried wait is not spun for through a remembered
     (void)g.idle.rest(in_longer_window, false, false, false);
     CHECK(w.st.plan.spin == !unhurried);
   }
-}
-
-namespace {
-
-/// A governor whose poll tick runs every `period` from `first` on, as a stream of irregular 4-8
-/// ms unhurried work in its window keeps it (`ticker`); run_ticks_until(t) makes the ticks' sweeps
-/// up to `t`, exactly on time.
-struct ticking_governor {
-  ticking_governor() : ticker(g, start) {
-    ticker.op.unhurried_ = true;
-    for (int i = 0; i < 8; ++i) ticker.st.plan.model.add(i % 2 == 0 ? 4ms : 8ms);
-    (void)g.idle.rest(first, false, false, false);
-    REQUIRE(ticker.st.plan.on_poll_tick);
-    next = first;
-    run_ticks_until(first);
-  }
-  void run_ticks_until(std::chrono::steady_clock::time_point t) {
-    for (; next <= t; next += period) {
-      evr::detail::poll_tick tick = g.idle.begin_sweep(next);
-      REQUIRE(tick.due);
-      REQUIRE(g.idle.wants_look(ticker.st, next, tick));
-      g.idle.looked_at(ticker.st, next, /*moved=*/false);
-      g.idle.end_sweep(next, tick);
-    }
-  }
-  bool on_tick(std::chrono::steady_clock::time_point t) const {
-    return (t - first) % period == std::chrono::nanoseconds(0);
-  }
-  governor_alone g{evr::strategy::poll, evr::idle_mode::predictive};
-  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  const std::chrono::steady_clock::time_point first = start + 4ms;  // the ticker's window
-  const std::chrono::nanoseconds period = std::chrono::nanoseconds(4ms) / 32;
-  lone_wait ticker;
-  std::chrono::steady_clock::time_point next;
-};
-
-/// Steady 2 ms work, its oldest wait submitted at `at`, planned then; then woken at each wake
-/// its plan asks for (the ticks run up to each) until a wake looks at it. The wakes, the last
-/// one the look.
-std::vector<std::chrono::steady_clock::time_point> wakes_until_look(
-    governor_alone& g, lone_wait& w, std::chrono::steady_clock::time_point at,
-    const std::function<void(std::chrono::steady_clock::time_point)>& before_wake) {
-  for (int i = 0; i < 8; ++i) w.st.plan.model.add(2ms);
-  g.idle.plan_unplanned(w.st, at);
-  REQUIRE(w.st.plan.asleep_before_window);
-  std::vector<std::chrono::steady_clock::time_point> wakes{w.st.plan.query_after};
-  for (;;) {
-    REQUIRE(wakes.size() < 16);
-    before_wake(wakes.back());
-    if (g.idle.reached_window(w.st, wakes.back())) return wakes;
-    REQUIRE(w.st.plan.query_after > wakes.back());
-    wakes.push_back(w.st.plan.query_after);
-  }
-}
-
-}  // namespace
-
-TEST_CASE("idle governor: an unhurried wait sleeps towards its window on the running poll tick") {
-  // 64 Python tasks on 64 streams: each wait's sleeps towards its window woke the reactor at
-  // times of its own. While the poll tick runs (another stream's window keeps it), an unhurried
-  // wait's sleeps end on ticks, but for one that no tick comes before (the cut final_sleep before
-  // the window), and its look at the window's margin comes on the last tick before that look,
-  // from which it is on the tick. A prompt wait keeps its own times (its twin, alone).
-  ticking_governor t;
-  const auto submitted = t.first + 7us;
-  lone_wait unhurried(t.g, submitted);
-  unhurried.op.unhurried_ = true;
-  const auto wakes =
-      wakes_until_look(t.g, unhurried, submitted, [&](auto at) { t.run_ticks_until(at); });
-  governor_alone alone(evr::strategy::poll, evr::idle_mode::predictive);
-  lone_wait prompt(alone, submitted);
-  const auto prompt_wakes = wakes_until_look(alone, prompt, submitted, [](auto) {});
-  int off_tick = 0;
-  for (const auto w : wakes) off_tick += t.on_tick(w) ? 0 : 1;
-  CHECK(off_tick <= 1);
-  CHECK(t.on_tick(wakes.back()));
-  CHECK(wakes.back() <= prompt_wakes.back());
-  CHECK(wakes.back() > prompt_wakes.back() - t.period);
-  CHECK(unhurried.st.plan.on_poll_tick);
-  CHECK_FALSE(prompt.st.plan.on_poll_tick);
-}
-
-TEST_CASE("idle governor: with no poll tick running an unhurried wait sleeps as a prompt one") {
-  // A lone stream: the tick it was on has lapsed. Its sleeps are its own, as a prompt wait's: a
-  // grid of a lapsed tick would wake the reactor at times nobody else does.
-  ticking_governor t;
-  const auto submitted = t.first + 10ms;  // no tick since t.first
-  lone_wait unhurried(t.g, submitted);
-  unhurried.op.unhurried_ = true;
-  const auto wakes = wakes_until_look(t.g, unhurried, submitted, [](auto) {});
-  governor_alone alone(evr::strategy::poll, evr::idle_mode::predictive);
-  lone_wait prompt(alone, submitted);
-  const auto prompt_wakes = wakes_until_look(alone, prompt, submitted, [](auto) {});
-  CHECK(wakes == prompt_wakes);
 }
