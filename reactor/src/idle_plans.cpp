@@ -143,11 +143,9 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   // running (a lone stream) it sleeps as before.
   if (o.where == phase::before_window && unhurried && p.scout_at == clock::time_point::max() &&
       ticking(now)) {
-    const bool last_sleep = settings_.final_sleep <= nanoseconds::zero() ||
-                            o.window_open - now <= settings_.final_sleep;
     if (const clock::time_point tick = tick_at_or_before(o.next_look); tick > now)
       o.next_look = tick;
-    else if (last_sleep)
+    else if (o.last_sleep)
       o.where = phase::window_poll;
   }
   // Nor through the window of longer work its model remembers, when it missed its own

@@ -204,6 +204,12 @@ stream_outlook window_of(const idle_settings& settings, const service_time_model
   return window_for(settings, model.low(), model.high(), earliest, start, overshoot);
 }
 
+/// Whether a sleep towards a window `left` away is cut final_sleep short of it, to be slept
+/// again on its own (sleep_until).
+bool cut_short(const idle_settings& settings, nanoseconds left) noexcept {
+  return settings.final_sleep > nanoseconds(0) && left > settings.final_sleep;
+}
+
 /// When to wake for a window that opens after `now`; idle_time::max() when it is too near to
 /// sleep for.
 idle_time sleep_until(const idle_settings& settings, const stream_outlook& o, idle_time start,
@@ -216,8 +222,7 @@ idle_time sleep_until(const idle_settings& settings, const stream_outlook& o, id
   idle_time open = std::max(start, o.window_open - overshoot.margin(left));
   // A long sleep's rare late wake-ups (milliseconds on some hosts) are kept away from the
   // window: the last final_sleep is slept again on its own.
-  if (settings.final_sleep > nanoseconds(0) && left > settings.final_sleep)
-    open = std::min(open, o.window_open - settings.final_sleep);
+  if (cut_short(settings, left)) open = std::min(open, o.window_open - settings.final_sleep);
   // A first sleep is worth it from min_nap on; a second one only when it is long enough to save
   // more than the wake-up it costs (min_resleep).
   const nanoseconds worth = now - start < min_resleep ? min_nap : min_resleep;
@@ -260,6 +265,7 @@ stream_outlook predict(const idle_settings& settings, const service_time_model& 
       wake != idle_time::max()) {
     o.where = phase::before_window;
     o.next_look = wake;
+    o.last_sleep = !cut_short(settings, o.window_open - now);
   } else if (now <= o.window_close && o.steady) {
     o.where = phase::window_spin;
     o.next_look = now;

@@ -155,6 +155,9 @@ struct stream_outlook {
   idle_time window_open{}, window_close{};
   /// Once the model is ready: the work is steady (spun through) rather than irregular (polled).
   bool steady = false;
+  /// before_window: this sleep is the last before the window (it ends at the window's margin),
+  /// not one cut final_sleep short of it.
+  bool last_sleep = false;
   /// The prediction is not helping (learning, missed): a doorbell may be armed once the wait is
   /// old enough (adaptive strategy).
   bool unpredicted() const noexcept { return where == phase::learning || where == phase::missed; }

@@ -229,7 +229,7 @@ class python_group:
             e = rows["evr"]
             out[f"python await evr.wait, {what}"] = {
                 "over_sync_us": e["p50_us"] - rows["sync"]["p50_us"], "cores": e["cpu_cores"],
-                "reactor_cores": e.get("reactor_cores", 0.0)}
+                "reactor_cores": e["reactor_cores"]}
         if "phases" in doc:
             ph = doc["phases"]["rows"]
             out["python await evr.wait, 20 x 5 ms then 20 x 200 us"] = {
@@ -244,7 +244,7 @@ class python_group:
                 # a core at 64 tasks) hides a change of the reactor's in the process's cores.
                 out[f"python {t['n']} tasks on {t['n']} streams, {t['kernel_us'] / 1000:g} ms"] = {
                     "rps": t["rps"], "cores": t["cpu_cores"],
-                    "reactor_cores": t.get("reactor_cores", 0.0)}
+                    "reactor_cores": t["reactor_cores"]}
         return out
 
     def _bench(self, build, work, log, json_name, args):
