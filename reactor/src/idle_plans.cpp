@@ -134,18 +134,24 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
       !st.entries.empty() && st.entries.front().op != nullptr && st.entries.front().op->unhurried_;
   if (o.where == phase::window_spin && unhurried) o.where = phase::window_poll;
   // Nor woken for its own sleeps towards its window while the poll tick runs (other streams'
-  // windows wake the reactor for it anyway): a sleep ends on the last tick before its own end.
-  // When no tick comes before the end of the last sleep (within final_sleep of the window: the
-  // look at the window's margin, which brackets an early end for learning), the stream is on the
-  // tick from now, as in its window: looked at on this tick, less than a tick before that look
-  // would have come. 64 torch streams of 2 ms work each woke the reactor for their own sleeps:
-  // 1.3-1.7 naps a wait (docs/notebook.md, "Where 64 torch tasks' reactor goes"). With no tick
-  // running (a lone stream) it sleeps as before.
+  // windows wake the reactor for it anyway): a sleep cut final_sleep short of the window ends on
+  // the first tick after the cut, if one comes before the window opens (the cut only keeps a long
+  // sleep's late wake-ups away from the window); the last sleep (to the look at the window's
+  // margin, which brackets an early end for learning) ends on the last tick before that look, or,
+  // with no tick before it, the stream is on the tick from now, as in its window. So its wakes
+  // fall on the tick's grid; the cut's look comes less than a tick later, the margin's less than
+  // a tick earlier, and there are no more of them than before. 64 torch streams of 2 ms work each
+  // woke the reactor for their own sleeps: 1.3-1.7 naps a wait (docs/notebook.md, "Where 64 torch
+  // tasks' reactor goes"). With no tick running (a lone stream) it sleeps as before.
   if (o.where == phase::before_window && unhurried && p.scout_at == clock::time_point::max() &&
       ticking(now)) {
-    if (const clock::time_point tick = tick_at_or_before(o.next_look); tick > now)
-      o.next_look = tick;
-    else if (o.last_sleep)
+    const clock::time_point before = tick_at_or_before(o.next_look);
+    const clock::time_point after = before + tick_period_;
+    if (!o.last_sleep && after < o.window_open)
+      o.next_look = after;
+    else if (before > now)
+      o.next_look = before;
+    else
       o.where = phase::window_poll;
   }
   // Nor through the window of longer work its model remembers, when it missed its own
