@@ -19,7 +19,7 @@ using evr::test::lone_wait;
 
 /// A governor whose poll tick runs every `period` from `first` on, as a stream of irregular 4-8
 /// ms unhurried work in its window keeps it (`ticker`); run_ticks_until(t) makes the ticks' sweeps
-/// up to `t`, exactly on time.
+/// up to `t`, exactly on time, sweep_at one sweep at any time.
 struct ticking_governor {
   ticking_governor() : ticker(g, start) {
     ticker.op.unhurried_ = true;
@@ -30,13 +30,15 @@ struct ticking_governor {
     run_ticks_until(first);
   }
   void run_ticks_until(std::chrono::steady_clock::time_point t) {
-    for (; next <= t; next += period) {
-      evr::detail::poll_tick tick = g.idle.begin_sweep(next);
-      REQUIRE(tick.due);
-      REQUIRE(g.idle.wants_look(ticker.st, next, tick));
-      g.idle.looked_at(ticker.st, next, /*moved=*/false);
-      g.idle.end_sweep(next, tick);
-    }
+    for (; next <= t; next += period) sweep_at(next);
+  }
+  /// The sweep of a due tick, begun at `at`.
+  void sweep_at(std::chrono::steady_clock::time_point at) {
+    evr::detail::poll_tick tick = g.idle.begin_sweep(at);
+    REQUIRE(tick.due);
+    REQUIRE(g.idle.wants_look(ticker.st, at, tick));
+    g.idle.looked_at(ticker.st, at, /*moved=*/false);
+    g.idle.end_sweep(at, tick);
   }
   bool on_tick(std::chrono::steady_clock::time_point t) const {
     return (t - first) % period == std::chrono::nanoseconds(0);
@@ -115,4 +117,22 @@ TEST_CASE("idle governor: with no poll tick running an unhurried wait sleeps as 
   lone_wait prompt(alone, submitted);
   const auto prompt_wakes = wakes_until_look(alone, prompt, submitted, 2ms, [](auto) {});
   CHECK(wakes == prompt_wakes);
+}
+
+TEST_CASE("idle governor: the poll tick keeps its phase when its sweeps come late") {
+  // Each sweep begins late by the reactor's wake-up. Were each tick set a period after its sweep,
+  // the ticks would drift off the grid that sleeps are planned to (tick_at_or_before), and those
+  // sleeps would wake the reactor on their own.
+  ticking_governor t;
+  const auto late = t.period / 8;
+  for (int k = 1; k <= 16; ++k) t.sweep_at(t.first + k * t.period + late);
+  const auto on_grid = t.first + 17 * t.period;
+  CHECK_FALSE(t.g.idle.begin_sweep(on_grid - std::chrono::nanoseconds(1)).due);
+  CHECK(t.g.idle.begin_sweep(on_grid).due);
+  // A sweep over half a period late starts the grid again from itself: the next tick is not
+  // crowded against it.
+  const auto very_late = on_grid + t.period * 3 / 4;
+  t.sweep_at(very_late);
+  CHECK_FALSE(t.g.idle.begin_sweep(very_late + t.period - std::chrono::nanoseconds(1)).due);
+  CHECK(t.g.idle.begin_sweep(very_late + t.period).due);
 }

@@ -349,10 +349,9 @@ bool idle_governor::ticking(clock::time_point now) const noexcept {
 
 idle_governor::clock::time_point idle_governor::tick_at_or_before(
     clock::time_point t) const noexcept {
-  // Whole periods from the next tick, rounded down (towards the past). Each tick is set from its
-  // sweep's start (end_sweep), late by the reactor's wake-up, so the real ticks drift behind this
-  // grid: a sleep to one of its points ends no later than the sleep it replaces, and the further
-  // ahead the point, the likelier it wakes the reactor on its own.
+  // Whole periods from the next tick, rounded down (towards the past). The ticks keep this grid
+  // while they run (end_sweep) and their period holds, which is what makes a sleep to one of its
+  // points meet a tick.
   const nanoseconds from_tick = t - poll_tick_;
   std::int64_t periods = from_tick / tick_period_;
   if (from_tick < nanoseconds::zero() && from_tick % tick_period_ != nanoseconds::zero()) --periods;
