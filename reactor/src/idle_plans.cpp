@@ -137,8 +137,9 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   // windows wake the reactor for it anyway): a sleep cut final_sleep short of the window ends on
   // the first tick after the cut, if one comes before the window opens (the cut only keeps a long
   // sleep's late wake-ups away from the window); the last sleep (to the look at the window's
-  // margin, which brackets an early end for learning) ends on the last tick before that look, or,
-  // with no tick before it, the stream is on the tick from now, as in its window. So its wakes
+  // margin, which brackets an early end for learning) ends on the last tick before that look.
+  // With no tick before a sleep's end (and, for a cut, none between it and the window: ticks as
+  // far apart as final_sleep), the stream is on the tick from now, as in its window. So its wakes
   // fall on the tick's grid; the cut's look comes less than a tick later, the margin's less than
   // a tick earlier, and there are no more of them than before. 64 torch streams of 2 ms work each
   // woke the reactor for their own sleeps: 1.3-1.7 naps a wait (docs/notebook.md, "Where 64 torch
