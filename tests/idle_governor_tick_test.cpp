@@ -1,6 +1,7 @@
 // The idle governor's poll tick and the sleeps of unhurried waits (reactor/src/idle_plans.cpp,
 // plan_reactor; docs/architecture.md, "Unhurried waits"): while the tick runs, an unhurried
-// wait's sleeps towards its window end on it; with no tick running they are a prompt wait's.
+// wait's sleeps towards its window end on it; with no tick running they are a prompt wait's; and
+// the tick keeps its grid when its sweeps come late (idle_governor.cpp, end_sweep).
 #include <doctest/doctest.h>
 
 #include <chrono>

@@ -173,7 +173,8 @@ void idle_governor::end_sweep(clock::time_point began, const poll_tick& tick) {
   // late: so the ticks keep their phase while they run, and a sleep planned to a later point of
   // their grid (tick_at_or_before) meets a tick there instead of waking the reactor on its own
   // (docs/notebook.md, "The poll tick keeps its phase"). A sweep more than half a period late
-  // starts the grid again from itself, so no two ticks come closer than half a period.
+  // starts the grid again from itself, so a tick set here comes at least half a period after its
+  // sweep (join_poll_tick may still bring it forward, as before).
   const clock::time_point on_grid = poll_tick_ + tick_period_;
   poll_tick_ = on_grid - began >= tick_period_ / 2 ? on_grid : began + tick_period_;
   // What a tick's look costs (poll_budget spaces the ticks by it): the sweep, one clock read per

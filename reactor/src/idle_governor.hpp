@@ -135,7 +135,8 @@ class idle_governor {
   /// Whether this sweep looks at `st` (before its window it is skipped; irregular work in its
   /// window only on the tick, or when its fault probe is due).
   bool wants_look(const stream_state& st, clock::time_point now, poll_tick& tick) const noexcept;
-  /// The sweep begun at `began` is done: spaces the next tick if this one looked at streams.
+  /// The sweep begun at `began` is done: if this tick looked at streams, sets the next a period
+  /// after it on the tick's grid (the grid keeps its phase while the tick runs).
   void end_sweep(clock::time_point began, const poll_tick& tick);
   /// `st` was looked at: `moved` when waits retired or failed (a service-time sample).
   void looked_at(stream_state& st, clock::time_point now, bool moved);
