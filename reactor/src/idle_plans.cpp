@@ -243,9 +243,8 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
       // window_poll: irregular work, looked at every window_poll_period, on the points of the
       // host's tick (tick_grid.hpp): all of a host's streams in such windows come due together,
       // one pass of its thread for them all. Each stream's look a period after its own last one
-      // came due at a time of its own: with 16 streams of polled windows the io thread woke for
-      // each, and its CPU was what spinning through the windows cost (docs/notebook.md, "Who
-      // spins, and what spin_fraction buys").
+      // came due at a time of its own, and the io thread woke, or spun towards the next, for each
+      // (docs/notebook.md, "The hosts' looks on one tick").
       p.host_look = tick_grid::next_look(now, settings_.window_poll_period);
       break;
   }
