@@ -1,6 +1,9 @@
 // reactor/src/tick_grid.hpp — points on a grid of time: the whole multiples of a period on the
-// steady clock. Looks planned to such points by different streams fall at one instant, whatever
-// time each stream's plan was made: one wake-up of the looking thread serves them all.
+// steady clock. Looks of different streams planned with one period, each within a period of its
+// last, fall on the same points, however their plans' times differ: one wake-up of the looking
+// thread serves them all. Used for a polling host's looks at irregular work (idle_plans.cpp,
+// plan_host_polls); the reactor's own poll tick keeps a grid of its own, from its last due tick
+// (idle_governor.cpp, end_sweep). A period that changes (poll_budget) moves the grid with it.
 //
 // Pure functions; no state.
 #pragma once
@@ -27,8 +30,8 @@ constexpr clock::time_point at_or_after(clock::time_point t, nanoseconds period)
 
 /// The next look after one made at `now`: the first point of the grid at least a quarter of a
 /// period after it, so at most a period and a quarter. A look made on a point is followed by the
-/// next point, a period later; one made late (its thread was busy) by the point it was due
-/// before, unless it overran most of the period.
+/// next point, a period later; one made late (its thread was busy) by that same next point,
+/// unless it was more than three quarters of a period late (then by the point after).
 constexpr clock::time_point next_look(clock::time_point now, nanoseconds period) noexcept {
   return at_or_after(now + period / 4, period);
 }

@@ -20,8 +20,9 @@
 //     thread is awake anyway (the poll waited behind other handlers, or delivered completions
 //     whose handlers run next) and a window opens soon, after each batch of handlers: a look
 //     then costs a few memory reads. When the thread would otherwise sleep and the next window is
-//     not open yet, it arms the timer for that window and stops (no tick: overlapping windows of
-//     many streams are polled through, as one stream's are);
+//     not open yet, it arms the timer for that window and stops (no free-running tick:
+//     overlapping windows of many streams are polled through, as one stream's are; the looks at
+//     irregular work fall on the points of a grid, so that they come due together: tick_grid.hpp);
 //   * the reactor thread does not wake for such windows: it looks after a window closed (a
 //     safety net), or sooner when a sweep it makes for other streams comes by; when it learns of a
 //     window this host does not know of (a wait submitted from another thread, queued behind
