@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "tick_grid.hpp"
+
 namespace evr::detail {
 namespace {
 
@@ -294,8 +296,7 @@ idle_time next_scout(idle_time start, idle_time horizon, idle_time now) noexcept
   if (span < scout_min_span) return idle_time::max();
   const nanoseconds grid = std::max<nanoseconds>(std::chrono::microseconds(100), span / 32);
   for (const int divisor : {8, 2}) {
-    const nanoseconds at = (start + span / divisor).time_since_epoch();
-    const idle_time on_grid{(at + grid - nanoseconds(1)) / grid * grid};
+    const idle_time on_grid = tick_grid::at_or_after(start + span / divisor, grid);
     if (on_grid > now && on_grid < horizon) return on_grid;
   }
   return idle_time::max();

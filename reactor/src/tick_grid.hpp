@@ -2,8 +2,9 @@
 // steady clock. Looks of different streams planned with one period, each within a period of its
 // last, fall on the same points, however their plans' times differ: one wake-up of the looking
 // thread serves them all. Used for a polling host's looks at irregular work (idle_plans.cpp,
-// plan_host_polls); the reactor's own poll tick keeps a grid of its own, from its last due tick
-// (idle_governor.cpp, end_sweep). A period that changes (poll_budget) moves the grid with it.
+// plan_host_polls) and for scouts' times (idle_policy.cpp, next_scout); the reactor's own poll
+// tick keeps a grid of its own, from its last due tick (idle_governor.cpp, end_sweep). A period
+// that changes (poll_budget) moves the grid with it.
 //
 // Pure functions; no state.
 #pragma once
