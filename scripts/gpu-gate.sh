@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU gate: one command that shows what a change did. It builds the tree under test and a
 # baseline, runs the whole ctest of the tree on the GPU, then measures a fixed set of rows (one
-# stream at 200 us-20 ms, 16 and 64 streams in lockstep with 8 and 32 hardware queues, the
-# example server against the poll mode at 256 and at 32 connections, Python on torch) with
+# stream at 200 us-20 ms, 16 and 64 streams in lockstep with 8 and 32 hardware queues, irregular
+# work on 1, 16 and 64 streams, the example server against the poll mode at 256 and at 32
+# connections, Python on torch) with
 # baseline and tree alternated over
 # rounds, and prints one table: row, baseline, now, ratio, the rounds' spread and a verdict
 # (better / same / WORSE). About 11 minutes on a 16-core machine with one GPU (every group, three
@@ -19,7 +20,7 @@
 # Options: --rounds N (3), --budget-s S (660: the whole run, builds included), --out DIR
 # (build/gate/out), --tree-build DIR (an existing build of this tree: only the baseline is built),
 # --no-ctest, --no-record, --jobs N, --groups A,B (only these groups of rows: idle, "idle, 32
-# queues", server, "server, few connections", python; for a change that cannot reach the
+# queues", irregular, server, "server, few connections", python; for a change that cannot reach the
 # others, which the record then lacks); EVR_GATE_CTEST_ARGS: more arguments for ctest (-R, -E).
 #
 # Writes DIR/gate.{json,md} and the logs (--out); unless --sim or --no-record, also

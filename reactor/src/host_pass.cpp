@@ -59,7 +59,10 @@ bool host_pass::look_at_due(poll_host& host, std::chrono::steady_clock::time_poi
   // host_pass_deliver_after stops, and the looks it did not make are the next pass's.
   const auto current = [&](const host_schedule::entry& e) { return p_.idle.scheduled(e, host); };
   std::erase_if(host.due, [&](const host_schedule::entry& e) { return !current(e); });
-  host.schedule.take_due(now.time_since_epoch().count(), current, host.due);
+  // The looks due a little later are made now (poll_host::look_ahead_ns says why).
+  const std::chrono::steady_clock::time_point due_by =
+      now + std::chrono::nanoseconds(poll_host::look_ahead_ns);
+  host.schedule.take_due(due_by.time_since_epoch().count(), current, host.due);
   const pass_start start{p_.batch.size(),
                          p_.counters.event_queries.load(std::memory_order_relaxed)};
   const std::chrono::steady_clock::time_point deliver_at = now + p_.options.host_pass_deliver_after;
@@ -68,7 +71,7 @@ bool host_pass::look_at_due(poll_host& host, std::chrono::steady_clock::time_poi
   for (; looked < host.due.size() && !time_to_deliver(host, start, deliver_at); ++looked) {
     stream_state* st = host.due[looked].stream;
     if (p_.registry.device_fault(st->device)) continue;  // the reactor fails its waits
-    if (now >= st->plan.host_look) {
+    if (due_by >= st->plan.host_look) {
       p_.sweep.look_at(*st, now, /*may_probe=*/false);  // probes and faults stay the reactor's
       replan = replan || p_.idle.handed_back(*st, host);
     }

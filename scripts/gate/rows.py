@@ -125,6 +125,50 @@ class idle_group:
         return rows
 
 
+def irregular_rows(doc):
+    """Rows from an `evr-bench idle` JSON of irregular work (lengths uniform over 100 us-5 ms, or
+    100 us and 5 ms at random): the default posted, on 1 stream and on 16 and 64 in lockstep."""
+    out = {}
+    for sc in doc["scenarios"]:
+        if sc["kind"] == "steady":
+            continue
+        where = f"{sc['streams']} streams lockstep" if sc["lockstep"] else "1 stream"
+        lengths = sc["name"].split(",")[0]  # "uniform 100 us-5 ms"
+        for r in sc["rows"]:
+            if r["group"] != "evr" or r["key"] != "default" or r["delivery"] != "post":
+                continue
+            name = f"{where}, {lengths}, posted"
+            out[name] = {"p50_us": r["p50_ns"] / 1e3, "p99_us": r["p99_ns"] / 1e3,
+                         "cpu_pct": r["cpu_percent"]}
+            if r.get("failed"):
+                out[name]["failed"] = True
+    return out
+
+
+class irregular_group:
+    """One `evr-bench idle` run of irregular work: the windows are polled (not spun through), on
+    the io thread's timer, which steady work's rows do not show."""
+
+    def __init__(self, name, sim):
+        self.name, self.sim = name, sim
+
+    def run(self, build, work, log):
+        bench = os.path.join(build, "bench", "evr-bench")
+        out = os.path.join(work, "irregular.json")
+        args = ["--streams", "1", "--lengths-us", "5000", "--lockstep-streams", "16,64",
+                "--lockstep-lengths-us", "5000", "--no-idle-case", "--methods", "default",
+                "--deliveries", "post", "--scale", "0.15" if self.sim else "1",
+                "--floor-samples", "100" if self.sim else "300",
+                "--device", "sim" if self.sim else "cuda", "--json", out]
+        env = dict(os.environ)
+        env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        rc = run_logged([bench, "idle"] + args, log, timeout=240, env=env)
+        if rc != 0 or not os.path.exists(out):
+            raise RuntimeError(f"evr-bench idle exited {rc} (see {log})")
+        with open(out) as f:
+            return irregular_rows(json.load(f))
+
+
 # --- the example server under wrk ------------------------------------------------------------------
 
 class server_group:
@@ -275,6 +319,7 @@ def groups(sim, all_gpus=False):
     out = [idle_group("idle", sim)]
     if not sim:  # the simulated device has no hardware queues
         out.append(idle_group("idle, 32 queues", sim, conn32=True))
+    out.append(irregular_group("irregular", sim))
     # One GPU: the servers on GPU 0, so that a host with more GPUs measures the same rows.
     out.append(server_group("server", sim, plan, connections=64 if sim else 256,
                             devices=None if all_gpus else "0"))

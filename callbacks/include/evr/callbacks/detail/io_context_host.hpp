@@ -201,8 +201,9 @@ class io_context_host final : public poll_host {
  private:
   using clock = std::chrono::steady_clock;
   static std::int64_t now_ns() noexcept { return clock::now().time_since_epoch().count(); }
-  /// Below this far ahead a timer costs more than spinning to the look (a wake-up, its margin).
-  static constexpr std::int64_t min_sleep_ns = 5'000;
+  /// Below this far ahead a timer costs more than spinning to the look (a wake-up, its margin);
+  /// the pass makes looks due that soon itself.
+  static constexpr std::int64_t min_sleep_ns = poll_host::look_ahead_ns;
   /// A poll that ran this long after it was posted waited behind other handlers: the thread is
   /// awake anyway (an idle thread runs it within a microsecond or two, an epoll look included).
   static constexpr std::int64_t busy_after_ns = 5'000;

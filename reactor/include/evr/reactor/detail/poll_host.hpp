@@ -70,6 +70,12 @@ class poll_host {
   /// its place (idle_governor::covered_until). Written by the host.
   std::atomic<std::int64_t> queue_delay_ns{0};
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
+  /// (role polls) A pass of the host makes the looks due within this of its start, a little
+  /// early. A timer for less costs more than it saves, so the host's thread would otherwise spin
+  /// to such a look, a pass at each turn of its loop: its timer fires early by its lateness, and
+  /// with irregular work that spin was most of its passes. A look this early misses only work
+  /// that ends in between, which the next look finds.
+  static constexpr std::int64_t look_ahead_ns = 5'000;
 
   /// (the reactor's, under its pass lock) When this host should look at each of its streams;
   /// `due`, the looks of a pass, and between passes those a cut pass left for the next
