@@ -6,7 +6,7 @@
 # connections, Python on torch) with
 # baseline and tree alternated over
 # rounds, and prints one table: row, baseline, now, ratio, the rounds' spread and a verdict
-# (better / same / WORSE). About 11 minutes on a 16-core machine with one GPU (every group, three
+# (better / same / WORSE). About 12 minutes on a 16-core machine with one GPU (every group, three
 # rounds; a fresh server's unmeasured first second at load adds about 25 s a round).
 #
 #   scripts/gpu-gate.sh                     # against the tree of the last gate in docs/bench/gate/
