@@ -57,7 +57,32 @@ def run_logged(cmd, log, timeout, env=None):
             return 124
 
 
-# --- evr-bench idle: 1 stream, lockstep ------------------------------------------------------------
+# --- evr-bench idle: 1 stream, lockstep, irregular work -------------------------------------------
+
+def row_figures(r):
+    """The figures the gate judges of one `evr-bench idle` row."""
+    fig = {"p50_us": r["p50_ns"] / 1e3, "p99_us": r["p99_ns"] / 1e3, "cpu_pct": r["cpu_percent"]}
+    if r.get("failed"):
+        fig["failed"] = True
+    return fig
+
+
+def run_idle(sim, build, json_path, args, log, queues=None):
+    """Runs `evr-bench idle` with `args` (and the gate's scale, floor and device) and returns its
+    JSON. CUDA_DEVICE_MAX_CONNECTIONS: `queues`, or left alone (the driver's default, 8)."""
+    bench = os.path.join(build, "bench", "evr-bench")
+    args = args + ["--scale", "0.15" if sim else "1", "--floor-samples", "100" if sim else "300",
+                   "--device", "sim" if sim else "cuda", "--json", json_path]
+    env = dict(os.environ)
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    if queues is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(queues)
+    rc = run_logged([bench, "idle"] + args, log, timeout=240, env=env)
+    if rc != 0 or not os.path.exists(json_path):
+        raise RuntimeError(f"evr-bench idle exited {rc} (see {log})")
+    with open(json_path) as f:
+        return json.load(f)
+
 
 def idle_rows(doc, lockstep_suffix=""):
     """Rows from an `evr-bench idle` JSON: the default posted (stream waits) and, in lockstep,
@@ -80,10 +105,7 @@ def idle_rows(doc, lockstep_suffix=""):
                 name = f"1 stream x {what}, posted"
             else:
                 continue
-            out[name] = {"p50_us": r["p50_ns"] / 1e3, "p99_us": r["p99_ns"] / 1e3,
-                         "cpu_pct": r["cpu_percent"]}
-            if r.get("failed"):
-                out[name]["failed"] = True
+            out[name] = row_figures(r)
     for c in doc.get("cpu_case") or []:
         if c["key"] == "default":
             out["1000 waits on a 100 ms kernel"] = {"cpu_pct": c["busy_percent"]}
@@ -99,26 +121,14 @@ class idle_group:
         self.name, self.sim, self.conn32 = name, sim, conn32
 
     def run(self, build, work, log):
-        bench = os.path.join(build, "bench", "evr-bench")
-        out = os.path.join(work, "idle.json")
-        scale = "0.15" if self.sim else "1"
         if self.conn32:
             args = ["--streams", "1", "--lengths-us", "1000", "--no-idle-case"]
         else:
             args = ["--streams", "1", "--lengths-us", "200,1000,5000,20000"]
         args += ["--lockstep-streams", "16,64", "--lockstep-lengths-us", "1000,5000",
-                 "--no-irregular", "--methods", "default,signal", "--deliveries", "post",
-                 "--scale", scale, "--floor-samples", "100" if self.sim else "300",
-                 "--device", "sim" if self.sim else "cuda", "--json", out]
-        env = dict(os.environ)
-        env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # left alone: the driver's default (8)
-        if self.conn32:
-            env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
-        rc = run_logged([bench, "idle"] + args, log, timeout=240, env=env)
-        if rc != 0 or not os.path.exists(out):
-            raise RuntimeError(f"evr-bench idle exited {rc} (see {log})")
-        with open(out) as f:
-            doc = json.load(f)
+                 "--no-irregular", "--methods", "default,signal", "--deliveries", "post"]
+        doc = run_idle(self.sim, build, os.path.join(work, "idle.json"), args, log,
+                       queues=32 if self.conn32 else None)
         rows = idle_rows(doc, ", 32 queues" if self.conn32 else "")
         if self.conn32:
             rows = {k: v for k, v in rows.items() if "lockstep" in k}
@@ -137,11 +147,7 @@ def irregular_rows(doc):
         for r in sc["rows"]:
             if r["group"] != "evr" or r["key"] != "default" or r["delivery"] != "post":
                 continue
-            name = f"{where}, {lengths}, posted"
-            out[name] = {"p50_us": r["p50_ns"] / 1e3, "p99_us": r["p99_ns"] / 1e3,
-                         "cpu_pct": r["cpu_percent"]}
-            if r.get("failed"):
-                out[name]["failed"] = True
+            out[f"{where}, {lengths}, posted"] = row_figures(r)
     return out
 
 
@@ -153,20 +159,11 @@ class irregular_group:
         self.name, self.sim = name, sim
 
     def run(self, build, work, log):
-        bench = os.path.join(build, "bench", "evr-bench")
-        out = os.path.join(work, "irregular.json")
         args = ["--streams", "1", "--lengths-us", "5000", "--lockstep-streams", "16,64",
                 "--lockstep-lengths-us", "5000", "--no-idle-case", "--methods", "default",
-                "--deliveries", "post", "--scale", "0.15" if self.sim else "1",
-                "--floor-samples", "100" if self.sim else "300",
-                "--device", "sim" if self.sim else "cuda", "--json", out]
-        env = dict(os.environ)
-        env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
-        rc = run_logged([bench, "idle"] + args, log, timeout=240, env=env)
-        if rc != 0 or not os.path.exists(out):
-            raise RuntimeError(f"evr-bench idle exited {rc} (see {log})")
-        with open(out) as f:
-            return irregular_rows(json.load(f))
+                "--deliveries", "post"]
+        return irregular_rows(run_idle(self.sim, build, os.path.join(work, "irregular.json"),
+                                       args, log))
 
 
 # --- the example server under wrk ------------------------------------------------------------------
