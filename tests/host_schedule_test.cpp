@@ -33,10 +33,10 @@ std::vector<stream_state*> take_due(host_schedule& s, std::int64_t now) {
 TEST_CASE("host schedule: due streams come out in look order, each once, stale plans dropped") {
   std::vector<stream_state> streams(3);
   host_schedule s;
-  s.add(30, &streams[0], 0, current);
-  s.add(10, &streams[1], 0, current);
-  s.add(20, &streams[2], 0, current);
-  s.add(15, &streams[1], 0, current);  // the same plan scheduled twice: one look
+  s.add({30, &streams[0], 0}, current);
+  s.add({10, &streams[1], 0}, current);
+  s.add({20, &streams[2], 0}, current);
+  s.add({15, &streams[1], 0}, current);  // the same plan scheduled twice: one look
   streams[2].epoch = 1;                // planned again: its entry is stale
   CHECK(take_due(s, 25) == std::vector<stream_state*>{&streams[1]});
   CHECK(s.next_ns(current) == 30);
@@ -50,11 +50,11 @@ TEST_CASE("host schedule: plans that go stale without a pass never grow it past 
   // a host's steady traffic allocates nothing once the schedule has its first capacity.
   stream_state st;
   host_schedule s;
-  s.add(0, &st, st.epoch, current);
+  s.add({0, &st, st.epoch}, current);
   const std::size_t start = s.capacity();
   for (std::int64_t t = 1; t < 100000; ++t) {
     ++st.epoch;
-    s.add(t, &st, st.epoch, current);
+    s.add({t, &st, st.epoch}, current);
   }
   CHECK(s.capacity() == start);
   CHECK(s.size() <= start);
@@ -65,7 +65,7 @@ TEST_CASE("host schedule: grows when its current entries fill it") {
   std::vector<stream_state> streams(1000);
   host_schedule s;
   for (std::size_t i = 0; i < streams.size(); ++i)
-    s.add(static_cast<std::int64_t>(i), &streams[i], 0, current);
+    s.add({static_cast<std::int64_t>(i), &streams[i], 0}, current);
   CHECK(s.size() == streams.size());
   const std::vector<stream_state*> due = take_due(s, host_schedule::never - 1);
   REQUIRE(due.size() == streams.size());
@@ -75,17 +75,17 @@ TEST_CASE("host schedule: grows when its current entries fill it") {
 TEST_CASE("host schedule: due looks are appended after those a pass left, a stream once") {
   std::vector<stream_state> streams(3);
   host_schedule s;
-  s.add(10, &streams[0], 0, current);
-  s.add(20, &streams[1], 0, current);
-  s.add(30, &streams[2], 0, current);
+  s.add({10, &streams[0], 0}, current);
+  s.add({20, &streams[1], 0}, current);
+  s.add({30, &streams[2], 0}, current);
   std::vector<host_schedule::entry> due;
   s.take_due(20, current, due);
   REQUIRE(due.size() == 2);
   // The pass looks at streams[0] only and plans it again, due at once; streams[1] is left.
   due.erase(due.begin());
   streams[0].epoch = 1;
-  s.add(40, &streams[0], 1, current);
-  s.add(40, &streams[1], 0, current);  // the left look, scheduled again too: looked at once
+  s.add({40, &streams[0], 1}, current);
+  s.add({40, &streams[1], 0}, current);  // the left look, scheduled again too: looked at once
   s.take_due(40, current, due);
   CHECK(streams_of(due) == std::vector<stream_state*>{&streams[1], &streams[2], &streams[0]});
   CHECK(s.next_ns(current) == host_schedule::never);

@@ -412,4 +412,34 @@ TEST_CASE("idle governor: hosts' streams in polled windows come due together, on
   CHECK(b.st.plan.host_look == look + period);
   g.idle.plan_for_host(b.st, b.host, look + period + period * 7 / 8, out);
   CHECK(b.st.plan.host_look == look + 3 * period);
+  // Each host is told that its next look is a tick, which its timer need not meet early
+  // (poll_result::next_is_tick).
+  for (hosted_stream* h : {&a, &b}) {
+    const auto current = [&](const evr::detail::host_schedule::entry& e) {
+      return g.idle.scheduled(e, h->host);
+    };
+    const evr::detail::host_schedule::entry* next = h->host.schedule.next(current);
+    REQUIRE(next != nullptr);
+    CHECK(next->look_ns == h->st.plan.host_look.time_since_epoch().count());
+    CHECK(next->tick);
+  }
+}
+
+TEST_CASE("idle governor: a host's look at steady work's window is not a tick") {
+  // A steady window opens at a time the host must meet: its timer is armed early by its
+  // lateness, so the look is not marked as a tick.
+  governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
+  const auto now = std::chrono::steady_clock::now();
+  hosted_stream s(now);
+  for (int i = 0; i < 8; ++i) s.st.plan.model.add(4ms);  // steady
+  evr::detail::poll_result out;
+  g.idle.plan_for_host(s.st, s.host, now, out);
+  REQUIRE(s.st.plan.host_look > now);  // before its window: the look is the window's opening
+  const auto current = [&](const evr::detail::host_schedule::entry& e) {
+    return g.idle.scheduled(e, s.host);
+  };
+  const evr::detail::host_schedule::entry* next = s.host.schedule.next(current);
+  REQUIRE(next != nullptr);
+  CHECK(next->look_ns == s.st.plan.host_look.time_since_epoch().count());
+  CHECK_FALSE(next->tick);
 }

@@ -25,11 +25,7 @@ poll_result host_pass::run(poll_host& host) noexcept {
   if (!p_.inbox.stop_requested() && p_.submissions.take(now)) bump(p_.counters.host_intakes);
   const bool replan = look_at_due(host, now, out);
   p_.sweep.drop_idle_streams();
-  const auto current = [&](const host_schedule::entry& e) { return p_.idle.scheduled(e, host); };
-  // A cut pass's looks left are due now: the host passes again right after the handlers.
-  if (!out.spin)
-    out.next_look_ns =
-        host.due.empty() ? host.schedule.next_ns(current) : now.time_since_epoch().count();
+  if (!out.spin) next_look(host, now, out);
   if (!p_.batch.empty()) deliver(now, out);
   // A stream whose next wait is no longer this host's, or that this pass planned as the
   // reactor's (learning, a missed prediction), would otherwise wait for the reactor's own look
@@ -39,7 +35,8 @@ poll_result host_pass::run(poll_host& host) noexcept {
   // Published inside the pass, so that a plan the reactor makes next sees it: a window the host
   // will not look at in time is told to it (idle_governor::plan_hosted), and the reactor naps
   // until the host's promise (this) has passed by its grace.
-  const std::int64_t margin = host.timer_margin_ns.load(std::memory_order_relaxed);
+  const std::int64_t margin =
+      out.next_is_tick ? 0 : host.timer_margin_ns.load(std::memory_order_relaxed);
   host.looks_at_ns.store(out.spin                               ? now.time_since_epoch().count()
                          : out.next_look_ns == poll_host::never ? poll_host::never
                                                                 : out.next_look_ns - margin,
@@ -48,6 +45,19 @@ poll_result host_pass::run(poll_host& host) noexcept {
   out.at_ns = now.time_since_epoch().count();
   p_.lock.end();
   return out;
+}
+
+void host_pass::next_look(poll_host& host, std::chrono::steady_clock::time_point now,
+                          poll_result& out) {
+  if (!host.due.empty()) {  // a cut pass's looks left: again right after the handlers
+    out.next_look_ns = now.time_since_epoch().count();
+    return;
+  }
+  const auto current = [&](const host_schedule::entry& e) { return p_.idle.scheduled(e, host); };
+  if (const host_schedule::entry* e = host.schedule.next(current)) {
+    out.next_look_ns = e->look_ns;
+    out.next_is_tick = e->tick;
+  }
 }
 
 bool host_pass::look_at_due(poll_host& host, std::chrono::steady_clock::time_point now,

@@ -67,6 +67,9 @@ class host_pass {
   /// Looks at the host's due streams and plans them again (a cut pass leaves the rest in
   /// host.due); true when one of them must be planned by the reactor thread.
   bool look_at_due(poll_host& host, std::chrono::steady_clock::time_point now, poll_result& out);
+  /// When the host should look next (out.next_look_ns, out.next_is_tick): now when a cut pass
+  /// left looks, else its schedule's earliest.
+  void next_look(poll_host& host, std::chrono::steady_clock::time_point now, poll_result& out);
   /// Whether the pass should stop before its next due look and deliver what it has found: it has
   /// found a completion, may be cut and has run until `deliver_at`.
   bool time_to_deliver(const poll_host& host, const pass_start& start,

@@ -31,7 +31,7 @@ void idle_governor::new_wait(stream_state& st, const wait_op& op, clock::time_po
   if (!activated) return;
   // The stream's first wait is its host's: the host's next pass plans it (host_schedule.hpp).
   if (op.host_ != nullptr && op.host_->host_role() == poll_host::role::polls)
-    op.host_->schedule.add(ns_of(now), &st, p.epoch,
+    op.host_->schedule.add({ns_of(now), &st, p.epoch},
                            [&](const host_schedule::entry& e) { return scheduled(e, *op.host_); });
   p.waiting_since = now;
   p.doorbell_armed = false;
@@ -48,6 +48,7 @@ void idle_governor::went_idle(stream_state& st) noexcept {
   p.on_poll_tick = false;
   p.host_look = clock::time_point::max();
   p.host_spin = false;
+  p.host_tick = false;
   p.scout_at = clock::time_point::max();
 }
 
@@ -80,6 +81,7 @@ void idle_governor::plan(stream_state& st, clock::time_point now) {
   } else {
     p.host_look = clock::time_point::max();
     p.host_spin = false;
+    p.host_tick = false;
   }
   plan_reactor(st, o, start, now, wake);
 }
@@ -192,6 +194,7 @@ bool idle_governor::plan_hosted(stream_state& st, poll_host& host, const stream_
   stream_state::plan_state& p = st.plan;
   p.host_look = clock::time_point::max();
   p.host_spin = false;
+  p.host_tick = false;
   if (o.unpredicted()) return false;  // learning or missed: the reactor's own policy (doorbells)
   // The reactor looks itself this long after the window closed: a safety net for a host that is
   // late, busy in a handler, or gone quiet (it then finds the wait and posts it as usual). Not
@@ -246,6 +249,7 @@ void idle_governor::plan_host_polls(stream_state& st, poll_host& host, const str
       // came due at a time of its own, and the io thread woke, or spun towards the next, for each
       // (docs/notebook.md, "The hosts' looks on one tick").
       p.host_look = tick_grid::next_look(now, settings_.window_poll_period);
+      p.host_tick = true;
       break;
   }
   const clock::time_point safety = o.window_close + grace;
@@ -281,7 +285,7 @@ bool idle_governor::plan_for_host(stream_state& st, poll_host& host, clock::time
 }
 
 void idle_governor::schedule(poll_host& host, stream_state& st) {
-  host.schedule.add(ns_of(st.plan.host_look), &st, st.plan.epoch,
+  host.schedule.add({ns_of(st.plan.host_look), &st, st.plan.epoch, st.plan.host_tick},
                     [&](const host_schedule::entry& e) { return scheduled(e, host); });
 }
 

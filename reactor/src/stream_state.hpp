@@ -123,10 +123,12 @@ struct stream_state {
     bool spin = false;              // the plan wants the reactor polling now
     idle_time wake{};  // when the plan wants the reactor awake (its next look, fault probe)
     /// When the oldest wait has a host (poll_host.hpp): when the host should look (max: not its
-    /// business now) and whether it should spin from then on; and the last wait the host was told
-    /// of (look_by, wake_until), so that it is told once.
+    /// business now), whether it should spin from then on, and whether the look is a tick of
+    /// irregular work (host_schedule::entry::tick); and the last wait the host was told of
+    /// (look_by, wake_until), so that it is told once.
     idle_time host_look = idle_time::max();
     bool host_spin = false;
+    bool host_tick = false;
     std::uint64_t host_told_seq = 0;
     /// Bumped by every new plan (and when the stream goes idle): a host's schedule entry of an
     /// older epoch is stale (host_schedule.hpp).

@@ -243,16 +243,18 @@ class io_context_host final : public poll_host {
     }
   }
 
-  /// (mutex_) Looks from `look_ns` on: arms the timer for it less the margin, unless the host
-  /// polls now or its timer fires before that anyway; starts polling if that is now.
-  void arm(std::int64_t look_ns, std::int64_t now) {
+  /// (mutex_) Looks from `look_ns` on: arms the timer for it less the margin (for a `tick` of
+  /// irregular work, for the look itself: poll_result::next_is_tick), unless the host polls now or
+  /// its timer fires before that anyway; starts polling if that is now.
+  void arm(std::int64_t look_ns, std::int64_t now, bool tick = false) {
     // pending_ == 0: the wait submitted has finished already (wait_submitted runs after it was
     // handed to the reactor); nothing is left to look for.
     if (polling_ || closed_ || pending_ == 0) return;
     // Early by the timer's lateness, but at most by half the time to the look: a look soon
     // (irregular work's next tick) is slept for, not spun towards.
-    const std::int64_t at =
-        look_ns - std::min(margin_.high(), std::max<std::int64_t>(0, (look_ns - now) / 2));
+    const std::int64_t lead =
+        tick ? 0 : std::min(margin_.high(), std::max<std::int64_t>(0, (look_ns - now) / 2));
+    const std::int64_t at = look_ns - lead;
     if (at - now < min_sleep_ns) {
       start_polling();
       return;
@@ -409,7 +411,7 @@ class io_context_host final : public poll_host {
     if (again && post_poll(/*promise=*/r.what != poll_result::outcome::busy)) return;
     polling_ = false;
     if (swept && next != never && pending_ > 0) {
-      arm(next, now);
+      arm(next, now, r.next_is_tick);
     } else {
       looks_at_ns.store(never, std::memory_order_relaxed);
     }

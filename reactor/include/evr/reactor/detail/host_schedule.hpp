@@ -29,6 +29,9 @@ class basic_host_schedule {
     std::int64_t look_ns;  ///< steady clock ns; the stream is due from then on
     Stream* stream;
     std::uint32_t epoch;  ///< the stream's plan epoch when scheduled
+    /// The look is a tick of irregular work (phase::window_poll): its phase against the work's
+    /// end is random, so it need not be made early (poll_result::next_is_tick).
+    bool tick = false;
   };
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
 
@@ -37,20 +40,27 @@ class basic_host_schedule {
   /// pass while the reactor plans its streams again would otherwise collect one entry per plan,
   /// and a loaded host's vector would grow now and then, mid-traffic).
   template <typename Current>
-  void add(std::int64_t look_ns, Stream* st, std::uint32_t epoch, Current&& current) {
+  void add(const entry& e, Current&& current) {
     if (heap_.capacity() == 0) heap_.reserve(initial_capacity);
     if (heap_.size() == heap_.capacity()) {
       compact(current);
       if (2 * heap_.size() >= heap_.capacity()) heap_.reserve(2 * heap_.capacity());
     }
-    heap_.push_back({look_ns, st, epoch});
+    heap_.push_back(e);
     std::push_heap(heap_.begin(), heap_.end(), later);
   }
-  /// The earliest entry's look (possibly a stale one: `current` drops those first).
+  /// The earliest current entry (`current` drops the stale ones first); nullptr when none is left.
+  /// Valid until the schedule next changes.
+  template <typename Current>
+  const entry* next(Current&& current) {
+    while (!heap_.empty() && !current(heap_.front())) pop();
+    return heap_.empty() ? nullptr : &heap_.front();
+  }
+  /// The earliest current entry's look; `never` when none is left.
   template <typename Current>
   std::int64_t next_ns(Current&& current) {
-    while (!heap_.empty() && !current(heap_.front())) pop();
-    return heap_.empty() ? never : heap_.front().look_ns;
+    const entry* e = next(current);
+    return e == nullptr ? never : e->look_ns;
   }
   /// Appends the current entries due at `now_ns` to `out` (in look order), each stream once:
   /// not again when `out` has it already (a look a pass left for the next, host_pass.cpp).

@@ -61,7 +61,7 @@ class poll_host {
   std::atomic<std::int64_t> lead_ns{50'000};
   /// (role polls) How early the host's timer must be asked to fire to be awake by a time: how
   /// late its timer wake-ups have been. Written by the host; poll_here publishes looks_at_ns
-  /// from it.
+  /// from it (for a look that is not a tick: poll_result::next_is_tick).
   std::atomic<std::int64_t> timer_margin_ns{20'000};
 
   /// (role polls) How long this host's passes have lately waited behind the other handlers of
@@ -115,6 +115,11 @@ struct poll_result {
   /// When the host should look next (steady clock ns): the earliest window of its waits, or the
   /// next poll tick of irregular work in its window; poll_host::never when it has none pending.
   std::int64_t next_look_ns = poll_host::never;
+  /// That next look is a tick of irregular work (host_schedule::entry::tick): the host arms its
+  /// timer for the look itself, not early by the timer's lateness. Such a look's phase against
+  /// the work's end is random, so being a few us late costs a few us of latency on average, while
+  /// being early by the margin cost a second fire or a spin to the look.
+  bool next_is_tick = false;
 };
 
 }  // namespace evr::detail
