@@ -37,7 +37,7 @@ TEST_CASE("host schedule: due streams come out in look order, each once, stale p
   s.add({10, &streams[1], 0}, current);
   s.add({20, &streams[2], 0}, current);
   s.add({15, &streams[1], 0}, current);  // the same plan scheduled twice: one look
-  streams[2].epoch = 1;                // planned again: its entry is stale
+  streams[2].epoch = 1;                  // planned again: its entry is stale
   CHECK(take_due(s, 25) == std::vector<stream_state*>{&streams[1]});
   CHECK(s.next_ns(current) == 30);
   CHECK(take_due(s, 30) == std::vector<stream_state*>{&streams[0]});
