@@ -243,17 +243,17 @@ class io_context_host final : public poll_host {
     }
   }
 
-  /// (mutex_) Looks from `look_ns` on: arms the timer for it less the margin (for a `tick` of
-  /// irregular work, for the look itself: poll_result::next_is_tick), unless the host polls now or
-  /// its timer fires before that anyway; starts polling if that is now.
+  /// (mutex_) Looks from `look_ns` on: arms the timer for it less the margin (less a `tick`'s
+  /// lead), unless the host polls now or its timer fires before that anyway; starts polling if
+  /// that is now.
   void arm(std::int64_t look_ns, std::int64_t now, bool tick = false) {
     // pending_ == 0: the wait submitted has finished already (wait_submitted runs after it was
     // handed to the reactor); nothing is left to look for.
     if (polling_ || closed_ || pending_ == 0) return;
     // Early by the timer's lateness, but at most by half the time to the look: a look soon
     // (irregular work's next tick) is slept for, not spun towards.
-    const std::int64_t lead =
-        tick ? 0 : std::min(margin_.high(), std::max<std::int64_t>(0, (look_ns - now) / 2));
+    const std::int64_t lead = std::min(tick ? tick_lead() : margin_.high(),
+                                       std::max<std::int64_t>(0, (look_ns - now) / 2));
     const std::int64_t at = look_ns - lead;
     if (at - now < min_sleep_ns) {
       start_polling();
@@ -271,6 +271,15 @@ class io_context_host final : public poll_host {
     if (!waiting_) wait_for_timer(/*learn=*/true);
 #endif
   }
+
+  /// (mutex_) How early to arm for a tick of irregular work (poll_result::next_is_tick). Its
+  /// look may come up to look_ahead_ns early (a pass makes the looks due that soon) and late by
+  /// the timer's lateness: so early by the least lateness seen plus the look-ahead, the fire
+  /// lands no earlier than the pass's reach (no second fire, no spin to the look) and is late
+  /// only by the lateness above the least. Early by the largest lateness (a steady window's
+  /// lead), many fires came before that reach; armed for the tick itself, every look was late by
+  /// the whole lateness (docs/notebook.md, "A tick's timer").
+  std::int64_t tick_lead() const noexcept { return margin_.low() + look_ahead_ns; }
 
 #if EVR_HAS_IO_CONTEXT_HOST
   /// (mutex_) Starts the one wait on the timerfd (`waiting_`); it ends in timer_fired, which

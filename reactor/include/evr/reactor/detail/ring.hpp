@@ -70,23 +70,28 @@ class ring {
 };
 
 /// The largest of the last N samples, each clamped to [lo, hi] (`initial` before the first): how
-/// late timers and wake-ups have been lately (about the 97th percentile for N = 32).
+/// late timers and wake-ups have been lately (about the 97th percentile for N = 32); and the
+/// smallest (`lo` before the first): how late they always are.
 template <std::size_t N>
 class recent_max {
  public:
   explicit recent_max(std::int64_t initial, std::int64_t lo = 0,
                       std::int64_t hi = std::numeric_limits<std::int64_t>::max()) noexcept
-      : high_(initial), lo_(lo), hi_(hi) {}
+      : high_(initial), low_(lo), lo_(lo), hi_(hi) {}
   void add(std::int64_t sample) noexcept {
     samples_.push_back(std::clamp(sample, lo_, hi_));
-    high_ = samples_.front();
-    for (std::size_t i = 1; i < samples_.size(); ++i) high_ = std::max(high_, samples_.at(i));
+    high_ = low_ = samples_.front();
+    for (std::size_t i = 1; i < samples_.size(); ++i) {
+      high_ = std::max(high_, samples_.at(i));
+      low_ = std::min(low_, samples_.at(i));
+    }
   }
   std::int64_t high() const noexcept { return high_; }
+  std::int64_t low() const noexcept { return low_; }
 
  private:
   ring<std::int64_t, N> samples_;
-  std::int64_t high_, lo_, hi_;
+  std::int64_t high_, low_, lo_, hi_;
 };
 
 }  // namespace evr::detail
