@@ -272,13 +272,10 @@ class io_context_host final : public poll_host {
 #endif
   }
 
-  /// (mutex_) How early to arm for a tick of irregular work (poll_result::next_is_tick). Its
-  /// look may come up to look_ahead_ns early (a pass makes the looks due that soon) and late by
-  /// the timer's lateness: so early by the least lateness seen plus the look-ahead, the fire
-  /// lands no earlier than the pass's reach (no second fire, no spin to the look) and is late
-  /// only by the lateness above the least. Early by the largest lateness (a steady window's
-  /// lead), many fires came before that reach; armed for the tick itself, every look was late by
-  /// the whole lateness (docs/notebook.md, "A tick's timer").
+  /// (mutex_) How early to arm for a tick of irregular work (poll_result::next_is_tick): by the
+  /// least lateness seen plus look_ahead_ns, so that the fire lands within the pass's reach of
+  /// the tick (no second fire, no spin to it) and is late only by the lateness above the least
+  /// (docs/notebook.md, "A tick's timer").
   std::int64_t tick_lead() const noexcept { return margin_.low() + look_ahead_ns; }
 
 #if EVR_HAS_IO_CONTEXT_HOST
