@@ -30,7 +30,7 @@ class basic_host_schedule {
     Stream* stream;
     std::uint32_t epoch;  ///< the stream's plan epoch when scheduled
     /// The look is a tick of irregular work (phase::window_poll): its phase against the work's
-    /// end is random, so it need not be made early (poll_result::next_is_tick).
+    /// end is random, so it need not be met early (poll_result::next_is_tick).
     bool tick = false;
   };
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
