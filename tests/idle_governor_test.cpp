@@ -421,7 +421,7 @@ TEST_CASE("idle governor: hosts' streams in polled windows come due together, on
     const evr::detail::host_schedule::entry* next = h->host.schedule.next(current);
     REQUIRE(next != nullptr);
     CHECK(next->look_ns == h->st.plan.host_look.time_since_epoch().count());
-    CHECK(next->tick);
+    CHECK(next->stream->plan.host_tick);
   }
 }
 
@@ -441,5 +441,5 @@ TEST_CASE("idle governor: a host's look at steady work's window is not a tick") 
   const evr::detail::host_schedule::entry* next = s.host.schedule.next(current);
   REQUIRE(next != nullptr);
   CHECK(next->look_ns == s.st.plan.host_look.time_since_epoch().count());
-  CHECK_FALSE(next->tick);
+  CHECK_FALSE(next->stream->plan.host_tick);
 }

@@ -285,7 +285,7 @@ bool idle_governor::plan_for_host(stream_state& st, poll_host& host, clock::time
 }
 
 void idle_governor::schedule(poll_host& host, stream_state& st) {
-  host.schedule.add({ns_of(st.plan.host_look), &st, st.plan.epoch, st.plan.host_tick},
+  host.schedule.add({ns_of(st.plan.host_look), &st, st.plan.epoch},
                     [&](const host_schedule::entry& e) { return scheduled(e, host); });
 }
 

@@ -124,7 +124,7 @@ struct stream_state {
     idle_time wake{};  // when the plan wants the reactor awake (its next look, fault probe)
     /// When the oldest wait has a host (poll_host.hpp): when the host should look (max: not its
     /// business now), whether it should spin from then on, and whether the look is a tick of
-    /// irregular work (host_schedule::entry::tick); and the last wait the host was told of
+    /// irregular work (poll_result::next_is_tick); and the last wait the host was told of
     /// (look_by, wake_until), so that it is told once.
     idle_time host_look = idle_time::max();
     bool host_spin = false;

@@ -29,9 +29,6 @@ class basic_host_schedule {
     std::int64_t look_ns;  ///< steady clock ns; the stream is due from then on
     Stream* stream;
     std::uint32_t epoch;  ///< the stream's plan epoch when scheduled
-    /// The look is a tick of irregular work (phase::window_poll): its phase against the work's
-    /// end is random, so it need not be met early (poll_result::next_is_tick).
-    bool tick = false;
   };
   static constexpr std::int64_t never = std::numeric_limits<std::int64_t>::max();
 

@@ -115,10 +115,10 @@ struct poll_result {
   /// When the host should look next (steady clock ns): the earliest window of its waits, or the
   /// next poll tick of irregular work in its window; poll_host::never when it has none pending.
   std::int64_t next_look_ns = poll_host::never;
-  /// That next look is a tick of irregular work (host_schedule::entry::tick): its phase against
-  /// the work's end is random, so the host need not meet it early by its timer's largest
-  /// lateness (which cost a second fire or a spin to the look); it arms early only by the least
-  /// lateness plus look_ahead_ns (io_context_host::tick_lead).
+  /// That next look is a tick of irregular work (its stream's plan_state::host_tick): its phase
+  /// against the work's end is random, so the host need not meet it early by its timer's
+  /// largest lateness (which cost a second fire or a spin to the look); it arms early only by
+  /// the least lateness plus look_ahead_ns (io_context_host::tick_lead).
   bool next_is_tick = false;
 };
 
