@@ -2,6 +2,7 @@
 // streams: no reactor, no device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -89,4 +90,28 @@ TEST_CASE("host schedule: due looks are appended after those a pass left, a stre
   s.take_due(40, current, due);
   CHECK(streams_of(due) == std::vector<stream_state*>{&streams[1], &streams[2], &streams[0]});
   CHECK(s.next_ns(current) == host_schedule::never);
+}
+
+TEST_CASE("host schedule: any_until sees the looks up to its bound only, and visits little more") {
+  // 100 streams, looks 10 apart, added latest first (the heap reorders them).
+  std::vector<stream_state> streams(100);
+  host_schedule s;
+  for (std::size_t i = streams.size(); i-- > 0;)
+    s.add({static_cast<std::int64_t>(10 * i), &streams[i], 0}, current);
+  std::vector<std::int64_t> seen;
+  const auto record = [&](const host_schedule::entry& e) {
+    seen.push_back(e.look_ns);
+    return false;
+  };
+  CHECK_FALSE(s.any_until(25, record));
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == std::vector<std::int64_t>{0, 10, 20});  // the pruned subtrees were not visited
+  const auto is = [&](std::size_t i) {
+    return [&, i](const host_schedule::entry& e) { return current(e) && e.stream == &streams[i]; };
+  };
+  CHECK(s.any_until(990, is(99)));
+  CHECK_FALSE(s.any_until(989, is(99)));
+  CHECK(s.any_until(500, is(50)));
+  streams[50].epoch = 1;  // planned again: its entry is stale, and the predicate says so
+  CHECK_FALSE(s.any_until(500, is(50)));
 }

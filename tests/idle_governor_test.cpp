@@ -37,9 +37,10 @@ struct promising_host final : poll_host {
 /// A stream with one wait, submitted at `now`, whose host polls and has promised to look a second
 /// from now.
 struct hosted_stream {
-  explicit hosted_stream(std::chrono::steady_clock::time_point now) {
+  /// `other`: the wait is that host's instead of the stream's own.
+  explicit hosted_stream(std::chrono::steady_clock::time_point now, poll_host* other = nullptr) {
     host.looks_at_ns.store((now + 1s).time_since_epoch().count());
-    op.host_ = &host;
+    op.host_ = other != nullptr ? other : &host;
     op.submitted_at_ = now;
     st.entries.insert({1, nullptr, &op});
   }
@@ -442,4 +443,51 @@ TEST_CASE("idle governor: a host's look at steady work's window is not a tick") 
   REQUIRE(next != nullptr);
   CHECK(next->look_ns == s.st.plan.host_look.time_since_epoch().count());
   CHECK_FALSE(next->stream->plan.host_tick);
+}
+
+TEST_CASE("idle governor: a tick with a steady window just after it is met early as the window") {
+  // The host arms its timer for its earliest look only, and for a tick early by its least
+  // lateness alone. A steady window of another of the host's streams that opens within the
+  // timer's margin after the tick would be looked at that much late: the tick is then no tick.
+  governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
+  const auto period = g.options.poll_period;
+  const auto in_window =
+      evr::detail::tick_grid::at_or_before(std::chrono::steady_clock::now() + 5ms, period);
+  const auto now = in_window - 5ms;
+  hosted_stream irregular(now);
+  for (int i = 0; i < 8; ++i) irregular.st.plan.model.add(i % 2 == 0 ? 4ms : 8ms);
+  evr::detail::poll_result out;
+  g.idle.plan_for_host(irregular.st, irregular.host, in_window, out);
+  const auto tick = irregular.st.plan.host_look;
+  REQUIRE(irregular.st.plan.host_tick);
+  evr::detail::poll_host& host = irregular.host;
+  const auto current = [&](const evr::detail::host_schedule::entry& e) {
+    return g.idle.scheduled(e, host);
+  };
+
+  // A steady stream's window opens at a fixed time after its wait was submitted: found with a
+  // first plan, then its wait is moved so that the window opens 10 us after the tick.
+  hosted_stream steady(now, &host);  // a wait of the irregular stream's host
+  steady.op.submitted_at_ = in_window;
+  for (int i = 0; i < 8; ++i) steady.st.plan.model.add(4ms);
+  g.idle.plan_for_host(steady.st, host, in_window, out);
+  REQUIRE_FALSE(steady.st.plan.host_tick);
+  REQUIRE(steady.st.plan.host_look > in_window);  // before its window
+  const auto open_after_submit = steady.st.plan.host_look - steady.op.submitted_at_;
+  steady.op.submitted_at_ = tick + 10us - open_after_submit;
+  steady.st.plan.stale = true;
+  g.idle.plan_for_host(steady.st, host, in_window, out);
+  REQUIRE(steady.st.plan.host_look == tick + 10us);
+
+  const evr::detail::host_schedule::entry* next = host.schedule.next(current);
+  REQUIRE(next != nullptr);
+  REQUIRE(next->stream == &irregular.st);  // the tick is the host's earliest look
+  host.timer_margin_ns.store(std::chrono::nanoseconds(20us).count());
+  CHECK_FALSE(g.idle.next_look_is_tick(host, *next));  // the window is within the margin
+  host.timer_margin_ns.store(std::chrono::nanoseconds(9us).count());
+  CHECK(g.idle.next_look_is_tick(host, *next));  // beyond it: the tick's own lead will do
+  // Without the steady window (its stream went idle: its entry is stale).
+  host.timer_margin_ns.store(std::chrono::nanoseconds(20us).count());
+  g.idle.went_idle(steady.st);
+  CHECK(g.idle.next_look_is_tick(host, *next));
 }

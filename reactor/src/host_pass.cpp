@@ -56,7 +56,7 @@ void host_pass::next_look(poll_host& host, std::chrono::steady_clock::time_point
   const auto current = [&](const host_schedule::entry& e) { return p_.idle.scheduled(e, host); };
   if (const host_schedule::entry* e = host.schedule.next(current)) {
     out.next_look_ns = e->look_ns;
-    out.next_is_tick = e->stream->plan.host_tick;  // a current entry is the plan's own look
+    out.next_is_tick = p_.idle.next_look_is_tick(host, *e);
   }
 }
 

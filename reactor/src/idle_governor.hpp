@@ -156,6 +156,10 @@ class idle_governor {
   /// A host's schedule entry (host_schedule.hpp) still stands: the stream was not planned again
   /// since, and its oldest wait is still the host's.
   bool scheduled(const host_schedule::entry& e, const poll_host& host) const noexcept;
+  /// Whether `host`'s next look (`next`, its schedule's earliest current entry) is a tick of
+  /// irregular work its timer need not meet early (poll_result::next_is_tick): a tick with no
+  /// steady window of the host's opening within the timer's margin after it.
+  bool next_look_is_tick(const poll_host& host, const host_schedule::entry& next) const;
   /// After a host's pass looked at `st` (or found its look not due): plans it when its plan is
   /// stale or due, schedules its next look on the host and says whether it spins now
   /// (out.spin). True when a stream the host covered became the reactor's (learning again, a

@@ -293,6 +293,20 @@ bool idle_governor::scheduled(const host_schedule::entry& e, const poll_host& ho
   return e.epoch == e.stream->plan.epoch && host_of(*e.stream) == &host;
 }
 
+bool idle_governor::next_look_is_tick(const poll_host& host,
+                                      const host_schedule::entry& next) const {
+  // A current entry is its plan's own look, so the plan says whether it is a tick. The host arms
+  // its timer for its earliest look only: a steady window that opens within the timer's margin
+  // after the tick would be looked at late by up to the timer's excess lateness (the tick's
+  // timer is armed early by the least lateness only, io_context_host::tick_lead).
+  if (!next.stream->plan.host_tick) return false;
+  const std::int64_t margin = host.timer_margin_ns.load(std::memory_order_relaxed);
+  const auto steady = [&](const host_schedule::entry& e) {
+    return scheduled(e, host) && !e.stream->plan.host_tick;
+  };
+  return !host.schedule.any_until(next.look_ns + margin, steady);
+}
+
 poll_host* idle_governor::host_of(const stream_state& st) const noexcept {
   if (st.entries.empty()) return nullptr;
   // An event marker (more streams than hardware queues) costs the host a driver query per look

@@ -59,6 +59,13 @@ class basic_host_schedule {
     const entry* e = next(current);
     return e == nullptr ? never : e->look_ns;
   }
+  /// Whether an entry with a look at or before `until_ns` satisfies `pred` (which should drop
+  /// the stale ones itself). Visits only those entries and their children (the heap's order:
+  /// no child looks before its parent), so a near `until_ns` costs a few entries, not all.
+  template <typename Pred>
+  bool any_until(std::int64_t until_ns, Pred&& pred) const {
+    return any_until_from(0, until_ns, pred);
+  }
   /// Appends the current entries due at `now_ns` to `out` (in look order), each stream once:
   /// not again when `out` has it already (a look a pass left for the next, host_pass.cpp).
   template <typename Current>
@@ -84,6 +91,12 @@ class basic_host_schedule {
  private:
   static constexpr std::size_t initial_capacity = 64;
   static bool later(const entry& a, const entry& b) noexcept { return a.look_ns > b.look_ns; }
+  template <typename Pred>
+  bool any_until_from(std::size_t i, std::int64_t until_ns, Pred& pred) const {
+    if (i >= heap_.size() || heap_[i].look_ns > until_ns) return false;
+    return pred(heap_[i]) || any_until_from(2 * i + 1, until_ns, pred) ||
+           any_until_from(2 * i + 2, until_ns, pred);
+  }
   void pop() {
     std::pop_heap(heap_.begin(), heap_.end(), later);
     heap_.pop_back();
