@@ -302,7 +302,7 @@ bool idle_governor::next_look_is_tick(const poll_host& host,
   if (!next.stream->plan.host_tick) return false;
   const std::int64_t margin = host.timer_margin_ns.load(std::memory_order_relaxed);
   const auto steady = [&](const host_schedule::entry& e) {
-    return scheduled(e, host) && !e.stream->plan.host_tick;
+    return !e.stream->plan.host_tick && scheduled(e, host);  // the cheap test first
   };
   return !host.schedule.any_until(next.look_ns + margin, steady);
 }
