@@ -14,8 +14,9 @@
 //     (not posted: a post would queue behind the handlers that came meanwhile); each poll is a
 //     pass of the reactor on this thread (detail::poll_here), which takes the waits submitted
 //     since the last one (those of this thread: the reactor thread is not woken for them), retires
-//     the host's waits that are done and posts their completions to this thread's private queue
-//     (run right after the poll); the poll re-posts itself (a continuation: no lock, no wake-up,
+//     the host's waits that are done and posts their completions to the context's queue while
+//     it holds the pass lock (io_context_posts.hpp: in stream order with the reactor thread's
+//     posts); the poll re-posts itself (a continuation: no lock, no wake-up,
 //     run after the handlers queued meanwhile) while a window of its waits is open, and, while the
 //     thread is awake anyway (the poll waited behind other handlers, or delivered completions
 //     whose handlers run next) and a window opens soon, after each batch of handlers: a look

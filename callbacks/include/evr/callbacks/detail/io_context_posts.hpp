@@ -101,20 +101,26 @@ class io_context_posts final : public deferred_posts {
 
   /// Posts `f` to `ctx` as asio::post would (allocated with `f`'s associated allocator), held
   /// back until the end of the reactor's batch when this thread is delivering one; at once
-  /// otherwise. Throws what the allocator throws (then `f` was destroyed).
+  /// otherwise, and then into the context's shared queue on a thread of `ctx` too (see flush()).
+  /// Throws what the allocator throws (then `f` was destroyed).
   template <typename F>
   void post(asio::io_context& ctx, F&& f) {
     using function = std::decay_t<F>;
     using allocator = asio::associated_allocator_t<function>;
     using op = asio::detail::executor_op<function, allocator, asio::detail::operation>;
     const allocator alloc = asio::get_associated_allocator(f);
-    if (!hold_until_batch_end(*this)) {
+    const bool held = hold_until_batch_end(*this);
+    if (!held && !ctx.get_executor().running_in_this_thread()) {
       asio::post(ctx.get_executor(), std::forward<F>(f));
       return;
     }
     typename op::ptr p = {std::addressof(alloc), op::ptr::allocate(alloc), nullptr};
     p.p = ::new (p.v) op(std::forward<F>(f), alloc);
-    hold(ctx, p.p);
+    if (held) {
+      hold(ctx, p.p);
+    } else {
+      scheduler_of(ctx).do_dispatch(p.p);  // the shared queue (flush() says why)
+    }
     p.v = p.p = nullptr;
   }
 
@@ -123,12 +129,21 @@ class io_context_posts final : public deferred_posts {
   void flush() noexcept override {
     for (std::size_t i = 0; i < count_; ++i) {
       held& h = held_[i];
-      // Counts the work of the n operations and queues them under one lock (the scheduler's
-      // run loop finishes one unit of work per operation it runs, as after post()). On a thread
-      // of that context (a poll host's pass: the last hop) as continuations: into the thread's
-      // private queue, run right after the pass, with no lock and no wake-up.
-      const bool here = h.context->get_executor().running_in_this_thread();
-      h.scheduler->post_immediate_completions(h.count, h.ops, here);  // empties h.ops
+      // Counts the work of the n operations and queues them (the scheduler's run loop finishes
+      // one unit of work per operation it runs, as after post()), under one lock. On a thread of
+      // that context (a poll host's pass: the last hop) one lock each, into the shared queue too,
+      // never the thread's private one: Asio appends that to the shared queue only when the
+      // running handler returns, so a later completion of the same stream that the reactor
+      // thread posted meanwhile ran first (host_func markers on an H200). Queued now, under the
+      // pass lock, they keep the stream's order.
+      if (h.context->get_executor().running_in_this_thread()) {
+        while (asio::detail::operation* o = h.ops.front()) {
+          h.ops.pop();
+          h.scheduler->do_dispatch(o);
+        }
+      } else {
+        h.scheduler->post_immediate_completions(h.count, h.ops, false);  // empties h.ops
+      }
       h.context = nullptr;
       h.scheduler = nullptr;
       h.count = 0;
@@ -155,11 +170,14 @@ class io_context_posts final : public deferred_posts {
       h->context = &ctx;
       // The io_context's scheduler is its implementation service (one registry lookup, under
       // the registry's lock, once per context and batch).
-      h->scheduler =
-          &asio::use_service<asio::detail::scheduler>(static_cast<asio::execution_context&>(ctx));
+      h->scheduler = &scheduler_of(ctx);
     }
     h->ops.push(o);
     ++h->count;
+  }
+
+  static asio::detail::scheduler& scheduler_of(asio::io_context& ctx) {
+    return asio::use_service<asio::detail::scheduler>(static_cast<asio::execution_context&>(ctx));
   }
 
   io_context_posts() = default;
