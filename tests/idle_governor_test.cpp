@@ -49,6 +49,18 @@ struct hosted_stream {
   evr::detail::stream_state st;
 };
 
+/// A point of `g`'s poll tick about 5 ms from now (tick_grid.hpp): looks planned a few us after
+/// it fall before the same next point.
+std::chrono::steady_clock::time_point tick_point_ahead(const governor_alone& g) {
+  return evr::detail::tick_grid::at_or_before(std::chrono::steady_clock::now() + 5ms,
+                                              g.options.poll_period);
+}
+
+/// Gives `st`'s model irregular work: 4 and 8 ms, alternating.
+void learn_irregular(evr::detail::stream_state& st) {
+  for (int i = 0; i < 8; ++i) st.plan.model.add(i % 2 == 0 ? 4ms : 8ms);
+}
+
 }  // namespace
 
 TEST_CASE("idle governor: a covered stream is left to its host only by a reactor that sleeps") {
@@ -390,12 +402,11 @@ TEST_CASE("idle governor: hosts' streams in polled windows come due together, on
   const auto period = g.options.poll_period;
   // The first looks on a point of the tick, so that looks planned 7 us apart fall before the same
   // next point.
-  const auto in_window =
-      evr::detail::tick_grid::at_or_before(std::chrono::steady_clock::now() + 5ms, period);
+  const auto in_window = tick_point_ahead(g);
   const auto now = in_window - 5ms;
   hosted_stream a(now), b(now);  // two streams, each with its host (two io threads, or one's)
-  for (evr::detail::stream_state* st : {&a.st, &b.st})
-    for (int i = 0; i < 8; ++i) st->plan.model.add(i % 2 == 0 ? 4ms : 8ms);  // irregular
+  learn_irregular(a.st);
+  learn_irregular(b.st);
   evr::detail::poll_result out;
   // The hosts' passes plan them 7 us apart.
   g.idle.plan_for_host(a.st, a.host, in_window, out);
@@ -450,12 +461,10 @@ TEST_CASE("idle governor: a tick with a steady window just after it is met early
   // lateness alone. A steady window of another of the host's streams that opens within the
   // timer's margin after the tick would be looked at that much late: the tick is then no tick.
   governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
-  const auto period = g.options.poll_period;
-  const auto in_window =
-      evr::detail::tick_grid::at_or_before(std::chrono::steady_clock::now() + 5ms, period);
+  const auto in_window = tick_point_ahead(g);
   const auto now = in_window - 5ms;
   hosted_stream irregular(now);
-  for (int i = 0; i < 8; ++i) irregular.st.plan.model.add(i % 2 == 0 ? 4ms : 8ms);
+  learn_irregular(irregular.st);
   evr::detail::poll_result out;
   g.idle.plan_for_host(irregular.st, irregular.host, in_window, out);
   const auto tick = irregular.st.plan.host_look;
