@@ -1,13 +1,16 @@
 // tests/support/governor_alone.hpp — what the idle governor's unit tests share
-// (idle_governor_test.cpp, idle_governor_tick_test.cpp): a governor with no reactor and no
-// thread, and a stream with one wait of its own, which the tests plan and look at by hand.
+// (idle_governor_test.cpp, idle_governor_tick_test.cpp, idle_governor_host_tick_test.cpp): a
+// governor with no reactor and no thread, a stream with one wait of its own, and one whose wait a
+// host covers, which the tests plan and look at by hand.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <system_error>
 
 #include <doctest/doctest.h>
 
+#include <evr/reactor/detail/poll_host.hpp>
 #include <evr/reactor/detail/wait_op.hpp>
 #include <evr/sim/device.hpp>
 
@@ -56,6 +59,29 @@ struct lone_wait {
   }
   evr::detail::stream_state st;
   evr::detail::wait_op op{&never_completes};
+};
+
+/// A host that has promised to look a second from now, and does nothing else.
+struct promising_host final : evr::detail::poll_host {
+  promising_host() : poll_host(role::polls) {}
+  void look_by(std::int64_t) noexcept override {}
+  void wake_until(std::int64_t) noexcept override {}
+};
+
+/// A stream with one wait, submitted at `now`, whose host polls and has promised to look a second
+/// from now.
+struct hosted_stream {
+  /// `other`: the wait is that host's instead of the stream's own.
+  explicit hosted_stream(std::chrono::steady_clock::time_point now,
+                         evr::detail::poll_host* other = nullptr) {
+    host.looks_at_ns.store((now + std::chrono::seconds(1)).time_since_epoch().count());
+    op.host_ = other != nullptr ? other : &host;
+    op.submitted_at_ = now;
+    st.entries.insert({1, nullptr, &op});
+  }
+  promising_host host;
+  evr::detail::wait_op op{&never_completes};
+  evr::detail::stream_state st;
 };
 
 }  // namespace evr::test
