@@ -11,12 +11,14 @@
 //
 // What is held: only completions whose handler executor is a plain io_context executor (directly,
 // or behind an any_io_executor), delivered by the reactor inside a batch (deferred_posts.hpp has
-// the protocol). Each stays its own scheduler operation, so several threads running the context
-// share a batch as they would share separate posts, and a context that shuts down destroys the
-// ones still queued (the operation is destroyed unrun, as any posted function is). Completions
-// for other executors (strands, thread pools, user executors) are posted at once. Each executor's
-// handlers keep the batch's order; across executors there is none to keep (an idle strand's first
-// handler brings the strand's whole queue with it, in Asio with or without this).
+// the protocol) on a thread that does not run that context; on one that does (a host's pass),
+// each is queued at once (post() says why). Each stays its own scheduler operation, so several
+// threads running the context share a batch as they would share separate posts, and a context that
+// shuts down destroys the ones still queued (the operation is destroyed unrun, as any posted
+// function is). Completions for other executors (strands, thread pools, user executors) are posted
+// at once. Each executor's handlers keep the batch's order; across executors there is none to keep
+// (an idle strand's first handler brings the strand's whole queue with it, in Asio with or without
+// this).
 //
 // Threads: one object per thread (this_thread()); only the reactor thread ever holds anything.
 // Lifetime: flush() forgets every context: nothing refers to a context between batches.
@@ -99,27 +101,31 @@ class io_context_posts final : public deferred_posts {
     return posts;
   }
 
-  /// Posts `f` to `ctx` as asio::post would (allocated with `f`'s associated allocator), held
-  /// back until the end of the reactor's batch when this thread is delivering one; at once
-  /// otherwise, and then into the context's shared queue on a thread of `ctx` too (see flush()).
-  /// Throws what the allocator throws (then `f` was destroyed).
+  /// Posts `f` to `ctx` as asio::post would (allocated with `f`'s associated allocator). On a
+  /// thread of `ctx` (a poll host's pass: the last hop) into the context's shared queue at once,
+  /// never the thread's private one: Asio appends that to the shared queue only when the running
+  /// handler returns, so a later completion of the same stream that the reactor thread posted
+  /// meanwhile ran first (host_func markers on an H200); queued now, under the pass lock, they
+  /// keep the stream's order, and holding them would save no lock. Elsewhere held back until the
+  /// end of the reactor's batch when this thread is delivering one, at once otherwise. Throws
+  /// what the allocator throws (then `f` was destroyed).
   template <typename F>
   void post(asio::io_context& ctx, F&& f) {
     using function = std::decay_t<F>;
     using allocator = asio::associated_allocator_t<function>;
     using op = asio::detail::executor_op<function, allocator, asio::detail::operation>;
     const allocator alloc = asio::get_associated_allocator(f);
-    const bool held = hold_until_batch_end(*this);
-    if (!held && !ctx.get_executor().running_in_this_thread()) {
+    const bool here = ctx.get_executor().running_in_this_thread();
+    if (!here && !hold_until_batch_end(*this)) {
       asio::post(ctx.get_executor(), std::forward<F>(f));
       return;
     }
     typename op::ptr p = {std::addressof(alloc), op::ptr::allocate(alloc), nullptr};
     p.p = ::new (p.v) op(std::forward<F>(f), alloc);
-    if (held) {
-      hold(ctx, p.p);
+    if (here) {
+      scheduler_of(ctx).do_dispatch(p.p);  // counts its work and queues it under the lock
     } else {
-      scheduler_of(ctx).do_dispatch(p.p);  // the shared queue (flush() says why)
+      hold(ctx, p.p);
     }
     p.v = p.p = nullptr;
   }
@@ -129,21 +135,9 @@ class io_context_posts final : public deferred_posts {
   void flush() noexcept override {
     for (std::size_t i = 0; i < count_; ++i) {
       held& h = held_[i];
-      // Counts the work of the n operations and queues them (the scheduler's run loop finishes
-      // one unit of work per operation it runs, as after post()), under one lock. On a thread of
-      // that context (a poll host's pass: the last hop) one lock each, into the shared queue too,
-      // never the thread's private one: Asio appends that to the shared queue only when the
-      // running handler returns, so a later completion of the same stream that the reactor
-      // thread posted meanwhile ran first (host_func markers on an H200). Queued now, under the
-      // pass lock, they keep the stream's order.
-      if (h.context->get_executor().running_in_this_thread()) {
-        while (asio::detail::operation* o = h.ops.front()) {
-          h.ops.pop();
-          h.scheduler->do_dispatch(o);
-        }
-      } else {
-        h.scheduler->post_immediate_completions(h.count, h.ops, false);  // empties h.ops
-      }
+      // Counts the work of the n operations and queues them under one lock (the scheduler's
+      // run loop finishes one unit of work per operation it runs, as after post()).
+      h.scheduler->post_immediate_completions(h.count, h.ops, false);  // empties h.ops
       h.context = nullptr;
       h.scheduler = nullptr;
       h.count = 0;
@@ -168,16 +162,15 @@ class io_context_posts final : public deferred_posts {
       if (count_ == held_.size()) flush();  // many contexts in one batch: post what is held
       h = &held_[count_++];
       h->context = &ctx;
-      // The io_context's scheduler is its implementation service (one registry lookup, under
-      // the registry's lock, once per context and batch).
       h->scheduler = &scheduler_of(ctx);
     }
     h->ops.push(o);
     ++h->count;
   }
 
-  static asio::detail::scheduler& scheduler_of(asio::io_context& ctx) {
-    return asio::use_service<asio::detail::scheduler>(static_cast<asio::execution_context&>(ctx));
+  /// The io_context's scheduler: its implementation, which Asio hands out without a lookup.
+  static asio::detail::scheduler& scheduler_of(asio::io_context& ctx) noexcept {
+    return asio::use_service<asio::detail::io_context_impl>(ctx);
   }
 
   io_context_posts() = default;
