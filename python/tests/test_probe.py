@@ -169,9 +169,8 @@ def test_work_that_changes_length_is_predicted_again_within_its_phase(dev, spin_
     predicted wait done in less than half the predicted length, or two in a row far past their
     windows, now start the model again, and the phase is predicted within a few waits. Counted
     per kind of phase over three cycles; a loaded machine that scatters the work's times makes
-    the stream unpredictable whatever the model does, for stretches of a second or so (three
-    tries, 1.5 s, once failed in CI's build with Boost, run beside the C++ tests), so tries go
-    on for up to 10 s (attempts())."""
+    the stream unpredictable whatever the model does for stretches of a second or so, so the
+    tries go on for up to 10 s (attempts())."""
     reactor = evr.Reactor("fence", device=dev, shutdown_drain=0.05)
     s = dev.stream()
     phases = [(0.005, 20), (0.0002, 20)]
