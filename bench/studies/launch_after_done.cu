@@ -41,21 +41,11 @@
 namespace {
 
 using study::check;
+using study::mapped_words;
+using study::spin_until;
+using study::wait_words;
+using study::work_then_write;
 using clock_type = std::chrono::steady_clock;
-
-/// Spins until the host writes a non-zero value to `stop` (mapped host memory).
-__global__ void spin_until(volatile const unsigned* stop) {
-  while (*stop == 0) {
-  }
-}
-
-/// Spins for `ns` of the GPU's global timer, then writes `value` to `word` (mapped host memory),
-/// visible to the host before the kernel ends.
-__global__ void work_then_write(unsigned long long ns, volatile unsigned* word, unsigned value) {
-  study::spin_for(ns);
-  *word = value;
-  __threadfence_system();
-}
 
 using samples = study::call_times;
 
@@ -71,31 +61,6 @@ struct table {
   calls first, later;  // the round's first driver call (stream 0), the other streams
   int queries_not_done = 0;
 };
-
-/// Mapped host memory: the host's pointer and the device's.
-struct mapped_words {
-  unsigned* host = nullptr;
-  unsigned* device = nullptr;
-  explicit mapped_words(int n) {
-    check(cudaHostAlloc(reinterpret_cast<void**>(&host), n * sizeof(unsigned), cudaHostAllocMapped),
-          "cudaHostAlloc");
-    std::fill(host, host + n, 0u);
-    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), host, 0),
-          "cudaHostGetDevicePointer");
-  }
-  ~mapped_words() { cudaFreeHost(host); }
-  mapped_words(const mapped_words&) = delete;
-  mapped_words& operator=(const mapped_words&) = delete;
-};
-
-/// Spins without a driver call until every word holds `value`, then 100 us more.
-void wait_words(const volatile unsigned* words, int n, unsigned value) {
-  for (int i = 0; i < n; ++i)
-    while (words[i] != value) std::atomic_thread_fence(std::memory_order_acquire);
-  const clock_type::time_point until = clock_type::now() + std::chrono::microseconds(100);
-  while (clock_type::now() < until) {
-  }
-}
 
 /// A query that must find the work done; a not-ready answer is counted, any other error ends
 /// the study.

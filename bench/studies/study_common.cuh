@@ -1,11 +1,13 @@
 // bench/studies/study_common.cuh — what the CUDA studies (marker_queues.cu, event_queries.cu,
-// launch_after_done.cu) share: the work kernel, timed calls, the error check and the command line.
+// launch_after_done.cu, parallel_queries.cu) share: the work kernels, words the GPU writes into
+// host memory, timed calls, the error check and the command line.
 // Each study is one executable; this header is included by one translation unit of each.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +55,47 @@ inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
     std::exit(1);
+  }
+}
+
+/// Spins until the host writes a non-zero value to `stop` (mapped host memory): a busy device
+/// for as long as the host wants, without a driver call to end it.
+__global__ void spin_until(volatile const unsigned* stop) {
+  while (*stop == 0) {
+  }
+}
+
+/// Spins for `ns` of the GPU's global timer, then writes `value` to `word` (mapped host memory),
+/// visible to the host before the kernel ends.
+__global__ void work_then_write(unsigned long long ns, volatile unsigned* word, unsigned value) {
+  spin_for(ns);
+  *word = value;
+  __threadfence_system();
+}
+
+/// Mapped host memory: the host's pointer and the device's.
+struct mapped_words {
+  unsigned* host = nullptr;
+  unsigned* device = nullptr;
+  explicit mapped_words(int n) {
+    check(cudaHostAlloc(reinterpret_cast<void**>(&host), n * sizeof(unsigned), cudaHostAllocMapped),
+          "cudaHostAlloc");
+    std::fill(host, host + n, 0u);
+    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), host, 0),
+          "cudaHostGetDevicePointer");
+  }
+  ~mapped_words() { cudaFreeHost(host); }
+  mapped_words(const mapped_words&) = delete;
+  mapped_words& operator=(const mapped_words&) = delete;
+};
+
+/// Spins without a driver call until every word holds `value`, then 100 us more (for the work's
+/// events, which land after the kernel's own write).
+inline void wait_words(const volatile unsigned* words, int n, unsigned value) {
+  for (int i = 0; i < n; ++i)
+    while (words[i] != value) std::atomic_thread_fence(std::memory_order_acquire);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
+  while (std::chrono::steady_clock::now() < until) {
   }
 }
 
