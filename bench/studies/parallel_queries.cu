@@ -101,7 +101,8 @@ class query_crew {
       for (std::size_t i = static_cast<std::size_t>(t); i < events_.size(); i += stride) {
         const auto start = clock_type::now();
         const cudaError_t e = cudaEventQuery(events_[i]);
-        const double took = std::chrono::duration<double, std::nano>(clock_type::now() - start).count();
+        const double took =
+            std::chrono::duration<double, std::nano>(clock_type::now() - start).count();
         if (e == cudaErrorNotReady)
           not_done_.fetch_add(1, std::memory_order_relaxed);
         else
@@ -185,11 +186,11 @@ int main(int argc, char** argv) {
   study::options opt = study::parse(argc, argv, "evr-parallel-queries");
   check(cudaSetDevice(0), "cudaSetDevice");
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  std::printf("parallel-queries: work %.0f us, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s, %u cpus\n",
-              opt.work_us, opt.rounds, conn ? conn : "unset (8)",
-              std::thread::hardware_concurrency());
-  std::printf("%8s %-6s %8s %9s %9s %9s %9s %8s %8s\n", "streams", "device", "threads",
-              "query p50", "p90 ns", "wall p50", "p90 us", "overlap", "p90");
+  std::printf(
+      "parallel-queries: work %.0f us, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s, %u cpus\n",
+      opt.work_us, opt.rounds, conn ? conn : "unset (8)", std::thread::hardware_concurrency());
+  std::printf("%8s %-6s %8s %9s %9s %9s %9s %8s %8s\n", "streams", "device", "threads", "query p50",
+              "p90 ns", "wall p50", "p90 us", "overlap", "p90");
   for (bool busy : {false, true})
     for (int n : {16, 64, 128})
       for (int threads : {1, 2, 4}) run(n, threads, opt.rounds, opt.work_us, busy);
