@@ -41,8 +41,7 @@
 namespace {
 
 using study::check;
-using study::mapped_words;
-using study::spin_until;
+using study::streams_with_words;
 using study::wait_words;
 using study::work_then_write;
 using clock_type = std::chrono::steady_clock;
@@ -86,16 +85,9 @@ void print_rows(int n, bool busy_device, const char* which, calls& c) {
 }
 
 void run(int n, int rounds, double work_us, bool busy_device) {
-  std::vector<cudaStream_t> streams(n);
-  std::vector<cudaEvent_t> events(n);
-  for (int i = 0; i < n; ++i) {
-    check(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), "stream");
-    check(cudaEventCreateWithFlags(&events[i], cudaEventDisableTiming), "event");
-  }
-  cudaStream_t background = nullptr;
-  check(cudaStreamCreateWithFlags(&background, cudaStreamNonBlocking), "stream");
-  mapped_words words(n), stop(1);
-  if (busy_device) spin_until<<<1, 1, 0, background>>>(stop.device);
+  streams_with_words lanes(n, busy_device);
+  const std::vector<cudaStream_t>& streams = lanes.streams;
+  const std::vector<cudaEvent_t>& events = lanes.events;
   const auto work_ns = static_cast<unsigned long long>(work_us * 1000);
   table t;
   const int warm_up = 2;
@@ -109,29 +101,22 @@ void run(int n, int rounds, double work_us, bool busy_device) {
         counted_query(c.stream_query, t.queries_not_done,
                       [&] { return cudaStreamQuery(streams[i]); });
       c.launch[static_cast<int>(how)].time([&] {
-        work_then_write<<<1, 1, 0, streams[i]>>>(work_ns, words.device + i,
+        work_then_write<<<1, 1, 0, streams[i]>>>(work_ns, lanes.words.device + i,
                                                  static_cast<unsigned>(r));
         return 0;
       });
       check(cudaGetLastError(), "launch");
       check(cudaEventRecord(events[i], streams[i]), "record");
     }
-    wait_words(words.host, n, static_cast<unsigned>(r));
+    wait_words(lanes.words.host, n, static_cast<unsigned>(r));
     if (r <= warm_up) t = table{};
   }
-  *static_cast<volatile unsigned*>(stop.host) = 1;
-  check(cudaDeviceSynchronize(), "synchronize");
   print_rows(n, busy_device, "first call", t.first);
   if (n > 1) print_rows(n, busy_device, "later", t.later);
   if (t.queries_not_done > 0)
     std::printf("%8d %-6s %d queries found the work not done (the rows above mean less)\n", n,
                 busy_device ? "busy" : "idle", t.queries_not_done);
   std::fflush(stdout);
-  cudaStreamDestroy(background);
-  for (int i = 0; i < n; ++i) {
-    cudaEventDestroy(events[i]);
-    cudaStreamDestroy(streams[i]);
-  }
 }
 
 }  // namespace

@@ -37,10 +37,8 @@
 namespace {
 
 using study::check;
-using study::mapped_words;
-using study::spin_until;
+using study::streams_with_words;
 using study::wait_words;
-using study::work_then_write;
 using clock_type = std::chrono::steady_clock;
 
 /// T threads that query their share of the events each time the main thread releases a round.
@@ -128,56 +126,32 @@ class query_crew {
 };
 
 void run(int n, int threads, int rounds, double work_us, bool busy_device) {
-  std::vector<cudaStream_t> streams(n);
-  std::vector<cudaEvent_t> events(n);
-  for (int i = 0; i < n; ++i) {
-    check(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), "stream");
-    check(cudaEventCreateWithFlags(&events[i], cudaEventDisableTiming), "event");
-  }
-  cudaStream_t background = nullptr;
-  check(cudaStreamCreateWithFlags(&background, cudaStreamNonBlocking), "stream");
-  mapped_words words(n), stop(1);
-  if (busy_device) spin_until<<<1, 1, 0, background>>>(stop.device);
+  streams_with_words lanes(n, busy_device);
   const auto work_ns = static_cast<unsigned long long>(work_us * 1000);
   study::call_times wall, overlap;
-  {
-    query_crew crew(events, threads);
-    const int warm_up = 2;
-    for (int r = 1; r <= rounds + warm_up; ++r) {
-      for (int i = 0; i < n; ++i) {
-        work_then_write<<<1, 1, 0, streams[i]>>>(work_ns, words.device + i,
-                                                 static_cast<unsigned>(r));
-        check(cudaGetLastError(), "launch");
-        check(cudaEventRecord(events[i], streams[i]), "record");
-      }
-      wait_words(words.host, n, static_cast<unsigned>(r));
-      crew.release(r);
-      const double wall_us = crew.wait_done(r);
-      if (r <= warm_up) {
-        crew.forget();
-        continue;
-      }
-      wall.ns.push_back(wall_us);
-      overlap.ns.push_back(wall_us > 0 ? crew.summed_query_us() / wall_us : 0);
+  query_crew crew(lanes.events, threads);
+  const int warm_up = 2;
+  for (int r = 1; r <= rounds + warm_up; ++r) {
+    for (int i = 0; i < n; ++i) lanes.launch(i, work_ns, static_cast<unsigned>(r));
+    wait_words(lanes.words.host, n, static_cast<unsigned>(r));
+    crew.release(r);
+    const double wall_us = crew.wait_done(r);
+    if (r <= warm_up) {
+      crew.forget();
+      continue;
     }
-    study::call_times all;
-    for (int t = 0; t < threads; ++t)
-      all.ns.insert(all.ns.end(), crew.calls(t).ns.begin(), crew.calls(t).ns.end());
-    std::printf("%8d %-6s %8d %9.0f %9.0f %9.1f %9.1f %8.2f %8.2f", n,
-                busy_device ? "busy" : "idle", threads, all.quantile(0.5), all.quantile(0.9),
-                wall.quantile(0.5), wall.quantile(0.9), overlap.quantile(0.5),
-                overlap.quantile(0.9));
-    if (crew.not_done() > 0) std::printf("  (%d queries found the work not done)", crew.not_done());
-    std::printf("\n");
-    std::fflush(stdout);
+    wall.ns.push_back(wall_us);
+    overlap.ns.push_back(wall_us > 0 ? crew.summed_query_us() / wall_us : 0);
   }
-  *static_cast<volatile unsigned*>(stop.host) = 1;
-  check(cudaDeviceSynchronize(), "synchronize");
-  cudaStreamDestroy(background);
-  for (int i = 0; i < n; ++i) {
-    cudaEventDestroy(events[i]);
-    cudaStreamDestroy(streams[i]);
-  }
+  study::call_times all;
+  for (int t = 0; t < threads; ++t)
+    all.ns.insert(all.ns.end(), crew.calls(t).ns.begin(), crew.calls(t).ns.end());
+  std::printf("%8d %-6s %8d %9.0f %9.0f %9.1f %9.1f %8.2f %8.2f", n, busy_device ? "busy" : "idle",
+              threads, all.quantile(0.5), all.quantile(0.9), wall.quantile(0.5), wall.quantile(0.9),
+              overlap.quantile(0.5), overlap.quantile(0.9));
+  if (crew.not_done() > 0) std::printf("  (%d queries found the work not done)", crew.not_done());
+  std::printf("\n");
+  std::fflush(stdout);
 }
 
 }  // namespace

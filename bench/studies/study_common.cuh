@@ -99,6 +99,43 @@ inline void wait_words(const volatile unsigned* words, int n, unsigned value) {
   }
 }
 
+/// N streams, an event and a word of mapped host memory for each (work_then_write writes the
+/// word), and a background stream that keeps the device busy (spin_until) when asked to. The
+/// destructor ends the background kernel, waits for the device and destroys them.
+struct streams_with_words {
+  std::vector<cudaStream_t> streams;
+  std::vector<cudaEvent_t> events;
+  mapped_words words, stop{1};
+  cudaStream_t background = nullptr;
+
+  streams_with_words(int n, bool busy_device) : streams(n), events(n), words(n) {
+    for (int i = 0; i < n; ++i) {
+      check(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), "stream");
+      check(cudaEventCreateWithFlags(&events[i], cudaEventDisableTiming), "event");
+    }
+    check(cudaStreamCreateWithFlags(&background, cudaStreamNonBlocking), "stream");
+    if (busy_device) spin_until<<<1, 1, 0, background>>>(stop.device);
+  }
+  ~streams_with_words() {
+    *static_cast<volatile unsigned*>(stop.host) = 1;
+    check(cudaDeviceSynchronize(), "synchronize");
+    cudaStreamDestroy(background);
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      cudaEventDestroy(events[i]);
+      cudaStreamDestroy(streams[i]);
+    }
+  }
+  streams_with_words(const streams_with_words&) = delete;
+  streams_with_words& operator=(const streams_with_words&) = delete;
+
+  /// On stream i: work of `work_ns` that writes `round` to word i as it ends, event i behind it.
+  void launch(int i, unsigned long long work_ns, unsigned round) {
+    work_then_write<<<1, 1, 0, streams[i]>>>(work_ns, words.device + i, round);
+    check(cudaGetLastError(), "launch");
+    check(cudaEventRecord(events[i], streams[i]), "record");
+  }
+};
+
 /// A driver function by name, as of the CUDA 12.0 ABI, fetched through the runtime so that the
 /// study links no driver symbol; exits naming it when the driver lacks it.
 inline void* driver_entry_point(const char* name) {
