@@ -2,9 +2,11 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include <evr/sim/device.hpp>
 
@@ -56,6 +58,10 @@ class sim_bench_device final : public bench_device {
       sim::signal(done);
     });
   }
+  void launch_gate_graph_signalling(device::native_stream stream, std::size_t gate,
+                                    const signal_ref& done) override {
+    launch_gate_signalling(stream, gate, done);
+  }
   void open_gate(std::size_t gate) override {
     gates_[gate].store(1, std::memory_order_release);
     gates_[gate].notify_all();
@@ -88,6 +94,8 @@ class cuda_bench_device final : public bench_device {
   ~cuda_bench_device() override {
     for (std::size_t g = 0; g < gate_count_; ++g) open_gate(g);
     cudaDeviceSynchronize();
+    drop_graphs();
+    if (capture_stream_ != nullptr) cudaStreamDestroy(capture_stream_);
     cudaFreeHost(const_cast<int*>(host_));
   }
   device::backend& backend() override { return device::cuda_backend(); }
@@ -100,6 +108,7 @@ class cuda_bench_device final : public bench_device {
     if (host_ != nullptr) {
       check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before regrowing the gates");
       check(cudaFreeHost(const_cast<int*>(host_)), "cudaFreeHost");
+      drop_graphs();  // they name the old gates
     }
     void* host = nullptr;
     void* dev = nullptr;
@@ -128,6 +137,12 @@ class cuda_bench_device final : public bench_device {
                                                              dev_ + gate_index(gate), done)),
           "gate kernel (signalling)");
   }
+  void launch_gate_graph_signalling(device::native_stream stream, std::size_t gate,
+                                    const signal_ref& done) override {
+    cudaGraphExec_t& exec = graphs_[{stream, gate, done.word}];
+    if (exec == nullptr) exec = capture_gate_then_signal(gate, done);
+    check(cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream)), "cudaGraphLaunch");
+  }
   void open_gate(std::size_t gate) override {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     host_[gate_index(gate)] = 1;
@@ -146,9 +161,32 @@ class cuda_bench_device final : public bench_device {
   static constexpr std::size_t line_ints = 64 / sizeof(int);
   static std::size_t gate_index(std::size_t gate) { return 2 * gate * line_ints; }
   static std::size_t ack_index(std::size_t gate) { return (2 * gate + 1) * line_ints; }
+  /// Captured on a stream of the bench's own, not the lane's: the reactor may look at a lane's
+  /// stream at any moment, which a capture in progress does not allow.
+  cudaGraphExec_t capture_gate_then_signal(std::size_t gate, const signal_ref& done) {
+    if (capture_stream_ == nullptr)
+      check(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking), "capture stream");
+    check(cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal), "capture");
+    const int launched = launch_gate_then_signal(capture_stream_, dev_ + gate_index(gate), done);
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamEndCapture(capture_stream_, &graph), "end capture");
+    check(static_cast<cudaError_t>(launched), "gate kernel and signal (captured)");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(made, "cudaGraphInstantiate");
+    return exec;
+  }
+  void drop_graphs() {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
   volatile int* host_ = nullptr;
   volatile int* dev_ = nullptr;
   std::size_t gate_count_ = 0;
+  cudaStream_t capture_stream_ = nullptr;
+  /// A graph per (lane's stream, gate, slot's word): what a graph names is fixed when it is made.
+  std::map<std::tuple<device::native_stream, std::size_t, const void*>, cudaGraphExec_t> graphs_;
 };
 #endif
 

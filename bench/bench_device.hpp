@@ -31,6 +31,11 @@ class bench_device {
   /// writing the ack: the kernel of a device-signalled wait.
   virtual void launch_gate_signalling(device::native_stream stream, std::size_t gate,
                                       const signal_ref& done) = 0;
+  /// The gate kernel as library work in a CUDA graph: a graph of the plain gate kernel and, as its
+  /// last node, evr::enqueue_signal(done), made once per (stream, gate, slot) and launched. The
+  /// simulated device has no graphs: there it is launch_gate_signalling.
+  virtual void launch_gate_graph_signalling(device::native_stream stream, std::size_t gate,
+                                            const signal_ref& done) = 0;
   virtual void open_gate(std::size_t gate = 0) = 0;
   /// The ack word the gate kernel writes (floor measurement); each gate has its own.
   virtual bool acked(std::size_t gate = 0) const = 0;

@@ -245,10 +245,12 @@ int idle_main(int argc, char** argv) {
       ->check(CLI::Range(0.001, 100.0))
       ->capture_default_str();
   app.add_option("--methods", cfg.methods,
-                 "default, signal (the default, the kernel signalling a slot), fence-spin, "
+                 "default, signal (the default, the kernel signalling a slot), graph-signal (the "
+                 "default, a CUDA graph whose last node signals: library work), fence-spin, "
                  "poll-spin, host_func, ladder, blocking-sync, host-func-promise, stream-sync")
-      ->check(CLI::IsMember({"default", "signal", "fence-spin", "poll-spin", "host_func", "ladder",
-                             "blocking-sync", "host-func-promise", "stream-sync"}))
+      ->check(CLI::IsMember({"default", "signal", "graph-signal", "fence-spin", "poll-spin",
+                             "host_func", "ladder", "blocking-sync", "host-func-promise",
+                             "stream-sync"}))
       ->delimiter(',')
       ->capture_default_str();
   app.add_flag("!--no-steady", cfg.steady, "skip the steady workloads (--lengths-us)");

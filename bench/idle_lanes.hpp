@@ -19,6 +19,7 @@
 #include <evr/evr.hpp>
 
 #include "bench_device.hpp"
+#include "methods.hpp"
 #include "stats.hpp"
 
 namespace evr::bench {
@@ -129,6 +130,8 @@ struct lane {
   /// and the ticket of the job in flight. Empty otherwise.
   evr::signal_slot slot;
   evr::signal_ticket ticket;
+  /// With a slot: the job is a CUDA graph whose last node signals (else the kernel signals).
+  bool graph = false;
   /// What a wait on the job in flight names: the slot's signal, or the stream.
   evr::wait_target target() const {
     return slot ? evr::wait_target(stream, ticket) : evr::wait_target(stream);
@@ -211,19 +214,25 @@ inline void launch_gate(bench_device& dev, lane& l, bool ack = false) {
   l.t_done.store(0, std::memory_order_relaxed);
   if (l.slot) {
     l.ticket = l.slot.arm();
-    dev.launch_gate_signalling(l.stream.native(), l.gate, l.slot.ref());
+    if (l.graph)
+      dev.launch_gate_graph_signalling(l.stream.native(), l.gate, l.slot.ref());
+    else
+      dev.launch_gate_signalling(l.stream.native(), l.gate, l.slot.ref());
   } else {
     dev.launch_gate(l.stream.native(), ack, l.gate);
   }
 }
 
-/// For the rows of method `signalled`: a slot of `r` per lane (else none), given back by the
-/// returned guard's destructor.
+/// For the rows of a signalled method: a slot of `r` per lane (else none), given back by the
+/// guard's destructor.
 struct lane_slots {
-  lane_slots(std::vector<std::unique_ptr<lane>>& lanes, reactor& r, bool signalled)
+  lane_slots(std::vector<std::unique_ptr<lane>>& lanes, reactor& r, const evr_method& m)
       : lanes_(lanes) {
-    if (!signalled) return;
-    for (auto& l : lanes_) l->slot = r.pools().signals(0).acquire();
+    if (!m.signalled) return;
+    for (auto& l : lanes_) {
+      l->slot = r.pools().signals(0).acquire();
+      l->graph = m.graph;
+    }
   }
   ~lane_slots() {
     for (auto& l : lanes_) l->slot.release();

@@ -168,7 +168,7 @@ row_result run_evr_inline(bench_device& dev, std::vector<std::unique_ptr<lane>>&
   row_result out = evr_row(m, "inline");
   reactor r(dev.backend(), m.options);
   row_scope row(row_name(w, out.name, out.delivery), [&] { return progress_of(lanes, &r); });
-  lane_slots slots(lanes, r, m.signalled);
+  lane_slots slots(lanes, r, m);
   std::chrono::nanoseconds cpu0{};
   reactor_metrics metrics0{};
   drive(
@@ -282,7 +282,7 @@ row_result run_evr_posted(bench_device& dev, std::vector<std::unique_ptr<lane>>&
   row_result out = evr_row(m, to_string(how));
   reactor r(dev.backend(), m.options);
   row_scope row(row_name(w, out.name, out.delivery), [&] { return progress_of(lanes, &r); });
-  lane_slots slots(lanes, r, m.signalled);
+  lane_slots slots(lanes, r, m);
   asio::io_context io(1);
   gpu_waiter waiter(io.get_executor(), r);
   switch (how) {

@@ -16,9 +16,13 @@ struct evr_method {
   /// The work's kernel signals an evr::signal_slot and the wait names it (a device-signalled
   /// wait), instead of a wait on the stream.
   bool signalled = false;
+  /// With `signalled`: the work's kernel does not signal; it is a CUDA graph whose last node is
+  /// evr::enqueue_signal (library work in a graph).
+  bool graph = false;
 };
 
-/// The default; the default with device-signalled waits; fence and poll spinning (the latency floor
+/// The default; the default with device-signalled waits (the kernel signals, or a graph's last
+/// node does); fence and poll spinning (the latency floor
 /// of each mechanism, one core busy); host_func (no CPU while waiting, the driver's host-function
 /// latency); adaptive with the older ladder idle policy (what the default was before the predictive
 /// policy).
@@ -27,6 +31,9 @@ inline std::vector<evr_method> evr_methods() {
   m.push_back({"default", "evr default (adaptive, predictive)", reactor_options{}});
   m.push_back(
       {"signal", "evr default, device-signalled (kernel signals a slot)", reactor_options{}, true});
+  m.push_back({"graph-signal",
+               "evr default, a graph's last node signals",
+               reactor_options{}, true, true});
   reactor_options o;
   o.strategy = strategy::fence;
   o.idle = idle_mode::spin;

@@ -1,11 +1,13 @@
-// GPU only: a CUDA graph captured on one thread, in the strict (global) capture mode, while the
-// reactor polls events on another stream. The reactor's thread switches itself to the relaxed
-// capture mode, so its cudaEventQuery calls do not invalidate the capture.
+// GPU only: CUDA graphs and evr. A graph captured on one thread, in the strict (global) capture
+// mode, while the reactor polls events on another stream (the reactor's thread switches itself to
+// the relaxed capture mode, so its cudaEventQuery calls do not invalidate the capture); graphs
+// whose last node signals a slot, replayed and waited on.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -89,4 +91,62 @@ TEST_CASE("a kernel captured in a CUDA graph signals its slot on every replay") 
   CHECK(slot.signalled() == static_cast<std::uint64_t>(replays));
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+TEST_CASE("library work captured in a CUDA graph, ended by evr::enqueue_signal, is waited on") {
+  // The graph's kernels do not signal (as cuBLAS's do not); evr::enqueue_signal adds the signal
+  // as the graph's last node. Each wait must complete after its replay's work, in order, on two
+  // streams whose replays interleave.
+  evr::device::backend& be = evr::test::dut().backend();
+  constexpr int streams = 2, replays = 30;
+  void* mapped = nullptr;
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  REQUIRE(cudaHostAlloc(&mapped, 256, cudaHostAllocMapped) == cudaSuccess);
+  auto* counts = static_cast<volatile unsigned*>(mapped);  // stream s counts at counts[s * 16]
+  for (int s = 0; s < streams; ++s) counts[s * 16] = 0;
+  void* counts_dev = nullptr;
+  REQUIRE(cudaHostGetDevicePointer(&counts_dev, mapped, 0) == cudaSuccess);
+  std::atomic<int> done{0}, early{0}, out_of_order{0}, failed{0};
+  std::atomic<int> last[streams] = {0, 0};
+  {
+    evr::reactor r(be, evr::test::quick_options(evr::strategy::adaptive));
+    std::vector<evr::stream> st;
+    std::vector<evr::signal_slot> slots;
+    std::vector<cudaGraphExec_t> execs(streams, nullptr);
+    for (int s = 0; s < streams; ++s) {
+      st.emplace_back(be, 0);
+      slots.push_back(r.pools().signals(0).acquire());
+      auto cs = static_cast<cudaStream_t>(st[s].native());
+      cudaGraph_t graph = nullptr;
+      REQUIRE(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal) == cudaSuccess);
+      CHECK(evr::test::gpu::launch_chain_then_signal_captured(
+                cs, slots[s].ref(), 50, 4, static_cast<volatile unsigned*>(counts_dev) + s * 16) ==
+            cudaSuccess);
+      REQUIRE(cudaStreamEndCapture(cs, &graph) == cudaSuccess);
+      REQUIRE(cudaGraphInstantiate(&execs[s], graph, 0) == cudaSuccess);
+      cudaGraphDestroy(graph);
+    }
+    for (int i = 1; i <= replays; ++i) {
+      for (int s = 0; s < streams; ++s) {
+        const evr::signal_ticket t = slots[s].arm();
+        REQUIRE(cudaGraphLaunch(execs[s], static_cast<cudaStream_t>(st[s].native())) ==
+                cudaSuccess);
+        REQUIRE_FALSE(
+            evr::on_complete(r, evr::wait_target(st[s], t), [&, s, i](std::error_code ec) {
+              if (ec) failed.fetch_add(1);
+              if (counts[s * 16] < static_cast<unsigned>(i)) early.fetch_add(1);
+              if (last[s].exchange(i) != i - 1) out_of_order.fetch_add(1);
+              done.fetch_add(1);
+            }));
+      }
+    }
+    CHECK(evr::test::wait_until([&] { return done == streams * replays; }));
+    for (int s = 0; s < streams; ++s)
+      CHECK(slots[s].signalled() == static_cast<std::uint64_t>(replays));
+    for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+  }
+  CHECK(failed.load() == 0);
+  CHECK(early.load() == 0);
+  CHECK(out_of_order.load() == 0);
+  cudaFreeHost(mapped);
 }

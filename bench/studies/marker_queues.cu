@@ -1,12 +1,13 @@
 // bench/studies/marker_queues.cu — which marker behind a stream's work delays other streams when
 // more streams are busy than the device has hardware queues (CUDA_DEVICE_MAX_CONNECTIONS).
 //
-//   CUDA_DEVICE_MAX_CONNECTIONS=8  evr-marker-queues [--work-us 1000] [--rounds 20]
+//   CUDA_DEVICE_MAX_CONNECTIONS=8  evr-marker-queues [--work-us 1000] [--rounds 20] [--chain 1]
 //   CUDA_DEVICE_MAX_CONNECTIONS=32 evr-marker-queues
 //
 // For N = 8, 16, 32, 64 and 128 streams (made afresh for each N: the driver assigns queues as
-// streams are made), each round launches a one-thread kernel of --work-us on every stream, then
-// one marker behind it, and the host looks until every stream's marker is done:
+// streams are made), each round launches --work-us of work on every stream, as --chain one-thread
+// kernels in a row (a library's work is a chain: cuBLAS, torch), then one marker behind it, and
+// the host looks until every stream's marker is done:
 //   none    no marker; the host asks cudaStreamQuery
 //   event   cudaEventRecord of a pooled event; the host asks cudaEventQuery (evr's event marker)
 //   ipc     the same with an interprocess event (cudaEventInterprocess)
@@ -14,10 +15,16 @@
 //   kernel  a one-thread kernel that stores the word (a marker kernel); the host reads it
 //   copy    cudaMemcpyAsync of 8 bytes from device memory into the word (pinned host memory): the
 //           copy engines do it, not the compute queue; the host reads the word
+//   graph-event   the work captured once as a CUDA graph, launched each round, an event behind
+//                 the launch (a graph user's event marker)
+//   graph-kernel  the same graph with the marker kernel as its last node (it counts the rounds
+//                 in the word): a marker that is part of the user's graph
+//   graph-marker  the work launched as it is, then a graph of the marker kernel alone
 // Per (N, marker): the round's makespan (the last stream seen done, from the round's start) and
-// the mean stream's, p50 over rounds, and the host's ns per marker enqueued. A marker that holds
-// its queue until the work before it ends makes the streams that share the queue wait: the
-// makespan grows past one work length once N exceeds the queues.
+// the mean stream's, p50 over rounds, and the host's ns per marker enqueued (for the graphs, the
+// graph's launch with its marker). A marker that holds its queue until the work before it ends
+// makes the streams that share the queue wait: the makespan grows past one work length once N
+// exceeds the queues. A chain's own kernels may hold the queue the same way, marker or not (none).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -41,6 +48,12 @@ __global__ void marker_kernel(volatile unsigned long long* word, unsigned long l
   *word = value;
 }
 
+/// The graph's marker: its parameters are fixed when the graph is made, so it counts the rounds.
+__global__ void counting_marker_kernel(volatile unsigned long long* word) {
+  __threadfence_system();
+  *word = *word + 1;
+}
+
 using write_value_fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
 double now_us() {
@@ -53,116 +66,171 @@ struct result {
   double makespan_us, mean_us, enqueue_ns;
 };
 
-result run(int n, const std::string& marker, double work_us, int rounds, write_value_fn write_value,
-           volatile unsigned long long* words, unsigned long long* words_dev,
-           unsigned long long* seq_dev) {
-  std::vector<cudaStream_t> streams(n);
-  std::vector<cudaEvent_t> events(n);
-  const unsigned event_flags =
-      cudaEventDisableTiming | (marker == "ipc" ? cudaEventInterprocess : 0u);
-  for (int i = 0; i < n; ++i) {
-    check(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), "stream");
-    check(cudaEventCreateWithFlags(&events[i], event_flags), "event");
+/// What one (N, marker) point runs on: where the words are, the work's shape and the fence call.
+struct setup {
+  std::string marker;
+  double work_us;
+  int chain;
+  write_value_fn write_value;
+  volatile unsigned long long* words;  // host view; stream i's word is words[i * 8]
+  unsigned long long* words_dev;       // the device's view of the same words
+  unsigned long long* seq_dev;         // device memory the copy marker copies from
+  bool graph() const { return marker.rfind("graph-", 0) == 0; }
+  bool work_in_graph() const { return marker == "graph-event" || marker == "graph-kernel"; }
+  bool event() const { return marker == "event" || marker == "ipc" || marker == "graph-event"; }
+};
+
+/// The stream's work: --work-us as --chain kernels in a row.
+void launch_work(const setup& s, cudaStream_t stream) {
+  const auto ns = static_cast<unsigned long long>(s.work_us * 1000 / s.chain);
+  for (int k = 0; k < s.chain; ++k) busy_kernel<<<1, 1, 0, stream>>>(ns);
+}
+
+/// N streams with an event each, and for the graph markers each stream's captured graph.
+class streams_for {
+ public:
+  streams_for(const setup& s, int n) : streams_(n), events_(n), graphs_(n, nullptr) {
+    const unsigned flags =
+        cudaEventDisableTiming | (s.marker == "ipc" ? cudaEventInterprocess : 0u);
+    for (int i = 0; i < n; ++i) {
+      check(cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking), "stream");
+      check(cudaEventCreateWithFlags(&events_[i], flags), "event");
+      if (s.graph()) graphs_[i] = capture(s, i);
+    }
   }
+  ~streams_for() {
+    for (std::size_t i = 0; i < streams_.size(); ++i) {
+      if (graphs_[i] != nullptr) cudaGraphExecDestroy(graphs_[i]);
+      cudaEventDestroy(events_[i]);
+      cudaStreamDestroy(streams_[i]);
+    }
+  }
+  streams_for(const streams_for&) = delete;
+  streams_for& operator=(const streams_for&) = delete;
+
+  cudaStream_t stream(int i) const { return streams_[i]; }
+  cudaEvent_t event(int i) const { return events_[i]; }
+  cudaGraphExec_t graph(int i) const { return graphs_[i]; }
+
+ private:
+  cudaGraphExec_t capture(const setup& s, int i) {
+    check(cudaStreamBeginCapture(streams_[i], cudaStreamCaptureModeThreadLocal), "capture");
+    if (s.work_in_graph()) launch_work(s, streams_[i]);
+    if (s.marker == "graph-kernel" || s.marker == "graph-marker")
+      counting_marker_kernel<<<1, 1, 0, streams_[i]>>>(s.words_dev + i * 8);
+    cudaGraph_t g = nullptr;
+    check(cudaStreamEndCapture(streams_[i], &g), "end capture");
+    cudaGraphExec_t exec = nullptr;
+    check(cudaGraphInstantiate(&exec, g, 0), "instantiate");
+    cudaGraphDestroy(g);
+    return exec;
+  }
+
+  std::vector<cudaStream_t> streams_;
+  std::vector<cudaEvent_t> events_;
+  std::vector<cudaGraphExec_t> graphs_;
+};
+
+/// Stream i's work and marker for round `seq`; returns the ns the marker took to enqueue (with
+/// the graph markers: the graph's launch and its marker).
+double enqueue(const setup& s, const streams_for& st, int i, unsigned long long seq) {
+  const cudaStream_t stream = st.stream(i);
+  if (!s.work_in_graph()) launch_work(s, stream);
+  const double e0 = now_us();
+  if (s.graph()) check(cudaGraphLaunch(st.graph(i), stream), "cudaGraphLaunch");
+  if (s.event()) {
+    check(cudaEventRecord(st.event(i), stream), "record");
+  } else if (s.marker == "write") {
+    if (s.write_value(stream, reinterpret_cast<CUdeviceptr>(s.words_dev + i * 8), seq, 0) != 0)
+      check(cudaErrorUnknown, "cuStreamWriteValue64");
+  } else if (s.marker == "kernel") {
+    marker_kernel<<<1, 1, 0, stream>>>(s.words_dev + i * 8, seq);
+  } else if (s.marker == "copy") {
+    check(cudaMemcpyAsync(const_cast<unsigned long long*>(s.words + i * 8), s.seq_dev + i,
+                          sizeof(seq), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
+  }
+  return (now_us() - e0) * 1000;
+}
+
+bool marker_done(const setup& s, const streams_for& st, int i, unsigned long long seq) {
+  if (s.marker == "none") return cudaStreamQuery(st.stream(i)) == cudaSuccess;
+  if (s.event()) return cudaEventQuery(st.event(i)) == cudaSuccess;
+  return s.words[i * 8] >= seq;
+}
+
+result run(const setup& s, int n, int rounds) {
+  streams_for st(s, n);
   std::vector<double> makespans, means;
-  double enqueue_total = 0;
+  double enqueue_total_ns = 0;
   unsigned long long seq = 0;
   for (int r = 0; r < rounds + 2; ++r) {  // two warm-up rounds
     ++seq;
-    if (marker == "copy") {  // the value each copy carries: this round's sequence number
+    if (s.marker == "copy") {  // the value each copy carries: this round's sequence number
       std::vector<unsigned long long> values(n, seq);
-      check(cudaMemcpy(seq_dev, values.data(), n * sizeof(seq), cudaMemcpyHostToDevice), "values");
+      check(cudaMemcpy(s.seq_dev, values.data(), n * sizeof(seq), cudaMemcpyHostToDevice),
+            "values");
     }
     const double t0 = now_us();
-    double enqueue = 0;
-    for (int i = 0; i < n; ++i) {
-      busy_kernel<<<1, 1, 0, streams[i]>>>(static_cast<unsigned long long>(work_us * 1000));
-      const double e0 = now_us();
-      if (marker == "event" || marker == "ipc") {
-        check(cudaEventRecord(events[i], streams[i]), "record");
-      } else if (marker == "write") {
-        if (write_value(streams[i], reinterpret_cast<CUdeviceptr>(words_dev + i * 8), seq, 0) != 0)
-          check(cudaErrorUnknown, "cuStreamWriteValue64");
-      } else if (marker == "kernel") {
-        marker_kernel<<<1, 1, 0, streams[i]>>>(words_dev + i * 8, seq);
-      } else if (marker == "copy") {
-        check(cudaMemcpyAsync(const_cast<unsigned long long*>(words + i * 8), seq_dev + i,
-                              sizeof(seq), cudaMemcpyDeviceToHost, streams[i]),
-              "cudaMemcpyAsync");
-      }
-      enqueue += now_us() - e0;
-    }
+    double enqueue_ns = 0;
+    for (int i = 0; i < n; ++i) enqueue_ns += enqueue(s, st, i, seq);
     check(cudaGetLastError(), "launch");
     std::vector<double> seen(n, 0);
-    int left = n;
-    while (left > 0) {
+    for (int left = n; left > 0;) {
       for (int i = 0; i < n; ++i) {
-        if (seen[i] != 0) continue;
-        bool done = false;
-        if (marker == "none") {
-          done = cudaStreamQuery(streams[i]) == cudaSuccess;
-        } else if (marker == "event" || marker == "ipc") {
-          done = cudaEventQuery(events[i]) == cudaSuccess;
-        } else {
-          done = words[i * 8] >= seq;
-        }
-        if (done) {
-          seen[i] = now_us() - t0;
-          --left;
-        }
+        if (seen[i] != 0 || !marker_done(s, st, i, seq)) continue;
+        seen[i] = now_us() - t0;
+        --left;
       }
     }
     check(cudaDeviceSynchronize(), "synchronize");
     if (r < 2) continue;
-    double sum = 0, mx = 0;
-    for (double s : seen) {
-      sum += s;
-      mx = std::max(mx, s);
-    }
-    makespans.push_back(mx);
+    makespans.push_back(*std::max_element(seen.begin(), seen.end()));
+    double sum = 0;
+    for (double x : seen) sum += x;
     means.push_back(sum / n);
-    enqueue_total += enqueue;
-  }
-  for (int i = 0; i < n; ++i) {
-    cudaStreamDestroy(streams[i]);
-    cudaEventDestroy(events[i]);
+    enqueue_total_ns += enqueue_ns;
   }
   std::sort(makespans.begin(), makespans.end());
   std::sort(means.begin(), means.end());
   return {makespans[makespans.size() / 2], means[means.size() / 2],
-          marker == "none" ? 0 : enqueue_total * 1000 / (rounds * n)};
+          s.marker == "none" ? 0 : enqueue_total_ns / (rounds * n)};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const study::options opt = study::parse(argc, argv, "evr-marker-queues");
-  const double work_us = opt.work_us;
-  const int rounds = opt.rounds;
   check(cudaSetDevice(0), "cudaSetDevice");
   auto write_value =
       reinterpret_cast<write_value_fn>(study::driver_entry_point("cuStreamWriteValue64"));
   void* host = nullptr;
   const int max_streams = 128;
   check(cudaHostAlloc(&host, max_streams * 64, cudaHostAllocMapped), "cudaHostAlloc");
-  std::memset(host, 0, max_streams * 64);
   void* dev = nullptr;
   check(cudaHostGetDevicePointer(&dev, host, 0), "device pointer");
   unsigned long long* seq_dev = nullptr;
   check(cudaMalloc(&seq_dev, max_streams * sizeof(unsigned long long)), "cudaMalloc");
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  std::printf("marker-queues: work %.0f us, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s\n", work_us,
-              rounds, conn ? conn : "unset (8)");
-  std::printf("%8s %-7s %12s %12s %12s\n", "streams", "marker", "makespan us", "mean us",
+  std::printf(
+      "marker-queues: work %.0f us as %d kernel%s, %d rounds, CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
+      opt.work_us, opt.chain, opt.chain == 1 ? "" : "s", opt.rounds, conn ? conn : "unset (8)");
+  std::printf("%8s %-12s %12s %12s %12s\n", "streams", "marker", "makespan us", "mean us",
               "enqueue ns");
   for (int n : {8, 16, 32, 64, 128}) {
-    for (const char* m : {"none", "event", "ipc", "write", "kernel", "copy"}) {
-      // Every marker kind starts from words already past this run's sequence numbers.
+    for (const char* m : {"none", "event", "ipc", "write", "kernel", "copy", "graph-event",
+                          "graph-kernel", "graph-marker"}) {
+      // Every marker kind starts from words at 0, below this run's sequence numbers.
       std::memset(host, 0, max_streams * 64);
-      const result r =
-          run(n, m, work_us, rounds, write_value, static_cast<volatile unsigned long long*>(host),
-              static_cast<unsigned long long*>(dev), seq_dev);
-      std::printf("%8d %-7s %12.1f %12.1f %12.0f\n", n, m, r.makespan_us, r.mean_us, r.enqueue_ns);
+      const setup s{m,
+                    opt.work_us,
+                    opt.chain,
+                    write_value,
+                    static_cast<volatile unsigned long long*>(host),
+                    static_cast<unsigned long long*>(dev),
+                    seq_dev};
+      const result r = run(s, n, opt.rounds);
+      std::printf("%8d %-12s %12.1f %12.1f %12.0f\n", n, m, r.makespan_us, r.mean_us, r.enqueue_ns);
       std::fflush(stdout);
     }
   }

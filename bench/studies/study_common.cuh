@@ -146,23 +146,31 @@ inline void* driver_entry_point(const char* name) {
   return fn;
 }
 
-/// The studies' command line: [--work-us US] [--rounds N].
+/// The studies' command line: [--work-us US] [--rounds N] [--chain K].
 struct options {
   double work_us = 1000;
   int rounds = 20;
+  int chain = 1;  ///< marker_queues: the work as K kernels in a row on its stream
 };
 
-/// Parses argv; prints the usage of `program` and exits with 2 on a bad value.
+/// Parses argv; prints the usage of `program` and exits with 2 on an unknown argument or a bad
+/// value.
 inline options parse(int argc, char** argv, const char* program) {
   options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool ok = argc % 2 == 1;  // every option takes one value
+  for (int i = 1; ok && i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--work-us"))
       o.work_us = std::atof(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--rounds"))
       o.rounds = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--chain"))
+      o.chain = std::atoi(argv[i + 1]);
+    else
+      ok = false;
   }
-  if (o.work_us <= 0 || o.rounds < 1) {
-    std::fprintf(stderr, "usage: %s [--work-us US > 0] [--rounds N >= 1]\n", program);
+  if (!ok || o.work_us <= 0 || o.rounds < 1 || o.chain < 1) {
+    std::fprintf(stderr, "usage: %s [--work-us US > 0] [--rounds N >= 1] [--chain K >= 1]\n",
+                 program);
     std::exit(2);
   }
   return o;

@@ -35,8 +35,8 @@ __global__ void busy_kernel(std::uint64_t nanoseconds) {
   }
 }
 
-__global__ void signal_kernel(evr::signal_ref done, std::uint64_t nanoseconds,
-                              unsigned long long* sink) {
+__global__ void spin_then_signal_kernel(evr::signal_ref done, std::uint64_t nanoseconds,
+                                        unsigned long long* sink) {
   const std::uint64_t start = global_timer_ns();
   while (global_timer_ns() - start < nanoseconds) {
   }
@@ -44,6 +44,9 @@ __global__ void signal_kernel(evr::signal_ref done, std::uint64_t nanoseconds,
   sink[blockIdx.x * blockDim.x + threadIdx.x] = start;
   evr::signal_from_last_block(done);
 }
+
+/// Adds one to `*count` (mapped host memory): work whose effect the host can read.
+__global__ void count_kernel(volatile unsigned* count) { *count = *count + 1; }
 
 /// Makes the stream's device current for a launch; restores the caller's device.
 class stream_device_scope {
@@ -110,8 +113,19 @@ cudaError_t launch_signal_captured(cudaStream_t stream, evr::signal_ref done, un
                : nullptr;
   }();
   if (sink == nullptr || blocks == 0 || blocks > max_blocks) return cudaErrorInvalidValue;
-  signal_kernel<<<blocks, threads, 0, stream>>>(done, std::uint64_t{microseconds} * 1000u, sink);
+  spin_then_signal_kernel<<<blocks, threads, 0, stream>>>(done, std::uint64_t{microseconds} * 1000u,
+                                                          sink);
   return cudaGetLastError();
+}
+
+cudaError_t launch_chain_then_signal_captured(cudaStream_t stream, evr::signal_ref done,
+                                              unsigned microseconds, unsigned kernels,
+                                              volatile unsigned* count) {
+  for (unsigned k = 0; k < kernels; ++k)
+    busy_kernel<<<1, 1, 0, stream>>>(std::uint64_t{microseconds} * 1000u);
+  count_kernel<<<1, 1, 0, stream>>>(count);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  return evr::enqueue_signal(stream, done);
 }
 
 cudaError_t launch_signal(cudaStream_t stream, evr::signal_ref done, unsigned microseconds,
