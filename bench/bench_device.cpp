@@ -139,7 +139,7 @@ class cuda_bench_device final : public bench_device {
   }
   void launch_gate_graph_signalling(device::native_stream stream, std::size_t gate,
                                     const signal_ref& done) override {
-    cudaGraphExec_t& exec = graphs_[{stream, gate, done.word}];
+    cudaGraphExec_t& exec = graphs_[{stream, gate, done.counter, done.blocks, done.word}];
     if (exec == nullptr) exec = capture_gate_then_signal(gate, done);
     check(cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream)), "cudaGraphLaunch");
   }
@@ -185,8 +185,11 @@ class cuda_bench_device final : public bench_device {
   volatile int* dev_ = nullptr;
   std::size_t gate_count_ = 0;
   cudaStream_t capture_stream_ = nullptr;
-  /// A graph per (lane's stream, gate, slot's word): what a graph names is fixed when it is made.
-  std::map<std::tuple<device::native_stream, std::size_t, const void*>, cudaGraphExec_t> graphs_;
+  /// A graph per lane's stream, gate and slot (all three of its addresses: a slot of a later row
+  /// may reuse one of them): what a graph names is fixed when it is made.
+  std::map<std::tuple<device::native_stream, std::size_t, const void*, const void*, const void*>,
+           cudaGraphExec_t>
+      graphs_;
 };
 #endif
 
