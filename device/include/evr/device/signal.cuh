@@ -64,7 +64,8 @@ __global__ void signal_kernel(signal_ref s) {
 /// for the nodes before it without holding the stream's hardware queue, so streams that share a
 /// queue are not held up (docs/architecture.md, "Markers and hardware queues"). Outside a graph
 /// it is a kernel that waits for the work before it, which holds a shared hardware queue the way
-/// a fence write does, and costs a kernel launch: there, wait on the stream instead.
+/// a fence write does, and costs a kernel launch: there, wait on the stream instead. A graph
+/// names the slot's memory: keep the slot (and its reactor) while the graph may still be launched.
 inline cudaError_t enqueue_signal(cudaStream_t stream, signal_ref s) {
   signal_kernel<><<<1, 1, 0, stream>>>(s);
   return cudaGetLastError();
