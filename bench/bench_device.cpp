@@ -167,10 +167,13 @@ class cuda_bench_device final : public bench_device {
     if (capture_stream_ == nullptr)
       check(cudaStreamCreateWithFlags(&capture_stream_, cudaStreamNonBlocking), "capture stream");
     check(cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal), "capture");
-    const int launched = launch_gate_then_signal(capture_stream_, dev_ + gate_index(gate), done);
+    const int launched = launch_gate_kernel(capture_stream_, dev_ + gate_index(gate), nullptr);
+    const std::error_code signalled =
+        launched == 0 ? backend().enqueue_signal(capture_stream_, done) : std::error_code{};
     cudaGraph_t graph = nullptr;
     check(cudaStreamEndCapture(capture_stream_, &graph), "end capture");
-    check(static_cast<cudaError_t>(launched), "gate kernel and signal (captured)");
+    check(static_cast<cudaError_t>(launched), "gate kernel (captured)");
+    if (signalled) throw std::runtime_error("enqueue_signal (captured): " + signalled.message());
     cudaGraphExec_t exec = nullptr;
     const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);

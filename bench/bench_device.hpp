@@ -32,8 +32,8 @@ class bench_device {
   virtual void launch_gate_signalling(device::native_stream stream, std::size_t gate,
                                       const signal_ref& done) = 0;
   /// The gate kernel as library work in a CUDA graph: a graph of the plain gate kernel and, as its
-  /// last node, evr::enqueue_signal(done), made once per (stream, gate, slot) and launched. The
-  /// simulated device has no graphs: there it is launch_gate_signalling.
+  /// last node, evr's signal kernel (backend::enqueue_signal), made once per (stream, gate, slot)
+  /// and launched. The simulated device has no graphs: there it is launch_gate_signalling.
   virtual void launch_gate_graph_signalling(device::native_stream stream, std::size_t gate,
                                             const signal_ref& done) = 0;
   virtual void open_gate(std::size_t gate = 0) = 0;

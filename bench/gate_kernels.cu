@@ -44,13 +44,6 @@ int evr::bench::launch_gate_signal_kernel(CUstream_st* stream, volatile int* gat
   return static_cast<int>(cudaGetLastError());
 }
 
-int evr::bench::launch_gate_then_signal(CUstream_st* stream, volatile int* gate,
-                                        const evr::signal_ref& done) {
-  gate_kernel<<<1, 1, 0, stream>>>(gate, nullptr);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
-  return static_cast<int>(evr::enqueue_signal(stream, done));
-}
-
 int evr::bench::launch_busy_kernel(CUstream_st* stream, unsigned microseconds) {
   busy_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned long long>(microseconds) * 1000ull);
   return static_cast<int>(cudaGetLastError());

@@ -10,9 +10,6 @@ namespace evr::bench {
 int launch_gate_kernel(CUstream_st* stream, volatile int* gate_device, volatile int* ack_device);
 /// One-thread kernel: spins while *gate == 0, then signals `done` (evr::signal) and exits.
 int launch_gate_signal_kernel(CUstream_st* stream, volatile int* gate, const evr::signal_ref& done);
-/// The plain gate kernel (no ack), then evr::enqueue_signal(done): a signal from a node the work's
-/// kernel knows nothing of, as after a library's kernels. Meant for a graph capture.
-int launch_gate_then_signal(CUstream_st* stream, volatile int* gate, const evr::signal_ref& done);
 /// Spins about `microseconds` on the GPU's global timer.
 int launch_busy_kernel(CUstream_st* stream, unsigned microseconds);
 /// An empty kernel.

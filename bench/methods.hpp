@@ -17,7 +17,7 @@ struct evr_method {
   /// wait), instead of a wait on the stream.
   bool signalled = false;
   /// With `signalled`: the work's kernel does not signal; it is a CUDA graph whose last node is
-  /// evr::enqueue_signal (library work in a graph).
+  /// evr's signal kernel (signal_slot::enqueue_signal: library work in a graph).
   bool graph = false;
 };
 
@@ -31,9 +31,8 @@ inline std::vector<evr_method> evr_methods() {
   m.push_back({"default", "evr default (adaptive, predictive)", reactor_options{}});
   m.push_back(
       {"signal", "evr default, device-signalled (kernel signals a slot)", reactor_options{}, true});
-  m.push_back({"graph-signal",
-               "evr default, a graph's last node signals",
-               reactor_options{}, true, true});
+  m.push_back(
+      {"graph-signal", "evr default, a graph's last node signals", reactor_options{}, true, true});
   reactor_options o;
   o.strategy = strategy::fence;
   o.idle = idle_mode::spin;

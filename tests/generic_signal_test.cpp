@@ -1,8 +1,9 @@
 // Device-signalled waits on the device under test (the simulated device in evr_tests, the GPU in
 // evr_gpu_tests): kernels that signal a slot, of one block and of many (evr::signal_from_last_block
 // counts the blocks and resets itself between launches), waits on them through each front end,
-// and a kernel that never signals. On the GPU this is the real thing: mapped host words written
-// by the kernel, device counters, the reactor's memory reads.
+// a kernel that never signals, and evr's own signal kernel behind kernels that do not. On the GPU
+// this is the real thing: mapped host words written by the kernel, device counters, the reactor's
+// memory reads.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -73,4 +74,24 @@ TEST_CASE("signal (device): a kernel that returns without signalling fails its w
   // The slot expects one more signal than it got: given back, it is not reused.
   slot.release();
   CHECK(r.pools().signals(0).stats().waiting == 1);
+}
+
+TEST_CASE("signal (device): enqueue_signal behind kernels that do not signal, outside a graph") {
+  // evr's own signal kernel (on the GPU: PTX the driver compiles, launched through the driver).
+  evr::device::backend& be = dut().backend();
+  std::atomic<int> ok{0}, bad{0};  // before the reactor: its destructor completes pending waits
+  evr::reactor r(be, quick_options(evr::strategy::adaptive));
+  evr::stream st(be, 0);
+  evr::signal_slot slot = r.pools().signals(0).acquire();
+  constexpr int n = 30;
+  for (int i = 0; i < n; ++i) {
+    dut().launch_busy(st.native(), 20);
+    slot.enqueue_signal(st.native());
+    REQUIRE_FALSE(evr::on_complete(r, evr::wait_target(st, slot.arm()),
+                                   [&](std::error_code ec) { (ec ? bad : ok).fetch_add(1); }));
+  }
+  REQUIRE(wait_until([&] { return ok + bad == n; }));
+  CHECK(bad.load() == 0);
+  CHECK(slot.signalled() == static_cast<std::uint64_t>(n));
+  CHECK(r.metrics().event_queries == 0);
 }

@@ -1,10 +1,10 @@
 // The CUDA backend: evr::device::backend on the CUDA runtime API.
 //
-// Built by the host C++ compiler; nothing here needs nvcc. libcuda is never linked: the one driver
-// function evr uses (cuStreamWriteValue64) is fetched at run time through the runtime's
-// cudaGetDriverEntryPointByVersion, so a program built with CUDA still starts on a machine without
-// a GPU driver; its calls then report the runtime's error (cudaErrorInsufficientDriver or
-// cudaErrorNoDevice).
+// Built by the host C++ compiler; nothing here needs nvcc. libcuda is never linked: the driver
+// functions evr uses (cuStreamWriteValue64 here; the signal kernel's in cuda_signal_kernel.cpp)
+// are fetched at run time through the runtime's cudaGetDriverEntryPointByVersion, so a program
+// built with CUDA still starts on a machine without a GPU driver; its calls then report the
+// runtime's error (cudaErrorInsufficientDriver or cudaErrorNoDevice).
 //
 // Conventions of every function below:
 //   * noexcept; failures are returned as make_cuda_error(value) (cuda_category(), value equal to
@@ -27,6 +27,8 @@
 
 #include <cuda.h>  // driver types only (CUresult, CUstream, CUdeviceptr): never linked
 #include <cuda_runtime_api.h>
+
+#include "cuda_signal_kernel.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -402,6 +404,9 @@ class cuda_backend_impl final : public backend {
       free_fence_block(words);
       return ec;
     }
+    // The signal kernel is loaded now, while no capture can name these slots yet (a load may
+    // not run during a global-mode capture); a failure is reported by enqueue_signal.
+    (void)cuda_signal::load(device);
     out.host = words.host;
     out.device_words = words.device_address;
     out.device_counters = reinterpret_cast<std::uintptr_t>(counters);
@@ -409,6 +414,14 @@ class cuda_backend_impl final : public backend {
     out.host_allocation = words.allocation;
     out.device_allocation = counters;
     return {};
+  }
+
+  std::error_code enqueue_signal(native_stream stream, const signal_ref& s) noexcept override {
+    int device = 0;
+    if (auto ec = stream_device(stream, device)) return ec;
+    device_guard guard;  // forced: the driver's launch needs the device's context bound
+    if (auto ec = guard.enter(device, true)) return ec;
+    return cuda_signal::launch(device, cuda_stream(stream), s);
   }
 
   void free_signal_block(signal_block& block) noexcept override {

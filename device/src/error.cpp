@@ -18,7 +18,8 @@ class evr_category_impl final : public std::error_category {
       case errc::reactor_stopped: return "the reactor is stopped: the wait was not started";
       case errc::backend_mismatch:
         return "the stream or event belongs to another device backend than the reactor or pool";
-      case errc::device_mismatch: return "the event belongs to another device than the stream";
+      case errc::device_mismatch:
+        return "the event or signal slot belongs to another device than the stream";
       case errc::event_never_recorded: return "the event was never recorded";
       case errc::timing_disabled:
         return "the event was created without timing (elapsed_time needs event_flags::timing)";

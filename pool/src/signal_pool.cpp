@@ -127,6 +127,26 @@ std::uint64_t signal_slot::signalled() const noexcept {
                           : std::atomic_ref<std::uint64_t>(*word_).load(std::memory_order_acquire);
 }
 
+void signal_slot::enqueue_signal(device::native_stream stream) {
+  std::error_code ec;
+  enqueue_signal(stream, ec);
+  throw_if(ec, "signal_slot::enqueue_signal");
+}
+
+void signal_slot::enqueue_signal(device::native_stream stream, std::error_code& ec) noexcept {
+  if (!state_) {
+    ec = make_error_code(errc::empty_handle);
+    return;
+  }
+  int stream_device = -1;
+  if ((ec = state_->backend.stream_device(stream, stream_device))) return;
+  if (stream_device != state_->device) {
+    ec = make_error_code(errc::device_mismatch);
+    return;
+  }
+  ec = state_->backend.enqueue_signal(stream, ref_);
+}
+
 void signal_slot::release() noexcept {
   if (!state_) return;
   {

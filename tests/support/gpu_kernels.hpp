@@ -32,10 +32,8 @@ cudaError_t launch_signal_captured(cudaStream_t stream, evr::signal_ref done, un
 
 /// Work as a library queues it, with kernels that do not signal: `kernels` one-thread kernels of
 /// about `microseconds` in a row, then one that adds 1 to `*count` (a device address of mapped
-/// host memory); then evr::enqueue_signal(stream, done). On the current device, without querying
-/// the stream (for a graph capture).
-cudaError_t launch_chain_then_signal_captured(cudaStream_t stream, evr::signal_ref done,
-                                              unsigned microseconds, unsigned kernels,
-                                              volatile unsigned* count);
+/// host memory). On the current device, without querying the stream (for a graph capture).
+cudaError_t launch_chain_captured(cudaStream_t stream, unsigned microseconds, unsigned kernels,
+                                  volatile unsigned* count);
 
 }  // namespace evr::test::gpu

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <utility>
 
 #include "impl.hpp"
@@ -32,6 +33,14 @@ std::error_code device::launch_kernel(native_stream stream, std::chrono::nanosec
       static_cast<std::uint64_t>(std::max(duration, std::chrono::nanoseconds::zero()).count());
   if (body) op.extra = std::make_unique<kernel_extra>(kernel_extra{std::move(body), {}});
   return impl_->sched.enqueue(s, std::move(op));
+}
+
+std::error_code device::enqueue_signal(native_stream stream, const evr::signal_ref& s) noexcept {
+  try {
+    return launch_kernel(stream, {}, [s] { evr::sim::signal(s); });
+  } catch (const std::bad_alloc&) {
+    return evr::make_cuda_error(2);  // cudaErrorMemoryAllocation
+  }
 }
 
 std::error_code device::launch_faulting_kernel(native_stream stream, std::error_code fault) {

@@ -18,7 +18,7 @@ namespace evr {
 enum class errc {
   reactor_stopped = 1,   ///< the reactor is stopping or stopped; the wait was not started
   backend_mismatch,      ///< a stream or event of one device backend given to another
-  device_mismatch,       ///< an event recorded on one device used with another device
+  device_mismatch,       ///< an event or signal slot of one device used with another device
   event_never_recorded,  ///< awaiting / timing an event that was never recorded
   timing_disabled,       ///< elapsed_time on an event created without timing
   interprocess_requires_no_timing,  ///< interprocess events must be created without timing

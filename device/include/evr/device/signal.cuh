@@ -12,15 +12,13 @@
 //   co_await waiter.async_wait(evr::wait_target(stream, t), asio::use_awaitable);
 //
 // Work whose kernels cannot call evr::signal (cuBLAS, cuDNN, any library's kernels): capture it
-// into a CUDA graph and end the capture with evr::enqueue_signal(stream, slot.ref()). The graph's
-// last node then signals on every replay, and the wait is a memory read like any other here.
+// into a CUDA graph and end the capture with slot.enqueue_signal(stream) (signal_pool.hpp), evr's
+// own signal kernel as the graph's last node.
 //
 // Contract: one signal per arm(), in launch order: launches that signal one slot must not run at
 // the same time (one stream, or ordered streams). A launch that ends without signalling fails its
 // wait with errc::not_signalled once the reactor sees the stream idle (its fault probe).
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <evr/device/signal_ref.h>
 
@@ -47,28 +45,6 @@ __device__ inline void signal_from_last_block(signal_ref s) {
   const unsigned int total = gridDim.x * gridDim.y * gridDim.z;
   // atomicInc wraps to 0 after `total - 1`: the last block sees total - 1 and leaves it at 0.
   if (atomicInc(s.blocks, total - 1) == total - 1) signal(s);
-}
-
-/// A one-thread kernel that signals `s` once (a template so that every source may include this
-/// header: one definition however many include it). Launched by enqueue_signal.
-template <int = 0>
-__global__ void signal_kernel(signal_ref s) {
-  signal(s);
-}
-
-/// Queues signal_kernel on `stream`, behind the work queued there before it: a wait on the slot's
-/// next ticket covers that work, whoever wrote its kernels. Returns the launch's error
-/// (cudaGetLastError). Call it on the current device of `stream`'s work.
-///
-/// Use it while capturing a CUDA graph, as the graph's last node. Inside a graph the kernel waits
-/// for the nodes before it without holding the stream's hardware queue, so streams that share a
-/// queue are not held up (docs/architecture.md, "Markers and hardware queues"). Outside a graph
-/// it is a kernel that waits for the work before it, which holds a shared hardware queue the way
-/// a fence write does, and costs a kernel launch: there, wait on the stream instead. A graph
-/// names the slot's memory: keep the slot (and its reactor) while the graph may still be launched.
-inline cudaError_t enqueue_signal(cudaStream_t stream, signal_ref s) {
-  signal_kernel<><<<1, 1, 0, stream>>>(s);
-  return cudaGetLastError();
 }
 
 }  // namespace evr

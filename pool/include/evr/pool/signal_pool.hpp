@@ -77,6 +77,20 @@ class signal_slot {
   std::uint64_t armed() const noexcept { return armed_; }
   /// The signals that have landed so far (the word: acquire load). Any thread.
   std::uint64_t signalled() const noexcept;
+  /// Queues a signal of this slot on `stream`, behind the work queued there: evr's own
+  /// one-thread kernel, for work whose kernels cannot call evr::signal (cuBLAS, cuDNN, torch).
+  /// Like a signalling kernel of the user's, it needs one arm() per launch. Meant for a CUDA
+  /// graph: called while the graph's work is captured, as its last node, it signals on every
+  /// replay, and inside a graph it holds no hardware queue. On a stream outside a capture it is
+  /// a kernel that waits for the work before it, which holds a shared hardware queue the way a
+  /// fence write does (docs/architecture.md, "Markers and hardware queues"): there, wait on the
+  /// stream instead. A graph names the slot's memory: keep the slot while the graph may run.
+  /// Throws evr::error: errc::empty_handle (no slot), errc::device_mismatch (`stream` is of
+  /// another device than the slot), errc::unsupported (a backend without it), a CUDA error (a
+  /// driver that cannot load or launch the kernel).
+  void enqueue_signal(device::native_stream stream);
+  /// Same, never throws: `ec` set on failure.
+  void enqueue_signal(device::native_stream stream, std::error_code& ec) noexcept;
 
   /// Gives the slot back to its pool (held back from reuse until every armed signal landed).
   void release() noexcept;

@@ -1,0 +1,142 @@
+// evr's signal kernel (cuda_signal_kernel.hpp): PTX text, compiled by the driver when a device
+// first loads it, and launched through driver entry points fetched at run time. So the library
+// needs no nvcc to build and nothing from the toolkit to run, and the kernel runs on any GPU the
+// driver supports (the PTX targets sm_70; the driver compiles it for the GPU it finds).
+#if defined(EVR_WITH_CUDA)
+
+#include "cuda_signal_kernel.hpp"
+
+#include <cuda.h>  // driver types only: never linked
+
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include <evr/device/error.hpp>
+
+namespace evr::device::cuda_signal {
+namespace {
+
+// What evr::signal(s) does, for one thread (the code nvcc makes of it, written out):
+// the counter (s.counter, offset 0) gains one atomically, a system-wide fence makes what the
+// work before wrote visible first, and the new count is stored to the host word (s.word, offset
+// 16). signal_ref is three 8-byte pointers: the parameter is its 24 bytes.
+constexpr char ptx[] = R"ptx(
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry evr_signal_kernel(.param .align 8 .b8 evr_signal_kernel_ref[24])
+{
+	.reg .b64 %rd<7>;
+	ld.param.u64 %rd1, [evr_signal_kernel_ref];
+	ld.param.u64 %rd2, [evr_signal_kernel_ref+16];
+	cvta.to.global.u64 %rd3, %rd1;
+	cvta.to.global.u64 %rd4, %rd2;
+	atom.global.add.u64 %rd5, [%rd3], 1;
+	add.s64 %rd6, %rd5, 1;
+	membar.sys;
+	st.volatile.global.u64 [%rd4], %rd6;
+	ret;
+}
+)ptx";
+static_assert(sizeof(signal_ref) == 24, "the kernel's parameter is signal_ref's 24 bytes");
+
+using module_load_data_fn = CUresult(CUDAAPI*)(CUmodule*, const void*);
+using module_get_function_fn = CUresult(CUDAAPI*)(CUfunction*, CUmodule, const char*);
+using launch_kernel_fn = CUresult(CUDAAPI*)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                            unsigned, unsigned, unsigned, CUstream, void**, void**);
+
+/// The driver functions, fetched once (function-local static); `error` says why one is missing.
+struct driver_calls {
+  module_load_data_fn module_load_data = nullptr;
+  module_get_function_fn module_get_function = nullptr;
+  launch_kernel_fn launch_kernel = nullptr;
+  std::error_code error;
+};
+
+template <typename Fn>
+std::error_code fetch(const char* name, Fn& out) noexcept {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  // 12000: each symbol's ABI as of CUDA 12.0 (unchanged since 4.0 for these three).
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_cuda_error(static_cast<int>(e));
+  }
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr)
+    return make_error_code(errc::unsupported);
+  out = reinterpret_cast<Fn>(fn);
+  return {};
+}
+
+const driver_calls& driver() noexcept {
+  static const driver_calls calls = [] {
+    driver_calls c;
+    c.error = fetch("cuModuleLoadData", c.module_load_data);
+    if (!c.error) c.error = fetch("cuModuleGetFunction", c.module_get_function);
+    if (!c.error) c.error = fetch("cuLaunchKernel", c.launch_kernel);
+    return c;
+  }();
+  return calls;
+}
+
+/// The driver's CUresult as an error_code of cuda_category(): for what these calls return
+/// (invalid value 1, invalid context 201, no binary for the GPU 209, invalid PTX 218, invalid
+/// handle 400, capture errors 900-908) the driver's values equal the runtime's.
+std::error_code driver_error(CUresult r) noexcept {
+  return r == CUDA_SUCCESS ? std::error_code{} : make_cuda_error(static_cast<int>(r));
+}
+
+constexpr int max_devices = 64;
+
+/// Per device: the loaded kernel (published with release, read with acquire), the first load's
+/// error, and a mutex that makes the load happen once.
+struct device_kernels {
+  std::array<std::atomic<CUfunction>, max_devices> function{};
+  std::array<std::error_code, max_devices> load_error{};
+  std::array<bool, max_devices> tried{};
+  std::mutex load_mutex;
+};
+
+device_kernels& kernels() noexcept {
+  static device_kernels k;
+  return k;
+}
+
+}  // namespace
+
+std::error_code load(int device) noexcept {
+  if (device < 0 || device >= max_devices) return make_error_code(errc::invalid_argument);
+  device_kernels& k = kernels();
+  if (k.function[device].load(std::memory_order_acquire) != nullptr) return {};
+  const driver_calls& d = driver();
+  if (d.error) return d.error;
+  std::lock_guard lock(k.load_mutex);
+  if (k.tried[device]) return k.load_error[device];
+  k.tried[device] = true;
+  // The module stays loaded for the process: graphs captured with the kernel may outlive any
+  // owner evr could give it.
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  std::error_code ec = driver_error(d.module_load_data(&module, ptx));
+  if (!ec) ec = driver_error(d.module_get_function(&function, module, "evr_signal_kernel"));
+  k.load_error[device] = ec;
+  if (!ec) k.function[device].store(function, std::memory_order_release);
+  return ec;
+}
+
+std::error_code launch(int device, cudaStream_t stream, const signal_ref& s) noexcept {
+  if (auto ec = load(device)) return ec;
+  CUfunction f = kernels().function[device].load(std::memory_order_acquire);
+  signal_ref arg = s;
+  void* params[] = {&arg};
+  return driver_error(driver().launch_kernel(f, 1, 1, 1, 1, 1, 1, 0,
+                                             reinterpret_cast<CUstream>(stream), params, nullptr));
+}
+
+}  // namespace evr::device::cuda_signal
+
+#endif  // EVR_WITH_CUDA
