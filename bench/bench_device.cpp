@@ -169,7 +169,7 @@ class cuda_bench_device final : public bench_device {
     check(cudaStreamBeginCapture(capture_stream_, cudaStreamCaptureModeThreadLocal), "capture");
     const int launched = launch_gate_kernel(capture_stream_, dev_ + gate_index(gate), nullptr);
     const std::error_code signalled =
-        launched == 0 ? backend().enqueue_signal(capture_stream_, done) : std::error_code{};
+        launched == 0 ? backend().enqueue_signal(0, capture_stream_, done) : std::error_code{};
     cudaGraph_t graph = nullptr;
     check(cudaStreamEndCapture(capture_stream_, &graph), "end capture");
     check(static_cast<cudaError_t>(launched), "gate kernel (captured)");

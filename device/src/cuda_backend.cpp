@@ -416,9 +416,8 @@ class cuda_backend_impl final : public backend {
     return {};
   }
 
-  std::error_code enqueue_signal(native_stream stream, const signal_ref& s) noexcept override {
-    int device = 0;
-    if (auto ec = stream_device(stream, device)) return ec;
+  std::error_code enqueue_signal(int device, native_stream stream,
+                                 const signal_ref& s) noexcept override {
     device_guard guard;  // forced: the driver's launch needs the device's context bound
     if (auto ec = guard.enter(device, true)) return ec;
     return cuda_signal::launch(device, cuda_stream(stream), s);

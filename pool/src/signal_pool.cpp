@@ -138,13 +138,18 @@ void signal_slot::enqueue_signal(device::native_stream stream, std::error_code& 
     ec = make_error_code(errc::empty_handle);
     return;
   }
+  device::backend& be = state_->backend;
+  // CUDA does not name a capturing stream's device (cudaStreamGetDevice then fails and
+  // invalidates the capture): a launch into a capture goes to the current device.
   int stream_device = -1;
-  if ((ec = state_->backend.stream_device(stream, stream_device))) return;
+  ec = be.stream_is_capturing(stream) ? be.current_device(stream_device)
+                                      : be.stream_device(stream, stream_device);
+  if (ec) return;
   if (stream_device != state_->device) {
     ec = make_error_code(errc::device_mismatch);
     return;
   }
-  ec = state_->backend.enqueue_signal(stream, ref_);
+  ec = be.enqueue_signal(stream_device, stream, ref_);
 }
 
 void signal_slot::release() noexcept {

@@ -35,7 +35,9 @@ std::error_code device::launch_kernel(native_stream stream, std::chrono::nanosec
   return impl_->sched.enqueue(s, std::move(op));
 }
 
-std::error_code device::enqueue_signal(native_stream stream, const evr::signal_ref& s) noexcept {
+std::error_code device::enqueue_signal(int device_index, native_stream stream,
+                                       const evr::signal_ref& s) noexcept {
+  if (auto ec = impl_->check_device(device_index)) return ec;
   try {
     return launch_kernel(stream, {}, [s] { evr::sim::signal(s); });
   } catch (const std::bad_alloc&) {

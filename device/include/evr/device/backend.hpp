@@ -186,10 +186,13 @@ class backend {
   }
   /// Frees a block from allocate_signal_block. The caller makes sure no kernel still signals it.
   virtual void free_signal_block(signal_block& block) noexcept { block = signal_block{}; }
-  /// Queues on `stream`, behind the work queued there, a one-thread kernel of evr's own that
-  /// signals `s` once (what evr::signal does): the signal for work whose kernels cannot give it.
-  /// Allowed while `stream` is being captured into a graph. The default: errc::unsupported.
-  virtual std::error_code enqueue_signal(native_stream stream, const signal_ref& s) noexcept {
+  /// Queues on `stream` (of `device`), behind the work queued there, a one-thread kernel of evr's
+  /// own that signals `s` once (what evr::signal does): the signal for work whose kernels cannot
+  /// give it. Allowed while `stream` is being captured into a graph. The default:
+  /// errc::unsupported.
+  virtual std::error_code enqueue_signal(int device, native_stream stream,
+                                         const signal_ref& s) noexcept {
+    (void)device;
     (void)stream;
     (void)s;
     return make_error_code(errc::unsupported);

@@ -85,6 +85,8 @@ class signal_slot {
   /// a kernel that waits for the work before it, which holds a shared hardware queue the way a
   /// fence write does (docs/architecture.md, "Markers and hardware queues"): there, wait on the
   /// stream instead. A graph names the slot's memory: keep the slot while the graph may run.
+  /// While `stream` is captured the kernel goes to the calling thread's current device (CUDA
+  /// does not name a capturing stream's device), which must be the slot's.
   /// Throws evr::error: errc::empty_handle (no slot), errc::device_mismatch (`stream` is of
   /// another device than the slot), errc::unsupported (a backend without it), a CUDA error (a
   /// driver that cannot load or launch the kernel).

@@ -181,7 +181,7 @@ class device final : public evr::device::backend {
                                         evr::device::signal_block& out) noexcept override;
   void free_signal_block(evr::device::signal_block& block) noexcept override;
   /// A zero-length kernel whose body is evr::sim::signal(s).
-  std::error_code enqueue_signal(evr::device::native_stream stream,
+  std::error_code enqueue_signal(int device, evr::device::native_stream stream,
                                  const evr::signal_ref& s) noexcept override;
   std::error_code write_fence(evr::device::native_stream stream, std::uint64_t device_address,
                               std::uint64_t value) noexcept override;
