@@ -139,9 +139,11 @@ class cuda_bench_device final : public bench_device {
   }
   void launch_gate_graph_signalling(device::native_stream stream, std::size_t gate,
                                     const signal_ref& done) override {
-    cudaGraphExec_t& exec = graphs_[{stream, gate, done.counter, done.blocks, done.word}];
-    if (exec == nullptr) exec = capture_gate_then_signal(gate, done);
-    check(cudaGraphLaunch(exec, static_cast<cudaStream_t>(stream)), "cudaGraphLaunch");
+    const graph_key key{stream, gate, done.counter, done.blocks, done.word};
+    auto found = graphs_.find(key);
+    if (found == graphs_.end())  // cached only once made: a failed capture leaves nothing
+      found = graphs_.emplace(key, capture_gate_then_signal(gate, done)).first;
+    check(cudaGraphLaunch(found->second, static_cast<cudaStream_t>(stream)), "cudaGraphLaunch");
   }
   void open_gate(std::size_t gate) override {
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -171,9 +173,14 @@ class cuda_bench_device final : public bench_device {
     const std::error_code signalled =
         launched == 0 ? backend().enqueue_signal(0, capture_stream_, done) : std::error_code{};
     cudaGraph_t graph = nullptr;
-    check(cudaStreamEndCapture(capture_stream_, &graph), "end capture");
-    check(static_cast<cudaError_t>(launched), "gate kernel (captured)");
-    if (signalled) throw std::runtime_error("enqueue_signal (captured): " + signalled.message());
+    const cudaError_t ended = cudaStreamEndCapture(capture_stream_, &graph);
+    if (launched != 0 || signalled || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      check(static_cast<cudaError_t>(launched), "gate kernel (captured)");  // the first cause
+      if (signalled) throw std::runtime_error("enqueue_signal (captured): " + signalled.message());
+      check(ended, "end capture");
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -190,9 +197,9 @@ class cuda_bench_device final : public bench_device {
   cudaStream_t capture_stream_ = nullptr;
   /// A graph per lane's stream, gate and slot (all three of its addresses: a slot of a later row
   /// may reuse one of them): what a graph names is fixed when it is made.
-  std::map<std::tuple<device::native_stream, std::size_t, const void*, const void*, const void*>,
-           cudaGraphExec_t>
-      graphs_;
+  using graph_key =
+      std::tuple<device::native_stream, std::size_t, const void*, const void*, const void*>;
+  std::map<graph_key, cudaGraphExec_t> graphs_;
 };
 #endif
 

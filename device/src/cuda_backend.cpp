@@ -406,7 +406,7 @@ class cuda_backend_impl final : public backend {
     }
     // The signal kernel is loaded now, while no capture can name these slots yet (a load may
     // not run during a global-mode capture); a failure is reported by enqueue_signal.
-    (void)cuda_signal::load(device);
+    if (!guard.enter(device, /*force=*/true)) (void)cuda_signal::load(device);
     out.host = words.host;
     out.device_words = words.device_address;
     out.device_counters = reinterpret_cast<std::uintptr_t>(counters);

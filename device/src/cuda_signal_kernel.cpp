@@ -1,7 +1,8 @@
 // evr's signal kernel (cuda_signal_kernel.hpp): PTX text, compiled by the driver when a device
 // first loads it, and launched through driver entry points fetched at run time. So the library
-// needs no nvcc to build and nothing from the toolkit to run, and the kernel runs on any GPU the
-// driver supports (the PTX targets sm_70; the driver compiles it for the GPU it finds).
+// needs no nvcc to build and nothing from the toolkit to run. The PTX targets sm_70: the driver
+// compiles it for any GPU of compute capability 7.0 or later (an older GPU refuses the load with
+// a CUDA error, which enqueue_signal returns).
 #if defined(EVR_WITH_CUDA)
 
 #include "cuda_signal_kernel.hpp"
@@ -90,6 +91,20 @@ std::error_code driver_error(CUresult r) noexcept {
   return r == CUDA_SUCCESS ? std::error_code{} : make_cuda_error(static_cast<int>(r));
 }
 
+/// A load error that every later load would meet again: the driver cannot compile or run the
+/// PTX on this GPU (invalid PTX 218, no binary for the GPU 209, JIT compiler missing 221, PTX
+/// version unsupported 222, invalid image 200). Others (out of memory, say) are retried.
+bool permanent(const std::error_code& ec) noexcept {
+  switch (ec.value()) {
+    case 200:
+    case 209:
+    case 218:
+    case 221:
+    case 222: return ec.category() == cuda_category();
+    default: return false;
+  }
+}
+
 constexpr int max_devices = 64;
 
 /// Per device: the loaded kernel (published with release, read with acquire), the first load's
@@ -123,6 +138,10 @@ std::error_code load(int device) noexcept {
   CUfunction function = nullptr;
   std::error_code ec = driver_error(d.module_load_data(&module, ptx));
   if (!ec) ec = driver_error(d.module_get_function(&function, module, "evr_signal_kernel"));
+  if (ec && !permanent(ec)) {
+    k.tried[device] = false;  // out of memory, say: the next load tries again
+    return ec;
+  }
   k.load_error[device] = ec;
   if (!ec) k.function[device].store(function, std::memory_order_release);
   return ec;

@@ -12,7 +12,8 @@
 namespace evr::device::cuda_signal {
 
 /// Loads the kernel into `device`'s primary context, once per device (later calls return the
-/// first one's result). The caller has made `device` current. Loading is a driver call that
+/// first one's result, unless it failed for a reason that may pass, out of memory say). The
+/// caller has bound `device`'s primary context (cudaSetDevice). Loading is a driver call that
 /// must not run during a global-mode stream capture: the backend loads it when it makes a
 /// device's signal slots, before any capture can name them.
 std::error_code load(int device) noexcept;

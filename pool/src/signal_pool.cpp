@@ -142,8 +142,14 @@ void signal_slot::enqueue_signal(device::native_stream stream, std::error_code& 
   // CUDA does not name a capturing stream's device (cudaStreamGetDevice then fails and
   // invalidates the capture): a launch into a capture goes to the current device.
   int stream_device = -1;
-  ec = be.stream_is_capturing(stream) ? be.current_device(stream_device)
-                                      : be.stream_device(stream, stream_device);
+  const bool capturing = be.stream_is_capturing(stream);
+  if (capturing && stream == nullptr) {
+    // The legacy default stream while another thread captures in global mode: a launch onto it
+    // would fail and invalidate that capture.
+    ec = make_cuda_error(906);  // cudaErrorStreamCaptureImplicit
+    return;
+  }
+  ec = capturing ? be.current_device(stream_device) : be.stream_device(stream, stream_device);
   if (ec) return;
   if (stream_device != state_->device) {
     ec = make_error_code(errc::device_mismatch);

@@ -88,8 +88,10 @@ class signal_slot {
   /// While `stream` is captured the kernel goes to the calling thread's current device (CUDA
   /// does not name a capturing stream's device), which must be the slot's.
   /// Throws evr::error: errc::empty_handle (no slot), errc::device_mismatch (`stream` is of
-  /// another device than the slot), errc::unsupported (a backend without it), a CUDA error (a
-  /// driver that cannot load or launch the kernel).
+  /// another device than the slot), errc::unsupported (a backend without it),
+  /// errc::invalid_argument (a device numbered 64 or more), a CUDA error (a driver that cannot
+  /// load or launch the kernel; cudaErrorStreamCaptureImplicit for the legacy default stream
+  /// while another thread captures).
   void enqueue_signal(device::native_stream stream);
   /// Same, never throws: `ec` set on failure.
   void enqueue_signal(device::native_stream stream, std::error_code& ec) noexcept;
