@@ -15,12 +15,35 @@ import time
 import evr
 
 
+GRAPH_METHODS = ("evr-graph", "evr-signal")  # the kernel as a CUDA graph (bench_devices.replayer)
+
+
+def graph_lane(d, kernel, method, stream=None):
+    """(replay, slot) for `method` on `stream`: a graph of `kernel`, ending in a signal of `slot`
+    for evr-signal (slot None for evr-graph). Kept on `d` per (method, kernel, stream)."""
+    cache = d.__dict__.setdefault("_graph_lanes", {})
+    key = (method, kernel, id(stream or d.stream))
+    if key not in cache:
+        slot = None
+        if method == "evr-signal":
+            slot = (d.reactor or evr.default_reactor()).signal_slot()
+        cache[key] = (d.replayer(kernel, stream, slot), slot)
+    return cache[key]
+
+
 async def one(method, d, kernel, loop, stages=None):
-    d.launch(kernel)
+    target = d.stream
+    if method in GRAPH_METHODS:
+        replay, slot = graph_lane(d, kernel, method)
+        if slot is not None:
+            target = slot.arm(d.stream)
+        replay()
+    else:
+        d.launch(kernel)
     t0 = time.perf_counter()
     if method.startswith("evr"):
         m0 = time.monotonic_ns()
-        await evr.wait(d.stream, reactor=d.reactor)
+        await evr.wait(target, reactor=d.reactor)
         elapsed = time.perf_counter() - t0  # before the bookkeeping below, which is not the wait's
         if stages is not None:
             # Where this await's time went: launch -> the reactor's push, push -> the loop's
@@ -202,16 +225,26 @@ async def tasks(d, n, kernel_s, seconds, method="evr", warmed=None):
     cycles = []  # launch -> resumed, seconds (recorded while `record` is set)
     record = False
 
+    lanes = [graph_lane(d, kernel_s, method, s) if method in GRAPH_METHODS else (None, None)
+             for s in streams]
+
     async def worker(i):
         s = streams[i]
+        replay, slot = lanes[i]
         while not stop:
             t0 = time.perf_counter()
-            d.launch(kernel_s, s)
+            target = s
+            if replay is None:
+                d.launch(kernel_s, s)
+            else:
+                if slot is not None:
+                    target = slot.arm(s)
+                replay()
             if method == "query0":
                 while not d.query(s):
                     await asyncio.sleep(0)
             else:
-                await evr.wait(s, reactor=d.reactor)
+                await evr.wait(target, reactor=d.reactor)
             if record:
                 cycles.append(time.perf_counter() - t0)
             done[i] += 1

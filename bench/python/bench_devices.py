@@ -1,6 +1,8 @@
 """The devices bench_await.py runs on: torch on a GPU (TorchDevice), or evr's simulated device
 (SimDevice). Each launches a kernel of a given length on a stream, makes streams, queries and
-synchronizes; pick_device chooses (scripts/study/loop-placement.py uses it too)."""
+synchronizes, and makes a `replayer`: the same kernel as a CUDA graph, optionally ending in evr's
+signal node (SignalSlot.enqueue_signal; on the simulated device, a launch and an eager signal);
+pick_device chooses (scripts/study/loop-placement.py uses it too)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,17 @@ class SimDevice:
 
     def synchronize(self):
         self.stream.synchronize()
+
+    def replayer(self, seconds, stream=None, slot=None):
+        """A callable that queues the kernel (then the slot's signal, when given) on the stream."""
+        s = stream or self.stream
+
+        def replay():
+            self.dev.launch_kernel(s, seconds)
+            if slot is not None:
+                slot.enqueue_signal(s)
+
+        return replay
 
 
 class TorchDevice:
@@ -70,6 +83,24 @@ class TorchDevice:
 
     def synchronize(self):
         self.stream.synchronize()
+
+    def replayer(self, seconds, stream=None, slot=None):
+        """A CUDA graph of the kernel (ending in evr's signal node when `slot` is given), captured
+        on the stream; the callable replays it there."""
+        torch, s = self.torch, stream or self.stream
+        cycles = max(1, int(seconds * self.cycles_per_s))
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            torch.cuda._sleep(cycles)
+            if slot is not None:
+                slot.enqueue_signal(s)
+
+        def replay():
+            with torch.cuda.stream(s):
+                g.replay()
+
+        return replay
 
 
 def pick_device(which, torch_launch="context"):

@@ -13,7 +13,9 @@ imports torch or CuPy; it reads the attributes):
 * ``.cuda_stream`` (``torch.cuda.Stream``), ``.cuda_event`` (``torch.cuda.Event``, recorded),
 * ``.ptr`` (``cupy.cuda.Stream``, or ``cupy.cuda.Event`` when the class is an event),
 * an ``int``: a ``cudaStream_t`` handle (``evr.event_handle(ptr)`` for a ``cudaEvent_t``),
-* ``evr.sim.Stream`` / ``evr.sim.Event`` of the simulated device.
+* ``evr.sim.Stream`` / ``evr.sim.Event`` of the simulated device,
+* a signal ticket (``slot.arm(stream)``, :class:`SignalSlot`): the signal that evr's kernel,
+  captured at the end of a CUDA graph, gives on each replay (a memory read, not a driver query).
 
 Completion path: the reactor thread (C++) never takes the GIL. It pushes each completion onto a
 lock-free queue of the waiting event loop and wakes the loop through an eventfd (only when the
@@ -29,9 +31,10 @@ import threading
 import weakref
 from typing import Any, NamedTuple, Optional
 
-from . import _evr, _targets
+from . import _evr, _signals, _targets
 from ._errors import CudaError, EvrError, EvrValueError, ReactorStopped, cuda_error_name
 from ._loop import _GpuWait, _Wait, _sink_for, loop_stats, set_loop_spin
+from ._signals import SignalSlot
 
 # evr.sim is part of the API (`evr.sim.Device()` after a plain `import evr`, as the stub says):
 # imported here. It needs nothing of this module at import time (only _evr), so the order is safe.
@@ -39,6 +42,7 @@ from . import sim as sim
 
 __all__ = [
     "wait", "wait_future", "release_after", "Reactor", "shutdown", "default_reactor",
+    "signal_slot", "SignalSlot", "SignalTicket",
     "set_default_reactor", "event_handle", "cuda_available", "cuda_status", "CudaStatus", "set_loop_spin", "loop_stats",
     "CudaError", "EvrError", "EvrValueError", "ReactorStopped", "cuda_error_name", "sim",
 ]
@@ -48,6 +52,7 @@ __all__ = [
 __version__: str = _evr.__version__
 
 _STREAM, _EVENT = _targets.STREAM, _targets.EVENT
+SignalTicket = _evr.SignalTicket  # what SignalSlot.arm returns
 _SIM_TYPES = (sim.Stream, sim.Event)
 
 
@@ -142,6 +147,14 @@ class Reactor:
         """``evr.wait(x, reactor=self)``."""
         return wait(x, reactor=self)
 
+    def signal_slot(self, device: Optional[int] = None) -> SignalSlot:
+        """A signal slot of this reactor's pool for ``device`` (None: the calling thread's
+        current device; 0 on the simulated device): what evr's signal kernel writes, for waits
+        on library work captured into CUDA graphs (:class:`SignalSlot`). Raises EvrError when
+        the strategy or backend has no signal slots, CudaError when the device cannot make
+        them."""
+        return _signals.take_slot(self, device)
+
     def __enter__(self) -> "Reactor":
         return self
 
@@ -150,6 +163,13 @@ class Reactor:
 
     def __repr__(self) -> str:
         return f"<evr.Reactor strategy={self.strategy} backend={self.backend}>"
+
+
+def signal_slot(device: Optional[int] = None, *, reactor: Optional[Reactor] = None) -> SignalSlot:
+    """``(reactor or default_reactor()).signal_slot(device)``."""
+    if reactor is not None and not isinstance(reactor, Reactor):
+        raise TypeError(f"evr.signal_slot: reactor must be an evr.Reactor, got {type(reactor).__name__}")
+    return (reactor or default_reactor()).signal_slot(device)
 
 
 def set_default_reactor(reactor: Optional[Reactor]) -> None:
@@ -255,13 +275,20 @@ def wait(x: Any, *, reactor: Optional[Reactor] = None) -> "asyncio.Future[None]"
     except RuntimeError:
         raise RuntimeError("evr.wait: no running event loop (call it from a coroutine; outside "
                            "asyncio use evr.wait_future)") from None
-    r, kind, handle, device = _resolve(x, reactor, "evr.wait")
     sink = _sink_for(loop)
+    if type(x) is SignalTicket:
+        r = _signals.reactor_of(x, reactor, "evr.wait")
+        handle = x.stream
+    else:
+        r, kind, handle, device = _resolve(x, reactor, "evr.wait")
     # Only a wait that will get a wake-up time needs the polling future; the others (irregular
     # work, waits queued behind a scheduled one) are as cheap as asyncio's own futures.
     fut = _GpuWait(loop, sink) if sink.predictable(handle) else _Wait(loop=loop)
     try:
-        wake_at = r._impl.wait_async(sink, fut, kind, handle, device)
+        if type(x) is SignalTicket:
+            wake_at = r._impl.wait_signal_async(sink, fut, x)
+        else:
+            wake_at = r._impl.wait_async(sink, fut, kind, handle, device)
         if wake_at:
             fut._wake_at = wake_at
     except CudaError as e:  # the device had already failed: the wait fails, the call does not
@@ -272,10 +299,13 @@ def wait(x: Any, *, reactor: Optional[Reactor] = None) -> "asyncio.Future[None]"
 def wait_future(x: Any, *, reactor: Optional[Reactor] = None) -> "concurrent.futures.Future[None]":
     """Like :func:`wait`, for code without an event loop: a ``concurrent.futures.Future``
     (resolved by evr's resolver thread; ``f.result(timeout)``, ``asyncio.wrap_future``)."""
-    r, kind, handle, device = _resolve(x, reactor, "evr.wait_future")
     fut: concurrent.futures.Future = concurrent.futures.Future()
     try:
-        r._impl.wait_future(fut, kind, handle, device)
+        if type(x) is SignalTicket:
+            _signals.reactor_of(x, reactor, "evr.wait_future")._impl.wait_signal_future(fut, x)
+        else:
+            r, kind, handle, device = _resolve(x, reactor, "evr.wait_future")
+            r._impl.wait_future(fut, kind, handle, device)
     except CudaError as e:  # the device had already failed: the wait fails, the call does not
         fut.set_running_or_notify_cancel()
         fut.set_exception(e)
@@ -286,6 +316,9 @@ def release_after(x: Any, obj: Any, *, reactor: Optional[Reactor] = None) -> Non
     """Keeps ``obj`` alive until the GPU is past the work queued on ``x`` so far (or the event),
     then drops evr's reference (on the resolver thread, under the GIL). Never early: if the
     reactor refuses the wait, this synchronizes ``x`` first and then raises the refusal."""
+    if type(x) is SignalTicket:
+        _signals.reactor_of(x, reactor, "evr.release_after")._impl.release_after_signal(obj, x)
+        return
     r, kind, handle, device = _resolve(x, reactor, "evr.release_after")
     r._impl.release_after(obj, kind, handle, device)
 

@@ -1,7 +1,8 @@
 // python/src/module.cpp — evr._evr: the reactor, the completion path and the simulated device for
 // Python. The public Python API is python/evr/__init__.py; this module is its engine and is not
 // meant to be used directly. The bound classes live in their own files: py_reactor.hpp (Reactor,
-// WaitCanceller), loop_sink.hpp (LoopSink), sim_binding.hpp (SimDevice, SimStream, SimEvent).
+// WaitCanceller), py_signal.hpp (SignalSlot, SignalTicket), loop_sink.hpp (LoopSink),
+// sim_binding.hpp (SimDevice, SimStream, SimEvent).
 //
 // Threads: every function here runs with the GIL held unless it says it releases it.
 #include <pybind11/pybind11.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <evr/device/backend.hpp>
 #include <evr/device/cuda_status.hpp>
@@ -20,6 +22,7 @@
 #include "conversions.hpp"
 #include "loop_sink.hpp"
 #include "py_reactor.hpp"
+#include "py_signal.hpp"
 #include "sim_binding.hpp"
 
 namespace py = pybind11;
@@ -79,6 +82,7 @@ PYBIND11_MODULE(_evr, m) {
     errc["no_device"] = static_cast<int>(evr::errc::no_device);
     errc["unsupported"] = static_cast<int>(evr::errc::unsupported);
     errc["operation_aborted"] = static_cast<int>(evr::errc::operation_aborted);
+    errc["not_signalled"] = static_cast<int>(evr::errc::not_signalled);
     m.attr("ERRC") = errc;
     m.attr("CUDA_CATEGORY") = evr::cuda_category().name();
     m.attr("EVR_CATEGORY") = evr::evr_category().name();
@@ -118,15 +122,36 @@ PYBIND11_MODULE(_evr, m) {
   py::class_<py_reactor>(m, "Reactor")
       .def(py::init<std::optional<std::string>, py::object, py::dict>(), py::arg("strategy"),
            py::arg("sim"), py::arg("options"))
-      .def("wait_async", [](py_reactor& r, loop_sink& s, py::handle fut, int kind, std::uintptr_t h,
-                            int dev) { return r.wait_async(s.sink, s.waker, fut, kind, h, dev); })
-      .def("wait_future", &py_reactor::wait_future)
-      .def("release_after", &py_reactor::release_after)
+      .def("wait_async",
+           [](py_reactor& r, loop_sink& s, py::handle fut, int kind, std::uintptr_t h, int dev) {
+             return r.wait_async(s.sink, s.waker, fut, r.target(kind, h, dev), h);
+           })
+      .def("wait_signal_async",
+           [](py_reactor& r, loop_sink& s, py::handle fut, const py_signal_ticket& t) {
+             return r.wait_async(s.sink, s.waker, fut, r.target(t), t.stream);
+           })
+      .def("wait_future", [](py_reactor& r, py::handle fut, int kind, std::uintptr_t h,
+                             int dev) { r.wait_future(fut, r.target(kind, h, dev)); })
+      .def("wait_signal_future", [](py_reactor& r, py::handle fut,
+                                    const py_signal_ticket& t) { r.wait_future(fut, r.target(t)); })
+      .def("release_after", [](py_reactor& r, py::handle obj, int kind, std::uintptr_t h,
+                               int dev) { r.release_after(obj, r.target(kind, h, dev), kind, h); })
+      .def("release_after_signal",
+           [](py_reactor& r, py::handle obj, const py_signal_ticket& t) {
+             r.release_after(obj, r.target(t), 0, t.stream);
+           })
+      .def(
+          "signal_slot",
+          [](py::object self, py::object owner, int device) {
+            return self.cast<py_reactor&>().signal_slot(self, std::move(owner), device);
+          },
+          py::arg("owner"), py::arg("device"))
       .def("stop", &py_reactor::stop)
       .def("metrics", &py_reactor::metrics)
       .def_property_readonly("strategy", &py_reactor::strategy)
       .def_property_readonly("backend", &py_reactor::backend_name)
       .def("describe", &py_reactor::describe);
 
-  bind_sim(m);  // evr.sim
+  bind_signals(m);  // SignalSlot, SignalTicket
+  bind_sim(m);      // evr.sim
 }

@@ -154,6 +154,26 @@ evr::wait_target py_reactor::target(int kind, std::uintptr_t handle, int device)
                    : evr::wait_target::of_event(r_->backend(), native, device);
 }
 
+evr::wait_target py_reactor::target(const py_signal_ticket& t) const {
+  const auto& slot = t.slot.cast<const py_signal_slot&>();
+  // evr.wait names the slot's reactor (python/evr/_signals.py); this guards the engine.
+  if (&slot.engine.cast<const py_reactor&>() != this)
+    raise(evr::make_error_code(evr::errc::backend_mismatch));
+  return evr::wait_target::of_signal(r_->backend(), reinterpret_cast<void*>(t.stream), t.ticket);
+}
+
+py_signal_slot py_reactor::signal_slot(py::object self, py::object owner, int device) {
+  if (device < 0) {
+    if (std::error_code ec = r_->backend().current_device(device)) raise(ec);
+  }
+  std::error_code ec;
+  evr::signal_pool* pool = r_->pools().signals(device, ec);
+  if (pool == nullptr) raise(ec ? ec : evr::make_error_code(evr::errc::invalid_argument));
+  py_signal_slot s{pool->acquire(ec), std::move(self), std::move(owner)};
+  if (ec) raise(ec);
+  return s;
+}
+
 std::int64_t py_reactor::submit(const std::shared_ptr<completion_sink>& sink, py::handle fut,
                                 completion::kind what, const evr::wait_target& t, loop_waker* waker,
                                 std::uintptr_t key) {
@@ -217,20 +237,18 @@ std::int64_t py_reactor::submit(const std::shared_ptr<completion_sink>& sink, py
 }
 
 std::int64_t py_reactor::wait_async(const std::shared_ptr<completion_sink>& sink, loop_waker& waker,
-                                    py::handle fut, int kind, std::uintptr_t handle, int device) {
-  return submit(sink, fut, completion::kind::asyncio_future, target(kind, handle, device), &waker,
-                handle);
+                                    py::handle fut, const evr::wait_target& t, std::uintptr_t key) {
+  return submit(sink, fut, completion::kind::asyncio_future, t, &waker, key);
 }
 
-void py_reactor::wait_future(py::handle fut, int kind, std::uintptr_t handle, int device) {
+void py_reactor::wait_future(py::handle fut, const evr::wait_target& t) {
   start_resolver();
-  (void)submit(resolver_ptr(), fut, completion::kind::concurrent_future,
-               target(kind, handle, device));
+  (void)submit(resolver_ptr(), fut, completion::kind::concurrent_future, t);
 }
 
-void py_reactor::release_after(py::handle obj, int kind, std::uintptr_t handle, int device) {
+void py_reactor::release_after(py::handle obj, const evr::wait_target& t, int kind,
+                               std::uintptr_t handle) {
   start_resolver();
-  evr::wait_target t = target(kind, handle, device);
   auto* c = new completion;
   c->what = completion::kind::release;
   c->obj = obj.inc_ref().ptr();

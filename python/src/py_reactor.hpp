@@ -20,6 +20,7 @@
 
 #include "completion_sink.hpp"
 #include "loop_waker.hpp"
+#include "py_signal.hpp"
 
 namespace evr_py {
 
@@ -43,13 +44,26 @@ class py_reactor {
   /// Stops and joins the reactor (GIL released meanwhile).
   ~py_reactor();
 
-  /// Returns the wait's wake-up time (see loop_waker), 0 when it has none.
+  /// What a wait on a stream (kind 0) or an event (kind 1) of this reactor's backend names.
+  evr::wait_target target(int kind, std::uintptr_t handle, int device) const;
+  /// What a wait on a signal ticket names; EvrValueError (backend_mismatch) when the ticket's
+  /// slot is of another reactor (its word is of that reactor's pool).
+  evr::wait_target target(const py_signal_ticket& t) const;
+
+  /// An asyncio future's wait. `key`: what the loop predicts the wait's work by (its stream or
+  /// event handle). Returns the wait's wake-up time (see loop_waker), 0 when it has none.
   std::int64_t wait_async(const std::shared_ptr<completion_sink>& sink, loop_waker& waker,
-                          pybind11::handle fut, int kind, std::uintptr_t handle, int device);
-  void wait_future(pybind11::handle fut, int kind, std::uintptr_t handle, int device);
+                          pybind11::handle fut, const evr::wait_target& t, std::uintptr_t key);
+  void wait_future(pybind11::handle fut, const evr::wait_target& t);
   /// Drops the reference to `obj` once the GPU is past the work; never early (see release_after
-  /// in python/evr/__init__.py).
-  void release_after(pybind11::handle obj, int kind, std::uintptr_t handle, int device);
+  /// in python/evr/__init__.py): if the wait is refused, synchronizes the stream (kind 0) or the
+  /// event (kind 1) `handle` first.
+  void release_after(pybind11::handle obj, const evr::wait_target& t, int kind,
+                     std::uintptr_t handle);
+  /// A slot of this reactor's signal pool of `device` (-1: the calling thread's current device).
+  /// `self` is this object as Python holds it and `owner` the evr.Reactor over it: the slot
+  /// keeps both alive.
+  py_signal_slot signal_slot(pybind11::object self, pybind11::object owner, int device);
   void stop();  // GIL released while the reactor drains
   pybind11::dict metrics() const;
 
@@ -58,7 +72,6 @@ class py_reactor {
   std::string describe() const { return r_->backend().describe(); }
 
  private:
-  evr::wait_target target(int kind, std::uintptr_t handle, int device) const;
   std::int64_t submit(const std::shared_ptr<completion_sink>& sink, pybind11::handle fut,
                       completion::kind what, const evr::wait_target& t, loop_waker* waker = nullptr,
                       std::uintptr_t key = 0);

@@ -82,3 +82,56 @@ def test_cupy_stream_and_event():
         assert float(b) == float((1 << 20) * ((1 << 20) - 1))
 
     run(main())
+
+
+def test_torch_graph_ending_in_evr_signal():
+    """Library work captured into a CUDA graph with evr's signal as its last node: each replay's
+    wait completes after that replay's work (a pinned counter the graph copies out says which
+    replay ran), through the slot's word (no event query), on several streams at once."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    r = evr.Reactor()
+    replays = 20
+
+    def lane():
+        s = torch.cuda.Stream()
+        slot = r.signal_slot()
+        x = torch.zeros(1, device="cuda")
+        host = torch.zeros(1, pin_memory=True)
+        with torch.cuda.stream(s):  # warm-up outside the capture, as torch asks
+            x.add_(1)
+            host.copy_(x, non_blocking=True)
+        s.synchronize()
+        x.zero_()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            _sleep_kernel_torch(torch, 1)
+            x.add_(1)
+            host.copy_(x, non_blocking=True)
+            slot.enqueue_signal(s)
+        return s, slot, g, host
+
+    lanes = [lane() for _ in range(4)]
+
+    async def replay_all(s, slot, g, host):
+        for i in range(1, replays + 1):
+            ticket = slot.arm(s)
+            with torch.cuda.stream(s):
+                g.replay()
+            await evr.wait(ticket, reactor=r)
+            assert host[0].item() == i, "the wait completed before its replay's work"
+        assert slot.signalled == replays
+
+    async def main():
+        await asyncio.gather(*(replay_all(*lane) for lane in lanes))
+
+    try:
+        m0 = r.metrics()
+        run(main())
+        m1 = r.metrics()
+        assert m1["completed"] - m0["completed"] == 4 * replays
+        assert m1["event_queries"] == m0["event_queries"]  # the word, not the driver
+    finally:
+        r.shutdown()
