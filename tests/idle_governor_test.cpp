@@ -256,30 +256,43 @@ TEST_CASE("idle governor: unhurried long work is polled at a 32nd of its length,
 }
 
 TEST_CASE("idle governor: a probed wait is not looked at before its caller's window closes") {
-  // wait_target::probed() with a fence marker: the caller (Python's event loop) reads the word
-  // itself until covered_until_. The reactor naps through that time, even where its own model
-  // says the work ends and it would spin, and looks once it has passed.
-  governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
-  const auto now = std::chrono::steady_clock::now();
-  lone_wait w(g, now);
-  evr::detail::stream_state& st = w.st;
-  const evr::detail::wait_op& op = w.op;
-  w.op.probed_ = true;
-  w.op.covered_until_ns_ = (now + 1500us).time_since_epoch().count();  // before the fault probe
-  for (int i = 0; i < 8; ++i) st.plan.model.add(1ms);  // steady 1 ms work: the window is at 1 ms
-  const auto in_window = now + 1ms;
-  const evr::detail::rest_step step = g.idle.rest(in_window, false, false, false);
-  CHECK_FALSE(st.plan.spin);
-  CHECK(step.what == evr::detail::rest_step::kind::nap);
-  CHECK(step.until == op.covered_until());
-  evr::detail::poll_tick tick = g.idle.begin_sweep(in_window);
-  CHECK_FALSE(g.idle.wants_look(st, in_window, tick));  // a sweep for other streams skips it
-  g.idle.end_sweep(in_window, tick);
-  // The window closed without the caller seeing the word: the reactor looks now.
-  const auto after = op.covered_until();
-  (void)g.idle.rest(after, false, false, false);
-  evr::detail::poll_tick at_close = g.idle.begin_sweep(after);
-  CHECK(g.idle.wants_look(st, after, at_close));
+  // wait_target::probed() with a fence marker or a signal: the caller (Python's event loop) reads
+  // the word itself until its window closes (a fence wait's covered_until_ns_; a signalled
+  // wait's stream's signal_covered_until_ns, as its own bytes hold its count). The reactor naps
+  // through that time, even where its own model says the work ends and it would spin, and looks
+  // once it has passed.
+  for (const bool signalled : {false, true}) {
+    CAPTURE(signalled);
+    governor_alone g(evr::strategy::fence, evr::idle_mode::predictive);
+    const auto now = std::chrono::steady_clock::now();
+    lone_wait w(g, now);
+    evr::detail::stream_state& st = w.st;
+    const evr::detail::wait_op& op = w.op;
+    const std::int64_t window_end = (now + 1500us).time_since_epoch().count();  // before the probe
+    w.op.probed_ = true;
+    if (signalled) {
+      w.op.signalled_ = true;
+      w.op.signal_value_ = 1;
+      st.signal_covered_until_ns.store(window_end);
+    } else {
+      w.op.covered_until_ns_ = window_end;
+    }
+    REQUIRE(evr::detail::probed_until(op).time_since_epoch().count() == window_end);
+    for (int i = 0; i < 8; ++i) st.plan.model.add(1ms);  // steady 1 ms work: the window is at 1 ms
+    const auto in_window = now + 1ms;
+    const evr::detail::rest_step step = g.idle.rest(in_window, false, false, false);
+    CHECK_FALSE(st.plan.spin);
+    CHECK(step.what == evr::detail::rest_step::kind::nap);
+    CHECK(step.until == evr::detail::probed_until(op));
+    evr::detail::poll_tick tick = g.idle.begin_sweep(in_window);
+    CHECK_FALSE(g.idle.wants_look(st, in_window, tick));  // a sweep for other streams skips it
+    g.idle.end_sweep(in_window, tick);
+    // The window closed without the caller seeing the word: the reactor looks now.
+    const auto after = evr::detail::probed_until(op);
+    (void)g.idle.rest(after, false, false, false);
+    evr::detail::poll_tick at_close = g.idle.begin_sweep(after);
+    CHECK(g.idle.wants_look(st, after, at_close));
+  }
 }
 
 TEST_CASE("idle governor: a probed wait is learnt from when its caller saw the word") {

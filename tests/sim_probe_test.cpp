@@ -1,5 +1,6 @@
 // wait_target::probed(): a caller that polls through a window of its own (Python's event loop)
-// gets the fence word of its wait, and the reactor leaves the wait to it until the window closes.
+// gets the fence word of its wait, or its signal slot's word, and the reactor leaves the wait to
+// it until the window closes.
 // On the simulated device: which markers give a probe, that the word says what the wait will say,
 // and that the reactor still completes every probed wait exactly once, in order, and at once
 // when it is cancelled or the reactor shuts down, however far away the caller's window ends.
@@ -70,6 +71,47 @@ TEST_CASE("probed: a fence marker's word goes to the caller, and the reactor sti
     CHECK(o.ok.load() == n);
     CHECK(o.order == std::vector<int>{0, 1, 2});
     CHECK(r.metrics().completed == n);
+  }
+}
+
+TEST_CASE("probed: a signalled wait's probe is its slot's word, and the reactor still completes") {
+  // Library work ending in evr's signal (signal_slot::enqueue_signal): the caller polls the
+  // slot's word itself; the reactor leaves the waits to it until the window closes, then
+  // completes each exactly once, in order, after its own signal.
+  for (const evr::strategy s : {evr::strategy::fence, evr::strategy::adaptive}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::sim::device sim(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+    outcomes o;
+    evr::reactor r(sim, quick_options(s));
+    evr::stream st(sim, 0);
+    evr::signal_slot slot = r.pools().signals(0).acquire();
+    const auto until = std::chrono::steady_clock::now() + 20ms;
+    constexpr int n = 3;
+    evr::wait_probe probes[n];
+    for (int i = 0; i < n; ++i) {
+      REQUIRE(sim.launch_kernel(st.native()) == std::error_code{});
+      slot.enqueue_signal(st.native());
+      const evr::wait_target t = evr::wait_target(st, slot.arm()).probed(probes[i], until);
+      REQUIRE_FALSE(evr::on_complete(r, t, o.record(i)));
+    }
+    const std::uint64_t c0 = sim.counters().fence_writes_enqueued;
+    for (int i = 0; i < n; ++i) {
+      CAPTURE(i);
+      REQUIRE(probes[i]);
+      CHECK(probes[i].value == static_cast<std::uint64_t>(i + 1));  // the ticket's count
+      CHECK_FALSE(probes[i].reached());
+    }
+    CHECK(probes[0].word == probes[n - 1].word);
+    // Work and signal of the first wait only: its probe says done, the others' do not.
+    CHECK(sim.step(st.native(), 2) == 2);
+    CHECK(probes[0].reached());
+    CHECK_FALSE(probes[1].reached());
+    sim.run_until_blocked();
+    for (int i = 0; i < n; ++i) CHECK(probes[i].reached());
+    REQUIRE(wait_until([&] { return o.calls.load() == n; }));
+    CHECK(o.ok.load() == n);
+    CHECK(o.order == std::vector<int>{0, 1, 2});
+    CHECK(sim.counters().fence_writes_enqueued == c0);  // nothing of evr's on the stream
   }
 }
 

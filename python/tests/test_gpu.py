@@ -111,11 +111,11 @@ def test_torch_graph_ending_in_evr_signal():
             x.add_(1)
             host.copy_(x, non_blocking=True)
             slot.enqueue_signal(s)
-        return s, slot, g, host
+        return s, slot, g, host, x  # x too: the graph names its memory, which must stay its
 
     lanes = [lane() for _ in range(4)]
 
-    async def replay_all(s, slot, g, host):
+    async def replay_all(s, slot, g, host, _x):
         for i in range(1, replays + 1):
             ticket = slot.arm(s)
             with torch.cuda.stream(s):

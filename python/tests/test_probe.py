@@ -87,6 +87,38 @@ def test_a_probed_wait_is_resolved_by_the_loop_and_finished_by_the_reactor(dev, 
     assert m["completed"] == n and m["in_flight"] == 0, m
 
 
+@pytest.mark.parametrize("strategy", ["fence", "adaptive"])
+def test_a_signal_wait_is_probed_through_its_slots_word(dev, spin_default, strategy):
+    """A wait on a signal ticket (library work ending in evr's signal) is probed as a fence word
+    is: the loop's poll reads the slot's word and resolves the future, the reactor completes the
+    wait once afterwards, and nothing of evr's goes on the stream."""
+    reactor = evr.Reactor(strategy, device=dev, shutdown_drain=0.05)
+    s = dev.stream()
+    slot = reactor.signal_slot()
+
+    async def main():
+        n = 0
+        for _ in attempts():  # until a poll saw the word (a loaded machine may miss windows)
+            n += 1
+            t0 = time.perf_counter()
+            dev.launch_kernel(s, REGULAR)
+            slot.enqueue_signal(s)
+            await evr.wait(slot.arm(s))
+            assert time.perf_counter() - t0 >= REGULAR * 0.8
+            if evr.loop_stats()["probe_hits"] >= 1:
+                break
+        return n, evr.loop_stats(), settled(reactor)
+
+    try:
+        n, st, m = run(main(), timeout=60)
+    finally:
+        reactor.shutdown()
+    assert st["probe_hits"] >= 1 and st["completions"] == n, st
+    assert hop_total(st) + st["probe_hits"] == n, st
+    assert m["completed"] == n and m["in_flight"] == 0, m
+    assert slot.signalled == n
+    c = dev.counters()
+    assert c["fence_writes_enqueued"] == 0 and c["event_records"] == 0, c
 
 
 def test_work_that_gets_much_shorter_is_relearnt_in_a_few_waits(dev, spin_default):

@@ -50,7 +50,7 @@ std::int64_t idle_governor::earliest_completion_ns(const stream_state* st,
 }
 
 idle_governor::scout_basis idle_governor::scout_basis::of(const wait_op& op) noexcept {
-  return {op.seq_, op.submitted_at_, op.covered_until(), op.unhurried_};
+  return {op.seq_, op.submitted_at_, probed_until(op), op.unhurried_};
 }
 
 std::int64_t idle_governor::first_scout_ns(const stream_state* st,

@@ -121,11 +121,11 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   // thought steady), whatever the reactor's own model says: one outlier in it (the first wait
   // found short) made the stream irregular, and then the next short wait slept until the window.
   if (const wait_op* front = st.entries.empty() ? nullptr : st.entries.front().op;
-      front != nullptr && front->covered_until() > now) {
+      front != nullptr && probed_until(*front) > now) {
     // next_scout gives max() when no scout is left before the caller's window closes.
-    p.scout_at = scouts_allowed() ? next_scout(start, front->covered_until(), now)
-                                  : clock::time_point::max();
-    const clock::time_point until = std::min(p.scout_at, front->covered_until());
+    p.scout_at =
+        scouts_allowed() ? next_scout(start, probed_until(*front), now) : clock::time_point::max();
+    const clock::time_point until = std::min(p.scout_at, probed_until(*front));
     skip_until(st, until);
     p.spin = false;
     p.wake = std::min(wake, until);

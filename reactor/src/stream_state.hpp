@@ -74,6 +74,12 @@ struct stream_state {
   /// wait_probe::saw_reached, any thread, relaxed): the plan learns the work from it, as the
   /// reactor did not look during the caller's window.
   std::atomic<std::int64_t> probe_seen_ns{0};
+  /// The window end of the newest probed signalled wait on this stream (steady clock ns; written
+  /// by its submitter before the wait is pushed, read by the reactor after it took the wait: the
+  /// push orders them): a signalled wait's own bytes hold its count (wait_op::probed_). With
+  /// several such waits pending, the older ones share the newest's window: the reactor's look
+  /// at them may come as late as that window's end, never before their caller's own.
+  std::atomic<std::int64_t> signal_covered_until_ns{0};
 
   // --- reactor side: the timeline (wait_registry) --------------------------------------------
   // On cache lines of its own: submitters write the fields above on every submission, and the
@@ -157,6 +163,15 @@ void retain_for_process_lifetime(const device::fence_block& block);
 /// Lock-free (insert-only) open-addressing table: native stream (+ device for the legacy default
 /// stream) → stream_state. Lookups are wait-free loads (acquire); an insert CASes a fully built
 /// state into an empty slot (release), so a reader never sees a half-built state.
+/// When a probed wait's caller stops looking (wait_target::probed); {} for any other wait.
+inline std::chrono::steady_clock::time_point probed_until(const wait_op& op) noexcept {
+  if (!op.probed_) return {};
+  const std::int64_t ns = op.signalled_
+                              ? op.stream_->signal_covered_until_ns.load(std::memory_order_relaxed)
+                              : op.covered_until_ns_;
+  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
+}
+
 class stream_table {
  public:
   explicit stream_table(std::size_t max_streams);

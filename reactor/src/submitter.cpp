@@ -62,7 +62,7 @@ std::error_code submitter::prepare(wait_op& op, const wait_target& target) noexc
   op.signalled_ = false;
   op.unhurried_ = target.unhurried_;
   op.probed_ = false;
-  if (target.probe_ != nullptr) *target.probe_ = {};  // filled only for a fence marker
+  if (target.probe_ != nullptr) *target.probe_ = {};  // filled only for a word (give_probe)
   switch (target.what_) {
     case wait_target::kind::event: return prepare_event(op, target);
     case wait_target::kind::signal: return prepare_signal(op, target);
@@ -93,6 +93,7 @@ std::error_code submitter::prepare_signal(wait_op& op, const wait_target& target
   op.signalled_ = true;
   op.event_ = const_cast<std::uint64_t*>(target.signal_word_);  // read only: wait_op::signal_word
   op.signal_value_ = target.signal_value_;
+  if (target.probe_ != nullptr) give_probe(*st, op, target);
   return {};
 }
 
@@ -127,12 +128,19 @@ std::error_code submitter::prepare_stream(wait_op& op, const wait_target& target
 }
 
 void submitter::give_probe(stream_state& st, wait_op& op, const wait_target& target) noexcept {
-  // Only a fence word is a look the caller can make itself: an event is a driver query, a host
-  // function has no word. The fence write of `seq` completes this wait and every one before it.
-  if (!p_.traits.fence_markers || op.event_ != nullptr || st.fence_host == nullptr) return;
-  *target.probe_ = wait_probe{st.fence_host, op.seq_, &st.probe_seen_ns};
+  // Only a word is a look the caller can make itself: an event is a driver query, a host
+  // function has no word. A signal's word reaches its count when the kernel signals; the fence
+  // write of `seq` completes this wait and every one before it.
+  const std::int64_t until = target.probe_until_.time_since_epoch().count();
+  if (op.signalled_) {
+    *target.probe_ = wait_probe{op.signal_word(), op.signal_value_, &st.probe_seen_ns};
+    st.signal_covered_until_ns.store(until, std::memory_order_relaxed);
+  } else {
+    if (!p_.traits.fence_markers || op.event_ != nullptr || st.fence_host == nullptr) return;
+    *target.probe_ = wait_probe{st.fence_host, op.seq_, &st.probe_seen_ns};
+    op.covered_until_ns_ = until;
+  }
   op.probed_ = true;
-  op.covered_until_ns_ = target.probe_until_.time_since_epoch().count();
 }
 
 std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
@@ -151,8 +159,8 @@ std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
   const bool covered = open != 0 && host != nullptr && host->host_role() == poll_host::role::polls;
   // Read before the push too: the host lives as long as a wait of its is pending.
   const std::int64_t hosted_deadline = covered ? p_.idle.hosted_deadline_ns(open, *host) : 0;
-  // A probed wait's caller looks until covered_until_: the reactor need not be woken before.
-  const std::int64_t probed_until = op.probed_ ? op.covered_until_ns_ : 0;
+  // A probed wait's caller looks until its window closes: the reactor need not be woken before.
+  const std::int64_t caller_until = probed_until(op).time_since_epoch().count();
   // The reactor's own look at the wait, whoever covers it: its first scout.
   const idle_governor::scout_basis scout_basis = idle_governor::scout_basis::of(op);
   const stack::push_result pushed = submissions_.push(&op);
@@ -164,7 +172,7 @@ std::error_code submitter::push(wait_op& op, host_window* window) noexcept {
     p_.wake->wake_for_submission(pushed == stack::push_result::pushed_to_empty, [&] {
       const std::int64_t scout = p_.idle.first_scout_ns(st, scout_basis);
       if (covered) return std::min(hosted_deadline, scout);
-      return std::min(scout, std::max(probed_until, p_.idle.earliest_completion_ns(st, seq)));
+      return std::min(scout, std::max(caller_until, p_.idle.earliest_completion_ns(st, seq)));
     });
     return {};
   }

@@ -80,7 +80,7 @@ std::int64_t wait_registry::retire_front(stream_state& st, std::size_t count, st
       st.retired_submit = e.op->submitted_at_;  // the newest retired wait: the plan learns it
       st.retired_in_sweep = true;
       st.retired_probed = e.op->probed_;
-      st.retired_covered_until = e.op->covered_until();
+      st.retired_covered_until = probed_until(*e.op);
     }
     if (e.event != nullptr) {
       // Done: back to the pool after this batch is delivered (not on the latency path). Failed

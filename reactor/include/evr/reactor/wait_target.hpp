@@ -23,8 +23,8 @@ struct reactor_access;
 /// What wait_target::probed() gives its caller: a word the GPU writes when the wait's work is done,
 /// and the value it then reaches (at least). Empty when the wait's marker is not such a word.
 struct wait_probe {
-  const std::uint64_t* word = nullptr;        ///< the fence word (pinned host memory)
-  std::uint64_t value = 0;                    ///< the wait is done once *word >= value
+  const std::uint64_t* word = nullptr;  ///< the fence word or signal word (pinned host memory)
+  std::uint64_t value = 0;              ///< the wait is done once *word >= value
   std::atomic<std::int64_t>* seen = nullptr;  ///< the reactor's note of it (saw_reached)
 
   /// The wait got a fence word (else the probe is empty).
@@ -140,16 +140,17 @@ class wait_target {
 
   /// This target, for a caller that polls through a window of its own until `until` (Python's
   /// event loop between its other callbacks). When the wait's marker is a fence word (strategies
-  /// fence and adaptive, within the fence budget), the submission writes the word and the value
-  /// that completes the wait to `probe`: the caller sees the work done with a memory read
-  /// (wait_probe::reached; wait_probe::saw_reached then tells the reactor, which learns the
-  /// stream's work from it). The reactor does not look at the wait before `until` (it sleeps
-  /// rather than spin beside the caller), and after it as the target says (spun for, or
-  /// unhurried()): the caller's window missed the work, so it is found at once. It still
-  /// completes the wait exactly once, as every wait; its callback may come well after the caller
-  /// saw the word. With any other marker (an event, a host function, a wait on an event or a
-  /// signal) `probe` is left empty and the wait is as without this call. `probe` must stay valid
-  /// during the submission; its word stays readable while the reactor lives.
+  /// fence and adaptive, within the fence budget) or the wait is on a signal, the submission
+  /// writes the word and the value that completes the wait to `probe`: the caller sees the work
+  /// done with a memory read (wait_probe::reached; wait_probe::saw_reached then tells the
+  /// reactor, which learns the stream's work from it). The reactor does not look at the wait
+  /// before `until` (it sleeps rather than spin beside the caller), and after it as the target
+  /// says (spun for, or unhurried()): the caller's window missed the work, so it is found at
+  /// once. (Waits on signals of one stream share the newest one's `until`.) It still completes
+  /// the wait exactly once, as every wait; its callback may come well after the caller saw the
+  /// word. With any other marker (an event, a host function, a wait on an event) `probe` is left
+  /// empty and the wait is as without this call. `probe` must stay valid during the submission;
+  /// its word stays readable while the reactor lives (a signal's, while its slot's pool does).
   [[nodiscard]] wait_target probed(wait_probe& probe,
                                    std::chrono::steady_clock::time_point until) const noexcept {
     wait_target t = *this;

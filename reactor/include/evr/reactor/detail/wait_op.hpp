@@ -78,7 +78,10 @@ class wait_op {
   /// (set by reactor::submit) wait_target::unhurried(): while it is its stream's oldest wait, the
   /// reactor looks at the stream on the poll tick through its window instead of spinning.
   bool unhurried_ : 1 = false;
-  /// (set by reactor::submit) wait_target::probed() and a fence marker: covered_until_ns_ holds.
+  /// (set by reactor::submit) wait_target::probed() with a fence marker or a signal: the caller
+  /// reads the word itself until its window closes, when the reactor first looks (for a fence
+  /// marker covered_until_ns_ holds that time; a signalled wait's count holds those bytes, and
+  /// the time is its stream's: detail::probed_until in reactor/src/stream_state.hpp).
   bool probed_ : 1 = false;
 
   std::uintptr_t owner_ = 0;  ///< the I/O object that started it (for cancel-all); 0: none
@@ -103,17 +106,11 @@ class wait_op {
   union {
     /// A device-signalled wait (signalled_): done when *signal_word() reaches this count.
     std::uint64_t signal_value_ = 0;
-    /// (set by reactor::submit) A probed wait (probed_, wait_target::probed): its caller reads
-    /// the fence word itself until then (steady clock, ns), and the reactor does not look before.
+    /// (set by reactor::submit) A probed wait (probed_, wait_target::probed) on a fence word:
+    /// its caller reads the word itself until then (steady clock, ns), and the reactor does not
+    /// look before.
     std::int64_t covered_until_ns_;
   };
-
-  /// When a probed wait's caller stops looking; {} for any other wait.
-  std::chrono::steady_clock::time_point covered_until() const noexcept {
-    using clock = std::chrono::steady_clock;
-    return probed_ ? clock::time_point(std::chrono::nanoseconds(covered_until_ns_))
-                   : clock::time_point{};
-  }
 
   /// The word a device-signalled wait (signalled_) reads.
   const std::uint64_t* signal_word() const noexcept {
