@@ -14,6 +14,14 @@ from conftest import run
 from loop_helpers import REGULAR, attempts, hop_total, kernel_then_wait, settled
 
 
+def _check_probed_once(n, st, m):
+    """n waits: at least one resolved by the loop from its probe, each resolved once (by the probe
+    or a hop), and the reactor completed every one, with none left in flight."""
+    assert st["probe_hits"] >= 1 and st["completions"] == n, st
+    assert hop_total(st) + st["probe_hits"] == n, st
+    assert m["completed"] == n and m["in_flight"] == 0, m
+
+
 @pytest.mark.parametrize("strategy", ["poll", "fence"])
 def test_gathered_waits_all_complete(dev, spin_default, strategy):
     """Futures nobody awaits directly (asyncio.gather). With event markers (poll) a due one
@@ -82,9 +90,7 @@ def test_a_probed_wait_is_resolved_by_the_loop_and_finished_by_the_reactor(dev, 
         n, st, m = run(main(), timeout=60)
     finally:
         reactor.shutdown()
-    assert st["probe_hits"] >= 1 and st["completions"] == n, st
-    assert hop_total(st) + st["probe_hits"] == n, st
-    assert m["completed"] == n and m["in_flight"] == 0, m
+    _check_probed_once(n, st, m)
 
 
 @pytest.mark.parametrize("strategy", ["fence", "adaptive"])
@@ -113,9 +119,7 @@ def test_a_signal_wait_is_probed_through_its_slots_word(dev, spin_default, strat
         n, st, m = run(main(), timeout=60)
     finally:
         reactor.shutdown()
-    assert st["probe_hits"] >= 1 and st["completions"] == n, st
-    assert hop_total(st) + st["probe_hits"] == n, st
-    assert m["completed"] == n and m["in_flight"] == 0, m
+    _check_probed_once(n, st, m)
     assert slot.signalled == n
     c = dev.counters()
     assert c["fence_writes_enqueued"] == 0 and c["event_records"] == 0, c
