@@ -263,6 +263,11 @@ settings parse_command_line(int argc, char** argv) {
                "evr mode: /busy's kernel does not signal an evr slot (a device-signalled wait); "
                "the wait puts a marker on the stream, as in the other modes")
       ->group("Routes");
+  app.add_flag("!--no-mlp-graphs", s.mlp_graphs,
+               "on a GPU, /mlp's forward pass is queued call by call rather than as a CUDA graph "
+               "per batch-size bucket (in the evr mode a graph ends in evr's signal: the wait "
+               "reads a word instead of putting a marker on the stream)")
+      ->group("Routes");
   app.add_option("--mlp-width", s.mlp_width,
                  "/mlp hidden layer width (0: 8192 on a GPU, 1024 on the simulated device)")
       ->check(CLI::Range(0, 65536))

@@ -1,8 +1,11 @@
 #include "lanes.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include <asio/use_awaitable.hpp>
 
@@ -173,10 +176,18 @@ int made_current(int device) {
   return device;
 }
 
+/// The smallest power of two >= rows (rows >= 1).
+std::size_t bucket_of(std::size_t rows) noexcept {
+  std::size_t b = 1;
+  while (b < rows) b *= 2;
+  return b;
+}
+
 class cuda_lane final : public lane {
  public:
-  explicit cuda_lane(const cuda_mlp_weights& weights)
+  cuda_lane(const cuda_mlp_weights& weights, bool mlp_graphs)
       : weights_(weights),
+        mlp_graphs_on_(mlp_graphs),
         device_(made_current(weights.device())),
         stream_(evr::device::cuda_backend(), device_) {
     check(cudaMalloc(&d_sum_, sizeof(double)), "cudaMalloc");
@@ -193,6 +204,7 @@ class cuda_lane final : public lane {
   ~cuda_lane() override {
     if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();  // cuBLAS wants its device
     cudaStreamSynchronize(native());
+    drop_mlp_graphs();
     server_kernels::mlp_destroy_handle(cublas_);
     free_buffers();
     free_mlp_buffers();
@@ -283,8 +295,86 @@ class cuda_lane final : public lane {
   }
   float* mlp_input() noexcept override { return h_mlp_in_; }
   void enqueue_mlp(std::size_t rows) override {
-    no_signal();
     make_current(device_);
+    if (cudaGraphExec_t graph = mlp_graph(rows)) {
+      no_signal();
+      check(cudaGraphLaunch(graph, native()), "launch the mlp graph");
+      // Armed after the launch is queued, so a launch that failed leaves no signal owed.
+      if (has_signal_slot()) (void)arm_signal();
+      return;
+    }
+    no_signal();
+    enqueue_mlp_steps(rows);
+  }
+  const float* mlp_output() const noexcept override { return h_mlp_out_; }
+
+  void use_signal(evr::signal_slot slot) noexcept override {
+    drop_mlp_graphs();  // captured without the signal (warm-up): captured again with it
+    lane::use_signal(std::move(slot));
+  }
+
+ private:
+  static constexpr std::size_t max_mlp_graphs = 16;  // buckets 1 .. 2^15 rows
+
+  /// The graph of the bucket `rows` falls in, captured now if it is new; nullptr: run eagerly
+  /// (graphs off, or a capture failed once: then never again on this lane).
+  cudaGraphExec_t mlp_graph(std::size_t rows) {
+    if (!mlp_graphs_on_) return nullptr;
+    const std::size_t bucket = std::min(bucket_of(rows), rows_);  // the buffers hold rows_ rows
+    for (const auto& [b, exec] : mlp_graphs_)
+      if (b == bucket) return exec;
+    if (mlp_graphs_.size() >= max_mlp_graphs) return nullptr;
+    cudaGraphExec_t exec = capture_mlp(bucket);
+    if (exec == nullptr) {
+      mlp_graphs_on_ = false;
+      static std::atomic<bool> told{false};  // once per process, not once per lane
+      if (!told.exchange(true))
+        std::fprintf(stderr,
+                     "evr-async-server: capturing /mlp as a CUDA graph failed on device "
+                     "%d; the lanes where it fails run /mlp call by call\n",
+                     device_);
+      return nullptr;
+    }
+    mlp_graphs_.emplace_back(bucket, exec);
+    return exec;
+  }
+
+  /// The forward pass of `rows` rows, and the lane's signal when it has a slot, captured from
+  /// this thread's stream (thread-local mode: other threads' CUDA calls go on). nullptr on
+  /// failure, with the stream out of capture and the error cleared.
+  cudaGraphExec_t capture_mlp(std::size_t rows) noexcept {
+    const cudaStream_t st = native();
+    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    bool ok = true;
+    try {
+      enqueue_mlp_steps(rows);
+      if (has_signal_slot()) enqueue_slot_signal(st);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    cudaGraph_t graph = nullptr;
+    ok = cudaStreamEndCapture(st, &graph) == cudaSuccess && ok;
+    cudaGraphExec_t exec = nullptr;
+    if (ok) ok = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!ok) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return exec;
+  }
+
+  /// Only while nothing is queued: the graphs name the buffers and the slot.
+  void drop_mlp_graphs() noexcept {
+    for (const auto& [b, exec] : mlp_graphs_) cudaGraphExecDestroy(exec);
+    mlp_graphs_.clear();
+  }
+
+  /// Copy in, the layers (cuBLAS), copy out, on the lane's stream.
+  void enqueue_mlp_steps(std::size_t rows) {
     const cudaStream_t st = native();
     const mlp::shape& d = weights_.dims();
     check(
@@ -300,9 +390,7 @@ class cuda_lane final : public lane {
                         cudaMemcpyDeviceToHost, st),
         "copy the mlp output out");
   }
-  const float* mlp_output() const noexcept override { return h_mlp_out_; }
 
- private:
   cudaStream_t native() const noexcept { return static_cast<cudaStream_t>(stream_.native()); }
   void free_buffers() noexcept {
     cudaFree(d_x_);
@@ -314,6 +402,7 @@ class cuda_lane final : public lane {
     capacity_ = 0;
   }
   void free_mlp_buffers() noexcept {
+    drop_mlp_graphs();
     cudaFree(d_mlp_in_);
     cudaFree(d_mlp_a_);
     cudaFree(d_mlp_b_);
@@ -324,6 +413,8 @@ class cuda_lane final : public lane {
   }
 
   const cuda_mlp_weights& weights_;
+  bool mlp_graphs_on_;
+  std::vector<std::pair<std::size_t, cudaGraphExec_t>> mlp_graphs_;  // (bucket, graph), few
   int device_;
   evr::stream stream_;
   void* cublas_ = nullptr;
@@ -366,8 +457,8 @@ cuda_mlp_weights::~cuda_mlp_weights() {
   for (auto& layer : layers_) server_kernels::mlp_free_layer(layer);
 }
 
-std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights) {
-  return std::make_unique<cuda_lane>(weights);
+std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights, bool mlp_graphs) {
+  return std::make_unique<cuda_lane>(weights, mlp_graphs);
 }
 #endif
 

@@ -121,6 +121,11 @@ class lane {
     return &slot_.ref();
   }
   void no_signal() noexcept { ticket_ = {}; }
+  /// The lane has a slot (use_signal): work can end in its signal.
+  bool has_signal_slot() const noexcept { return static_cast<bool>(slot_); }
+  /// Queues (or, while `stream` is captured into a graph, records) evr's signal of the lane's
+  /// slot: for work whose kernels cannot signal (cuBLAS). arm_signal() once per signal given.
+  void enqueue_slot_signal(evr::device::native_stream stream) { slot_.enqueue_signal(stream); }
 
  private:
   evr::signal_slot slot_;
@@ -168,7 +173,11 @@ class cuda_mlp_weights {
 /// A lane on the weights' CUDA device: pinned host buffers, device buffers, a cuBLAS handle on its
 /// stream. Its calls make that device current on the calling thread first (kernels and cuBLAS
 /// must be launched with their stream's device current), so any thread may use any device's lane.
-std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights);
+/// `mlp_graphs`: /mlp's forward pass runs as a CUDA graph per batch-size bucket (the rows rounded
+/// up to a power of two; the extra rows are computed and ignored), captured on first use, ending
+/// in evr's signal when the lane has a slot: one launch per batch instead of ten calls, and, in
+/// the evr mode, a wait that reads a word rather than puts a marker on the stream.
+std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights, bool mlp_graphs);
 #endif
 
 class lane_pool {

@@ -270,3 +270,33 @@ def test_a_ticket_keeps_its_slot_and_reactor_alive(dev):
 
     run(main())
     ticket.reactor.shutdown()
+
+
+def test_shutdown_with_ticket_waits_pending(dev):
+    """A shutdown while ticket waits are pending fails each once with ReactorStopped; later
+    ticket waits are refused with it; the slot outlives the reactor's stop."""
+    r = evr.Reactor(device=dev, shutdown_drain=0.05)
+    s = dev.stream()
+    slot = r.signal_slot()
+    dev.stall(s)
+    dev.launch_kernel(s, 0.0)
+    slot.enqueue_signal(s)
+
+    async def main():
+        tickets = [slot.arm(s) for _ in range(20)]  # one signal queued: 19 would never come
+        futs = [evr.wait(t) for t in tickets]
+        cf = evr.wait_future(tickets[0])
+        await asyncio.get_running_loop().run_in_executor(None, r.shutdown)
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        assert all(isinstance(x, evr.ReactorStopped) for x in results), results[:3]
+        with pytest.raises(evr.ReactorStopped):
+            cf.result(5)
+        with pytest.raises(evr.ReactorStopped):
+            evr.wait(slot.arm(s))
+
+    run(main())
+    dev.resume(s)
+    dev.wait_idle()
+    assert slot.signalled == 1
+    m = r.metrics()
+    assert m["in_flight"] == 0 and m["completed"] == 0, m

@@ -15,6 +15,7 @@ Servers are named by label (--servers takes any):
   pool SYNC N=4 | pool SYNC N=lanes          a blocking pool (N=lanes: a thread per lane)
   thread SYNC                                a thread per connection
   evr N=1 stream-waits                       evr waiting on /busy's stream (--no-busy-signal)
+  evr N=2 eager-mlp | poll N=2 eager-mlp     /mlp call by call instead of CUDA graphs (--no-mlp-graphs)
   evr N=1 q=8 stream-waits | poll N=1 q=8    with 8 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS)
                                              for this server alone (default: --cuda-connections)
   ... @0 | @0,1                              on those GPUs only (default: every GPU, or --devices)

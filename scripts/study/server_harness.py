@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 
-from server_study_points import STREAM_WAITS
+from server_study_points import EAGER_MLP, STREAM_WAITS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.monotonic()
@@ -32,13 +32,17 @@ def elapsed():
 
 def parse_server(label):
     """A server label (see the module's doc) as {label, mode, sync, threads, devices,
-    busy_signal}: threads None for thread-per-connection, 0 for a pool of a thread per lane;
-    devices None for the default; busy_signal False for evr's stream waits on /busy. Raises
+    busy_signal, mlp_graphs}: threads None for thread-per-connection, 0 for a pool of a thread per
+    lane; devices None for the default; busy_signal False for evr's stream waits on /busy;
+    mlp_graphs False for /mlp call by call (the label's last word eager-mlp). Raises
     ValueError for a label that names no server."""
     text, _, devices = label.partition(" @")
     if devices and not re.fullmatch(r"\d+(,\d+)*", devices):
         raise ValueError(f"'{label}': @ takes GPU indices like @0 or @0,1")
     words = text.split()
+    eager_mlp = words[-1:] == [EAGER_MLP]
+    if eager_mlp:
+        words.pop()
     stream_waits = words[-1:] == [STREAM_WAITS]
     if stream_waits:
         words.pop()
@@ -59,7 +63,8 @@ def parse_server(label):
                          "for this server alone), with ' @0' for GPU 0 alone")
     threads = None if not n else (0 if n == "N=lanes" else int(n[2:]))
     return {"label": label, "mode": mode, "sync": sync, "threads": threads,
-            "devices": devices or None, "busy_signal": not stream_waits, "queues": queues}
+            "devices": devices or None, "busy_signal": not stream_waits, "queues": queues,
+            "mlp_graphs": not eager_mlp}
 
 
 def spinning_threads(spec, lanes, connections):
@@ -286,6 +291,8 @@ def server_args(spec, device, lanes, cuda_connections, devices):
         cmd += ["--devices", spec["devices"] or devices]
     if not spec["busy_signal"]:
         cmd.append("--no-busy-signal")
+    if not spec.get("mlp_graphs", True):
+        cmd.append("--no-mlp-graphs")
     return cmd
 
 

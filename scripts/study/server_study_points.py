@@ -9,6 +9,7 @@ ROUTES = [BUSY200, BUSY1000, BUSY5000, MLP, SAXPY, HEALTHZ]
 # The last word of an evr server's label whose /busy waits on the stream (--no-busy-signal)
 # rather than on the kernel's signal slot.
 STREAM_WAITS = "stream-waits"
+EAGER_MLP = "eager-mlp"  # a label's last word: the server runs /mlp call by call (--no-mlp-graphs)
 
 
 def fmt(v, digits):
