@@ -19,7 +19,7 @@ import pytest
 import evr
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = ["__init__.py", "sim.py", "_errors.py", "_loop.py", "_targets.py", "__init__.pyi",
+SHIPPED = ["__init__.py", "sim.py", "_errors.py", "_loop.py", "_targets.py", "_signals.py", "__init__.pyi",
            "_evr.pyi", "py.typed", "_evr" + sysconfig.get_config_var("EXT_SUFFIX")]
 
 

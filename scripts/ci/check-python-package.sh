@@ -95,7 +95,7 @@ with tarfile.open(sdist) as t:
     names = {n[len(root):] for n in t.getnames() if n.startswith(root)}
 need = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "PKG-INFO", "LICENSE",
         "cpp/LICENSE", "build_backend/evr_build_backend.py", "evr/__init__.py", "evr/sim.py", "evr/_errors.py",
-        "evr/_targets.py", "evr/_loop.py", "evr/__init__.pyi", "evr/_evr.pyi", "evr/py.typed", "tests/conftest.py",
+        "evr/_targets.py", "evr/_loop.py", "evr/_signals.py", "evr/__init__.pyi", "evr/_evr.pyi", "evr/py.typed", "tests/conftest.py",
         "tests/test_package.py", "cpp/CMakeLists.txt", "cpp/cmake/evrPython.cmake",
         "cpp/third_party/CMakeLists.txt", "cpp/include/evr/evr.hpp", "cpp/reactor/CMakeLists.txt",
         "cpp/device/sim/CMakeLists.txt", "cpp/pool/CMakeLists.txt", "cpp/callbacks/CMakeLists.txt",
@@ -121,8 +121,8 @@ with zipfile.ZipFile(wheel) as z:
     licenses = [n for n in files if n in (info + "LICENSE", info + "licenses/LICENSE")]
     if len(licenses) != 1 or z.read(licenses[0]) != license_text:
         errors.append(f"wheel: the license file {licenses} is missing or not LICENSE")
-package = {f"evr/{n}" for n in ["__init__.py", "sim.py", "_errors.py", "_targets.py", "_loop.py", "__init__.pyi",
-                                "_evr.pyi", "py.typed", ext]}
+package = {f"evr/{n}" for n in ["__init__.py", "sim.py", "_errors.py", "_targets.py", "_loop.py", "_signals.py",
+                                "__init__.pyi", "_evr.pyi", "py.typed", ext]}
 errors += [f"wheel lacks {n}" for n in sorted(package - files)]
 errors += [f"wheel carries {n}" for n in sorted(files - package) if not n.startswith(info)]
 if "\nLicense: BSL-1.0\n" not in meta:
