@@ -313,9 +313,11 @@ def wait_future(x: Any, *, reactor: Optional[Reactor] = None) -> "concurrent.fut
 
 
 def release_after(x: Any, obj: Any, *, reactor: Optional[Reactor] = None) -> None:
-    """Keeps ``obj`` alive until the GPU is past the work queued on ``x`` so far (or the event),
-    then drops evr's reference (on the resolver thread, under the GIL). Never early: if the
-    reactor refuses the wait, this synchronizes ``x`` first and then raises the refusal."""
+    """Keeps ``obj`` alive until the GPU is past the work queued on ``x`` so far (or the event,
+    or the signal a ticket names: call it once that signal's launch is queued), then drops evr's
+    reference (on the resolver thread, under the GIL). Never early: if the reactor refuses the
+    wait, this synchronizes ``x`` (a ticket's stream) first and then raises the refusal; a
+    ticket whose signal never came keeps ``obj`` for the process."""
     if type(x) is SignalTicket:
         _signals.reactor_of(x, reactor, "evr.release_after")._impl.release_after_signal(obj, x)
         return

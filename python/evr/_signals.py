@@ -12,10 +12,10 @@ word (docs/python.md, "Library work in a CUDA graph")::
         y = model(x)
         slot.enqueue_signal(s)                   # captured: the graph's last node
     ...
-    ticket = slot.arm(s)                         # per replay, before or after it
+    ticket = slot.arm(s)                         # per replay
     with torch.cuda.stream(s):
         g.replay()
-    await evr.wait(ticket)
+    await evr.wait(ticket)                       # after the replay is queued, never before
 
 Outside a capture, enqueue_signal queues the kernel behind the stream's work at once; that
 kernel waits on the GPU for the work before it and holds a shared hardware queue as it does (as a
@@ -67,9 +67,11 @@ class SignalSlot:
 
     def arm(self, stream: Any) -> "_evr.SignalTicket":
         """The next signal of this slot, given by work on ``stream``: what ``evr.wait``,
-        ``evr.wait_future`` and ``evr.release_after`` take. ``stream`` is probed for faults; when
-        it is idle and the signal never came (a graph replayed without its signal node), the
-        wait fails with EvrError (not_signalled)."""
+        ``evr.wait_future`` and ``evr.release_after`` take, once the launch that gives the signal
+        is queued on ``stream`` (a wait started before it finds the stream without the signal).
+        ``stream`` is probed for faults; when it is idle and the signal never came (a graph
+        replayed without its signal node), the wait fails with EvrError (not_signalled). Raises
+        EvrValueError for a stream of another device than the slot's or a released slot."""
         return self._impl.arm(self._stream(stream, "SignalSlot.arm"))
 
     def release(self) -> None:
@@ -112,6 +114,10 @@ def take_slot(reactor: Any, device: Any) -> SignalSlot:
 
 def reactor_of(ticket: Any, reactor: Any, what: str) -> Any:
     """The reactor a wait on `ticket` goes to: its slot's; EvrValueError if `reactor` is another."""
+    from . import Reactor
+
+    if reactor is not None and not isinstance(reactor, Reactor):
+        raise TypeError(f"{what}: reactor must be an evr.Reactor, got {type(reactor).__name__}")
     own = ticket.reactor
     if reactor is not None and reactor is not own:
         raise EvrValueError(f"{what}: this signal ticket's slot belongs to another evr.Reactor; "

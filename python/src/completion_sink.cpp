@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 
+#include <evr/device/error.hpp>
+
 namespace evr_py {
 namespace {
 
@@ -256,7 +258,15 @@ void resolve_all(completion* list) noexcept {
       case completion::kind::concurrent_future:
         if (call_truthy(c->obj, s_set_running)) settle(c->obj, c->ec);
         break;
-      case completion::kind::release: break;
+      case completion::kind::release:
+        // A signal that never came (a ticket's release_after started before the launch that
+        // signals was queued): the work may still be queued and use the object. Keep it for the
+        // process rather than free it under the GPU.
+        if (c->ec == evr::errc::not_signalled) {
+          delete c;
+          continue;
+        }
+        break;
     }
     Py_DECREF(c->obj);
     delete c;

@@ -169,7 +169,7 @@ py_signal_slot py_reactor::signal_slot(py::object self, py::object owner, int de
   std::error_code ec;
   evr::signal_pool* pool = r_->pools().signals(device, ec);
   if (pool == nullptr) raise(ec ? ec : evr::make_error_code(evr::errc::invalid_argument));
-  py_signal_slot s{pool->acquire(ec), std::move(self), std::move(owner)};
+  py_signal_slot s{std::move(self), std::move(owner), pool->acquire(ec)};
   if (ec) raise(ec);
   return s;
 }

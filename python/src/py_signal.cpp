@@ -7,6 +7,7 @@
 #include <evr/device/error.hpp>
 
 #include "errors.hpp"
+#include "py_reactor.hpp"
 
 namespace py = pybind11;
 
@@ -16,6 +17,18 @@ namespace {
 py_signal_slot& held(py_signal_slot& s) {
   if (!s.slot) raise(evr::make_error_code(evr::errc::empty_handle));  // released
   return s;
+}
+
+/// A ticket's stream must be of the slot's device: the reactor watches that stream for the
+/// signal's work, and one of another device would end the wait as never signalled. (A stream
+/// being captured does not name its device; its launches go to the current one, which
+/// enqueue_signal checks.)
+void check_device(py_signal_slot& s, evr::device::native_stream stream) {
+  evr::device::backend& be = s.engine.cast<py_reactor&>().backend();
+  if (be.stream_is_capturing(stream)) return;
+  int device = -1;
+  if (std::error_code ec = be.stream_device(stream, device)) raise(ec);
+  if (device != s.slot.device()) raise(evr::make_error_code(evr::errc::device_mismatch));
 }
 
 }  // namespace
@@ -48,6 +61,7 @@ void bind_signals(py::module_& m) {
       .def("arm",
            [](py::object self, std::uintptr_t stream) {
              py_signal_slot& s = held(self.cast<py_signal_slot&>());
+             check_device(s, reinterpret_cast<void*>(stream));
              return py_signal_ticket{stream, s.slot.arm(), self};
            })
       .def("release", [](py_signal_slot& s) { s.slot.release(); });

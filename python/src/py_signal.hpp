@@ -19,9 +19,11 @@ namespace evr_py {
 
 /// One slot of a reactor's signal pool (evr/pool/signal_pool.hpp).
 struct py_signal_slot {
-  evr::signal_slot slot;
   pybind11::object engine;  ///< the evr._evr.Reactor it was taken from: outlives the slot
   pybind11::object owner;   ///< the evr.Reactor of that engine (where evr.wait sends tickets)
+  /// Declared last, so destroyed first: giving it back may free its pool's memory through the
+  /// backend, which the engine keeps alive (a simulated device dies with its last reactor).
+  evr::signal_slot slot;
 };
 
 /// The next signal of a slot, given by work queued on `stream` (signal_slot::arm): what a wait

@@ -198,6 +198,8 @@ def test_bad_input_is_refused_with_an_error_that_names_it(dev, reactor):
         async def main():
             with pytest.raises(evr.EvrValueError, match="another evr.Reactor"):
                 evr.wait(ticket, reactor=reactor)
+            with pytest.raises(TypeError, match="reactor must be an evr.Reactor"):
+                evr.wait(ticket, reactor="r")
 
         run(main())
     finally:
@@ -225,6 +227,9 @@ def test_a_second_device_signals_its_own_slots():
         assert slot1.device == 1
         with pytest.raises(evr.EvrValueError, match="device"):
             slot1.enqueue_signal(s0)
+        with pytest.raises(evr.EvrValueError, match="device"):
+            slot1.arm(s0)  # the reactor would watch the wrong stream for the signal
+        assert slot1.armed == 0
 
         async def main():
             dev.launch_kernel(s1, 0.001)
@@ -252,6 +257,22 @@ def test_strategies_without_fence_words_refuse_ticket_waits(dev, strategy):
         run(main())
     finally:
         r.shutdown()
+
+
+def test_the_last_ticket_frees_its_slot_before_its_device():
+    """A ticket that outlives every other object of its simulated device gives its slot back
+    while the device still exists (the slot's memory is the device's)."""
+    dev = evr.sim.Device()
+    r = evr.Reactor(device=dev, shutdown_drain=0.2)
+    s = dev.stream()
+    slot = r.signal_slot()
+    ticket = slot.arm(s)
+    r.shutdown()
+    del slot, r, dev, s
+    gc.collect()
+    assert ticket.value == 1
+    del ticket
+    gc.collect()
 
 
 def test_a_ticket_keeps_its_slot_and_reactor_alive(dev):

@@ -115,17 +115,18 @@ void idle_governor::plan_reactor(stream_state& st, stream_outlook o, clock::time
   // and a skipped stream whose work ended early is found only when its window opens.
   p.query_after = {};
   p.on_poll_tick = false;
-  // A probed oldest wait (wait_target::probed): its caller reads the fence word itself until its
+  // A probed oldest wait (wait_target::probed): its caller reads the word itself until its
   // window closes; the reactor looks only then (and for a due fault probe), asleep meanwhile.
   // Its scouts are the reactor's, planned from the caller's window (which the caller's model
   // thought steady), whatever the reactor's own model says: one outlier in it (the first wait
   // found short) made the stream irregular, and then the next short wait slept until the window.
-  if (const wait_op* front = st.entries.empty() ? nullptr : st.entries.front().op;
-      front != nullptr && probed_until(*front) > now) {
+  const wait_op* front = st.entries.empty() ? nullptr : st.entries.front().op;
+  if (const clock::time_point caller_until =
+          front != nullptr ? probed_until(*front) : clock::time_point{};
+      caller_until > now) {
     // next_scout gives max() when no scout is left before the caller's window closes.
-    p.scout_at =
-        scouts_allowed() ? next_scout(start, probed_until(*front), now) : clock::time_point::max();
-    const clock::time_point until = std::min(p.scout_at, probed_until(*front));
+    p.scout_at = scouts_allowed() ? next_scout(start, caller_until, now) : clock::time_point::max();
+    const clock::time_point until = std::min(p.scout_at, caller_until);
     skip_until(st, until);
     p.spin = false;
     p.wake = std::min(wake, until);

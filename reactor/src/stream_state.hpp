@@ -74,11 +74,13 @@ struct stream_state {
   /// wait_probe::saw_reached, any thread, relaxed): the plan learns the work from it, as the
   /// reactor did not look during the caller's window.
   std::atomic<std::int64_t> probe_seen_ns{0};
-  /// The window end of the newest probed signalled wait on this stream (steady clock ns; written
-  /// by its submitter before the wait is pushed, read by the reactor after it took the wait: the
-  /// push orders them): a signalled wait's own bytes hold its count (wait_op::probed_). With
-  /// several such waits pending, the older ones share the newest's window: the reactor's look
-  /// at them may come as late as that window's end, never before their caller's own.
+  /// The window end of the latest probed signalled wait submitted on this stream (steady clock
+  /// ns; written by its submitter before the wait is pushed, read by the reactor after it took
+  /// the wait: the push orders them, and the reactor may see a later submission's value): a
+  /// signalled wait's own bytes hold its count (wait_op::probed_). With several such waits
+  /// pending (one loop's, or several loops' on one stream), they share the latest submission's
+  /// window: the reactor's first look at an older one may come later than its own caller's window
+  /// closes (as late as the newer window's end) or sooner.
   std::atomic<std::int64_t> signal_covered_until_ns{0};
 
   // --- reactor side: the timeline (wait_registry) --------------------------------------------
@@ -160,9 +162,6 @@ void retain_for_process_lifetime(stream_state* st);
 /// Same for fence blocks that a queued fence write may still hit.
 void retain_for_process_lifetime(const device::fence_block& block);
 
-/// Lock-free (insert-only) open-addressing table: native stream (+ device for the legacy default
-/// stream) → stream_state. Lookups are wait-free loads (acquire); an insert CASes a fully built
-/// state into an empty slot (release), so a reader never sees a half-built state.
 /// When a probed wait's caller stops looking (wait_target::probed); {} for any other wait.
 inline std::chrono::steady_clock::time_point probed_until(const wait_op& op) noexcept {
   if (!op.probed_) return {};
@@ -172,6 +171,9 @@ inline std::chrono::steady_clock::time_point probed_until(const wait_op& op) noe
   return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
 }
 
+/// Lock-free (insert-only) open-addressing table: native stream (+ device for the legacy default
+/// stream) → stream_state. Lookups are wait-free loads (acquire); an insert CASes a fully built
+/// state into an empty slot (release), so a reader never sees a half-built state.
 class stream_table {
  public:
   explicit stream_table(std::size_t max_streams);
