@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdio>
 #include <stdexcept>
 #include <utility>
@@ -176,13 +177,6 @@ int made_current(int device) {
   return device;
 }
 
-/// The smallest power of two >= rows (rows >= 1).
-std::size_t bucket_of(std::size_t rows) noexcept {
-  std::size_t b = 1;
-  while (b < rows) b *= 2;
-  return b;
-}
-
 class cuda_lane final : public lane {
  public:
   cuda_lane(const cuda_mlp_weights& weights, bool mlp_graphs)
@@ -320,7 +314,7 @@ class cuda_lane final : public lane {
   /// (graphs off, or a capture failed once: then never again on this lane).
   cudaGraphExec_t mlp_graph(std::size_t rows) {
     if (!mlp_graphs_on_) return nullptr;
-    const std::size_t bucket = std::min(bucket_of(rows), rows_);  // the buffers hold rows_ rows
+    const std::size_t bucket = std::min(std::bit_ceil(rows), rows_);  // the buffers hold rows_ rows
     for (const auto& [b, exec] : mlp_graphs_)
       if (b == bucket) return exec;
     if (mlp_graphs_.size() >= max_mlp_graphs) return nullptr;

@@ -134,6 +134,11 @@ void signal_slot::enqueue_signal(device::native_stream stream) {
 }
 
 void signal_slot::enqueue_signal(device::native_stream stream, std::error_code& ec) noexcept {
+  check_stream(stream, ec);
+  if (!ec) ec = state_->backend.enqueue_signal(state_->device, stream, ref_);
+}
+
+void signal_slot::check_stream(device::native_stream stream, std::error_code& ec) const noexcept {
   if (!state_) {
     ec = make_error_code(errc::empty_handle);
     return;
@@ -150,12 +155,7 @@ void signal_slot::enqueue_signal(device::native_stream stream, std::error_code& 
     return;
   }
   ec = capturing ? be.current_device(stream_device) : be.stream_device(stream, stream_device);
-  if (ec) return;
-  if (stream_device != state_->device) {
-    ec = make_error_code(errc::device_mismatch);
-    return;
-  }
-  ec = be.enqueue_signal(stream_device, stream, ref_);
+  if (!ec && stream_device != state_->device) ec = make_error_code(errc::device_mismatch);
 }
 
 void signal_slot::release() noexcept {

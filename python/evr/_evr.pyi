@@ -47,7 +47,6 @@ class Reactor:
 
 class SignalSlot:
     device: int
-    held: bool
     armed: int
     signalled: int
     def enqueue_signal(self, stream: int) -> None: ...
@@ -57,7 +56,6 @@ class SignalSlot:
 class SignalTicket:
     stream: int
     value: int
-    slot: SignalSlot
     reactor: Any
 
 class SimDevice:

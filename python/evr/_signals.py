@@ -114,12 +114,14 @@ def take_slot(reactor: Any, device: Any) -> SignalSlot:
 
 def reactor_of(ticket: Any, reactor: Any, what: str) -> Any:
     """The reactor a wait on `ticket` goes to: its slot's; EvrValueError if `reactor` is another."""
-    from . import Reactor
-
-    if reactor is not None and not isinstance(reactor, Reactor):
-        raise TypeError(f"{what}: reactor must be an evr.Reactor, got {type(reactor).__name__}")
     own = ticket.reactor
-    if reactor is not None and reactor is not own:
+    if reactor is None:
+        return own
+    from . import Reactor  # only when given: not on every wait's path
+
+    if not isinstance(reactor, Reactor):
+        raise TypeError(f"{what}: reactor must be an evr.Reactor, got {type(reactor).__name__}")
+    if reactor is not own:
         raise EvrValueError(f"{what}: this signal ticket's slot belongs to another evr.Reactor; "
                             "wait on it through the reactor the slot was taken from")
     return own

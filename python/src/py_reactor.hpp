@@ -67,7 +67,6 @@ class py_reactor {
   void stop();  // GIL released while the reactor drains
   pybind11::dict metrics() const;
 
-  evr::device::backend& backend() const noexcept { return r_->backend(); }
   std::string strategy() const { return evr::to_string(r_->options().strategy); }
   std::string backend_name() const { return std::string(r_->backend().name()); }
   std::string describe() const { return r_->backend().describe(); }

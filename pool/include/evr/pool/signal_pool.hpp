@@ -95,6 +95,11 @@ class signal_slot {
   void enqueue_signal(device::native_stream stream);
   /// Same, never throws: `ec` set on failure.
   void enqueue_signal(device::native_stream stream, std::error_code& ec) noexcept;
+  /// Whether work queued on `stream` can signal this slot, as enqueue_signal checks it before it
+  /// launches: `stream`'s device (while it is captured, the calling thread's current device) must
+  /// be the slot's. `ec`: cleared, or errc::empty_handle, errc::device_mismatch, the backend's
+  /// error. For a front end that takes the stream a ticket's wait will watch (Python's arm).
+  void check_stream(device::native_stream stream, std::error_code& ec) const noexcept;
 
   /// Gives the slot back to its pool (held back from reuse until every armed signal landed).
   void release() noexcept;
