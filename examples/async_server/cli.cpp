@@ -268,6 +268,11 @@ settings parse_command_line(int argc, char** argv) {
                "per batch-size bucket (in the evr mode a graph ends in evr's signal: the wait "
                "reads a word instead of putting a marker on the stream)")
       ->group("Routes");
+  app.add_flag("--busy-graph", s.busy_graph,
+               "on a GPU, /busy's kernel (which then does not signal itself) runs as a CUDA graph "
+               "per lane, its arguments set per request; in the evr mode the graph ends in evr's "
+               "signal unless --no-busy-signal (library work waited on through a graph)")
+      ->group("Routes");
   app.add_option("--mlp-width", s.mlp_width,
                  "/mlp hidden layer width (0: 8192 on a GPU, 1024 on the simulated device)")
       ->check(CLI::Range(0, 65536))

@@ -37,8 +37,9 @@ struct settings {
   std::size_t max_n = std::size_t{1} << 22;
   std::uint32_t max_busy_us = 100000;
   std::uint32_t check_every = 16;
-  bool busy_signal = true;  ///< evr mode: /busy's kernel signals an evr::signal_slot
+  bool busy_signal = true;  ///< evr mode: /busy's work signals an evr::signal_slot (lanes.hpp)
   bool mlp_graphs = true;   ///< /mlp as CUDA graphs per batch-size bucket (make_cuda_lane)
+  bool busy_graph = false;  ///< /busy as a CUDA graph per lane (cuda_lane_options)
   evr::strategy strategy = evr::strategy::adaptive;
   int mlp_width = 0;  ///< 0: 8192 on a GPU, 1024 on the simulated device
   int mlp_layers = 3;

@@ -164,7 +164,7 @@ server_lanes::server_lanes(const settings& cfg, gpus& g, const mlp::model& model
     for (int n = 0; n < per_device[i]; ++n) {
 #if defined(EVR_ASYNC_SERVER_HAVE_KERNELS)
       if (g.cuda) {
-        owned_.push_back(make_cuda_lane(*cuda_->weights.back(), cfg.mlp_graphs));
+        owned_.push_back(make_cuda_lane(*cuda_->weights.back(), {cfg.mlp_graphs, cfg.busy_graph}));
         by_device_.back().push_back(owned_.back().get());
         continue;
       }

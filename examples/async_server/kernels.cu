@@ -111,3 +111,18 @@ int server_kernels::launch_busy(CUstream_st* stream, std::uint32_t us, std::uint
       done != nullptr ? *done : evr::signal_ref{}, done != nullptr);
   return static_cast<int>(cudaGetLastError());
 }
+
+int server_kernels::set_busy_node_args(CUgraphExec_st* exec, CUgraphNode_st* node, std::uint32_t us,
+                                       std::uint32_t seed, std::uint32_t* result) {
+  // busy_kernel's parameters in order and of its exact types: the driver copies each by size.
+  unsigned long long ns = static_cast<unsigned long long>(us) * 1000ull;
+  evr::signal_ref none{};
+  bool signal_done = false;
+  void* args[] = {&ns, &seed, &result, &none, &signal_done};
+  cudaKernelNodeParams p{};
+  p.func = reinterpret_cast<void*>(&busy_kernel);
+  p.gridDim = dim3(1);
+  p.blockDim = dim3(busy_math::threads);
+  p.kernelParams = args;
+  return static_cast<int>(cudaGraphExecKernelNodeSetParams(exec, node, &p));
+}

@@ -9,6 +9,8 @@
 #include <evr/device/signal_ref.h>
 
 struct CUstream_st;
+struct CUgraphExec_st;
+struct CUgraphNode_st;
 
 namespace server_kernels {
 
@@ -27,6 +29,12 @@ int launch_sum(CUstream_st* stream, const float* x, double* sum, std::size_t n);
 /// device-signalled wait: evr/pool/signal_pool.hpp). Returns a cudaError_t value (0: ok).
 int launch_busy(CUstream_st* stream, std::uint32_t us, std::uint32_t seed, std::uint32_t* result,
                 const evr::signal_ref* done = nullptr);
+
+/// Points `node` of `exec` at a request's arguments for the graph's next launch: `node` is a /busy
+/// kernel that launch_busy captured without `done` into the graph `exec` was instantiated from.
+/// The graph's launches already queued keep the arguments they had. Returns a cudaError_t value.
+int set_busy_node_args(CUgraphExec_st* exec, CUgraphNode_st* node, std::uint32_t us,
+                       std::uint32_t seed, std::uint32_t* result);
 
 /// How many /busy kernels GPU `device` runs at once: its SMs times the busy kernel's resident
 /// blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor), at most the concurrent kernels a

@@ -179,9 +179,10 @@ int made_current(int device) {
 
 class cuda_lane final : public lane {
  public:
-  cuda_lane(const cuda_mlp_weights& weights, bool mlp_graphs)
+  cuda_lane(const cuda_mlp_weights& weights, cuda_lane_options options)
       : weights_(weights),
-        mlp_graphs_on_(mlp_graphs),
+        mlp_graphs_on_(options.mlp_graphs),
+        busy_graph_on_(options.busy_graph),
         device_(made_current(weights.device())),
         stream_(evr::device::cuda_backend(), device_) {
     check(cudaMalloc(&d_sum_, sizeof(double)), "cudaMalloc");
@@ -199,6 +200,7 @@ class cuda_lane final : public lane {
     if (cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();  // cuBLAS wants its device
     cudaStreamSynchronize(native());
     drop_mlp_graphs();
+    drop_busy_graph();
     server_kernels::mlp_destroy_handle(cublas_);
     free_buffers();
     free_mlp_buffers();
@@ -259,6 +261,15 @@ class cuda_lane final : public lane {
   void enqueue_busy(const busy::spec& s) override {
     make_current(device_);
     const cudaStream_t st = native();
+    if (busy_graph_ready()) {
+      no_signal();
+      check(static_cast<cudaError_t>(
+                server_kernels::set_busy_node_args(busy_exec_, busy_node_, s.us, s.seed, d_busy_)),
+            "set the busy graph's arguments");
+      check(cudaGraphLaunch(busy_exec_, st), "launch the busy graph");
+      if (has_signal_slot()) (void)arm_signal();  // after the launch, as for /mlp's graphs
+      return;
+    }
     // The kernel writes its answer straight into mapped host memory (then a system-scope fence):
     // one launch and nothing else per request. The work is done -- in every mode, by evr's
     // marker or the blocking synchronize behind the kernel -- only after that write is visible.
@@ -304,6 +315,7 @@ class cuda_lane final : public lane {
 
   void use_signal(evr::signal_slot slot) noexcept override {
     drop_mlp_graphs();  // captured without the signal (warm-up): captured again with it
+    drop_busy_graph();
     lane::use_signal(std::move(slot));
   }
 
@@ -361,6 +373,59 @@ class cuda_lane final : public lane {
     return exec;
   }
 
+  /// /busy's graph is captured (now, on first use); false: launch eagerly (busy graphs off, or
+  /// the capture failed once: then never again on this lane).
+  bool busy_graph_ready() {
+    if (!busy_graph_on_ || busy_exec_ != nullptr) return busy_exec_ != nullptr;
+    if (!capture_busy()) {
+      busy_graph_on_ = false;
+      static std::atomic<bool> told{false};  // once per process, not once per lane
+      if (!told.exchange(true))
+        std::fprintf(stderr,
+                     "evr-async-server: capturing /busy as a CUDA graph failed on device %d; the "
+                     "lanes where it fails launch /busy's kernel eagerly\n",
+                     device_);
+    }
+    return busy_exec_ != nullptr;
+  }
+
+  /// The /busy kernel (not signalling itself), and the lane's signal when it has a slot, captured
+  /// and instantiated; busy_node_ is the kernel's node, whose arguments each request sets. False
+  /// on failure, with the stream out of capture and the error cleared.
+  bool capture_busy() noexcept {
+    const cudaStream_t st = native();
+    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    bool ok = server_kernels::launch_busy(st, 1, 1, d_busy_) == 0;
+    try {
+      if (ok && has_signal_slot()) enqueue_slot_signal(st);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    ok = cudaStreamEndCapture(st, &busy_graph_) == cudaSuccess && ok;
+    // The kernel is the graph's only root: the signal node, if any, depends on it.
+    std::size_t roots = 1;
+    ok = ok && cudaGraphGetRootNodes(busy_graph_, &busy_node_, &roots) == cudaSuccess && roots == 1;
+    ok = ok && cudaGraphInstantiate(&busy_exec_, busy_graph_, 0) == cudaSuccess;
+    if (!ok) {
+      (void)cudaGetLastError();
+      drop_busy_graph();
+    }
+    return ok;
+  }
+
+  /// Only while nothing is queued. The graph itself is kept while its exec lives: busy_node_ is
+  /// one of its nodes.
+  void drop_busy_graph() noexcept {
+    if (busy_exec_ != nullptr) cudaGraphExecDestroy(busy_exec_);
+    if (busy_graph_ != nullptr) cudaGraphDestroy(busy_graph_);
+    busy_exec_ = nullptr;
+    busy_graph_ = nullptr;
+    busy_node_ = nullptr;
+  }
+
   /// Only while nothing is queued: the graphs name the buffers and the slot.
   void drop_mlp_graphs() noexcept {
     for (const auto& [b, exec] : mlp_graphs_) cudaGraphExecDestroy(exec);
@@ -409,6 +474,10 @@ class cuda_lane final : public lane {
   const cuda_mlp_weights& weights_;
   bool mlp_graphs_on_;
   std::vector<std::pair<std::size_t, cudaGraphExec_t>> mlp_graphs_;  // (bucket, graph), few
+  bool busy_graph_on_;
+  cudaGraph_t busy_graph_ = nullptr;
+  cudaGraphNode_t busy_node_ = nullptr;  // the /busy kernel's node in busy_graph_
+  cudaGraphExec_t busy_exec_ = nullptr;
   int device_;
   evr::stream stream_;
   void* cublas_ = nullptr;
@@ -451,8 +520,8 @@ cuda_mlp_weights::~cuda_mlp_weights() {
   for (auto& layer : layers_) server_kernels::mlp_free_layer(layer);
 }
 
-std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights, bool mlp_graphs) {
-  return std::make_unique<cuda_lane>(weights, mlp_graphs);
+std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights, cuda_lane_options options) {
+  return std::make_unique<cuda_lane>(weights, options);
 }
 #endif
 

@@ -173,11 +173,19 @@ class cuda_mlp_weights {
 /// A lane on the weights' CUDA device: pinned host buffers, device buffers, a cuBLAS handle on its
 /// stream. Its calls make that device current on the calling thread first (kernels and cuBLAS
 /// must be launched with their stream's device current), so any thread may use any device's lane.
-/// `mlp_graphs`: /mlp's forward pass runs as a CUDA graph per batch-size bucket (the rows rounded
-/// up to a power of two; the extra rows are computed and ignored), captured on first use, ending
-/// in evr's signal when the lane has a slot: one launch per batch instead of ten calls, and, in
-/// the evr mode, a wait that reads a word rather than puts a marker on the stream.
-std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights, bool mlp_graphs);
+struct cuda_lane_options {
+  /// /mlp's forward pass runs as a CUDA graph per batch-size bucket (the rows rounded up to a power
+  /// of two; the extra rows are computed and ignored), captured on first use, ending in evr's
+  /// signal when the lane has a slot: one launch per batch instead of ten calls, and, in the evr
+  /// mode, a wait that reads a word rather than puts a marker on the stream.
+  bool mlp_graphs = true;
+  /// /busy's kernel, which then does not signal itself, runs as a CUDA graph captured on the
+  /// lane's first /busy, ending in evr's signal when the lane has a slot; each request sets the
+  /// kernel node's arguments and launches the graph. Work the server did not write (library
+  /// work) waited on through a graph's signal node, at a route whose own CPU cost is small.
+  bool busy_graph = false;
+};
+std::unique_ptr<lane> make_cuda_lane(const cuda_mlp_weights& weights, cuda_lane_options options);
 #endif
 
 class lane_pool {

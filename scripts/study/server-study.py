@@ -16,6 +16,8 @@ Servers are named by label (--servers takes any):
   thread SYNC                                a thread per connection
   evr N=1 stream-waits                       evr waiting on /busy's stream (--no-busy-signal)
   evr N=2 eager-mlp | poll N=2 eager-mlp     /mlp call by call instead of CUDA graphs (--no-mlp-graphs)
+  evr N=1 busy-graph | poll N=1 busy-graph   /busy as a CUDA graph per lane (--busy-graph); with
+                                             stream-waits too, the graph ends in no signal
   evr N=1 q=8 stream-waits | poll N=1 q=8    with 8 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS)
                                              for this server alone (default: --cuda-connections)
   ... @0 | @0,1                              on those GPUs only (default: every GPU, or --devices)

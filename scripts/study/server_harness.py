@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 
-from server_study_points import EAGER_MLP, STREAM_WAITS
+from server_study_points import BUSY_GRAPH, EAGER_MLP, STREAM_WAITS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.monotonic()
@@ -32,20 +32,19 @@ def elapsed():
 
 def parse_server(label):
     """A server label (see the module's doc) as {label, mode, sync, threads, devices,
-    busy_signal, mlp_graphs}: threads None for thread-per-connection, 0 for a pool of a thread per
-    lane; devices None for the default; busy_signal False for evr's stream waits on /busy;
-    mlp_graphs False for /mlp call by call (the label's last word eager-mlp). Raises
+    busy_signal, mlp_graphs, busy_graph}: threads None for thread-per-connection, 0 for a pool of
+    a thread per lane; devices None for the default; busy_signal False for evr's stream waits on
+    /busy; mlp_graphs False for /mlp call by call (the word eager-mlp); busy_graph True for /busy
+    as a CUDA graph (the word busy-graph). These words end a label, in any order. Raises
     ValueError for a label that names no server."""
     text, _, devices = label.partition(" @")
     if devices and not re.fullmatch(r"\d+(,\d+)*", devices):
         raise ValueError(f"'{label}': @ takes GPU indices like @0 or @0,1")
     words = text.split()
-    eager_mlp = words[-1:] == [EAGER_MLP]
-    if eager_mlp:
-        words.pop()
-    stream_waits = words[-1:] == [STREAM_WAITS]
-    if stream_waits:
-        words.pop()
+    suffixes = set()
+    while words and words[-1] in (EAGER_MLP, STREAM_WAITS, BUSY_GRAPH):
+        suffixes.add(words.pop())
+    eager_mlp, stream_waits = EAGER_MLP in suffixes, STREAM_WAITS in suffixes
     queues = int(words.pop()[2:]) if words and re.fullmatch(r"q=\d+", words[-1]) else None
     if queues is not None and not 1 <= queues <= 32:
         raise ValueError(f"'{label}': q= takes CUDA's hardware queues, 1 to 32")
@@ -64,7 +63,7 @@ def parse_server(label):
     threads = None if not n else (0 if n == "N=lanes" else int(n[2:]))
     return {"label": label, "mode": mode, "sync": sync, "threads": threads,
             "devices": devices or None, "busy_signal": not stream_waits, "queues": queues,
-            "mlp_graphs": not eager_mlp}
+            "mlp_graphs": not eager_mlp, "busy_graph": BUSY_GRAPH in suffixes}
 
 
 def spinning_threads(spec, lanes, connections):
@@ -293,6 +292,8 @@ def server_args(spec, device, lanes, cuda_connections, devices):
         cmd.append("--no-busy-signal")
     if not spec.get("mlp_graphs", True):
         cmd.append("--no-mlp-graphs")
+    if spec.get("busy_graph"):
+        cmd.append("--busy-graph")
     return cmd
 
 

@@ -55,7 +55,7 @@ def server_points(label, connections, routes=None):
     waits; compared in the first table, without a goal)."""
     extra = [MLP] if routes and MLP in routes else []
     out = [(r, list(connections)) for r in BUSY + extra]
-    if not label.split(" @")[0].endswith(STREAM_WAITS):
+    if STREAM_WAITS not in label.split(" @")[0].split():
         out.append((HEALTHZ, connections[:1]))
     return [(r, c) for r, c in out if not routes or r in routes]
 

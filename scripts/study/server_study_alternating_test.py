@@ -84,6 +84,22 @@ class schedule_test(unittest.TestCase):
         self.assertEqual(alt.n_text({"server": "evr N=2 @0", "threads": 2}), "2")
 
 
+    def test_a_busy_graph_label_keeps_its_graph_in_the_rival_and_the_arguments(self):
+        spec = harness.parse_server("evr N=1 stream-waits busy-graph")
+        self.assertEqual((spec["busy_graph"], spec["busy_signal"]), (True, False))
+        self.assertEqual(harness.parse_server("evr N=1 busy-graph stream-waits"), {
+            **spec, "label": "evr N=1 busy-graph stream-waits"})  # the words in any order
+        args = harness.server_args(spec, "cuda", 0, 32, None)
+        self.assertIn("--busy-graph", args)
+        self.assertIn("--no-busy-signal", args)
+        self.assertNotIn("--busy-graph", harness.server_args(harness.parse_server("evr N=1"), "cuda",
+                                                             0, 32, None))
+        self.assertEqual(alt.rival("evr N=2 busy-graph"), "poll N=2 busy-graph")
+        # Stream waits serve no /healthz, wherever the word stands.
+        routes = [r for r, _ in alt.server_points("evr N=1 stream-waits busy-graph", [256])]
+        self.assertNotIn(HEALTHZ, routes)
+
+
 class medians_test(unittest.TestCase):
     def test_medians_over_clean_rounds_only(self):
         pts = rounds_of("evr N=1", [(300, 1.0), (100, 1.0), (200, 2.0)])

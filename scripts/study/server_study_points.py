@@ -10,6 +10,7 @@ ROUTES = [BUSY200, BUSY1000, BUSY5000, MLP, SAXPY, HEALTHZ]
 # rather than on the kernel's signal slot.
 STREAM_WAITS = "stream-waits"
 EAGER_MLP = "eager-mlp"  # a label's last word: the server runs /mlp call by call (--no-mlp-graphs)
+BUSY_GRAPH = "busy-graph"  # a label's last word: /busy runs as a CUDA graph per lane (--busy-graph)
 
 
 def fmt(v, digits):
