@@ -177,6 +177,63 @@ int made_current(int device) {
   return device;
 }
 
+/// What `enqueue` queues on `stream`, captured into a graph (thread-local mode: other threads'
+/// CUDA calls go on). nullptr on failure (`enqueue` threw, or CUDA refused the capture), with the
+/// stream out of capture and the error cleared. The caller owns the graph.
+template <class Enqueue>
+cudaGraph_t capture_graph(cudaStream_t stream, Enqueue&& enqueue) noexcept {
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  bool ok = true;
+  try {
+    enqueue();
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  cudaGraph_t graph = nullptr;
+  ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ok;
+  if (!ok) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return graph;
+}
+
+/// Says on stderr, once per `told`, that capturing `route` failed (the lanes where it fails then
+/// launch its work call by call: cuda_self_test.sh fails a test on this line).
+void say_capture_failed(std::atomic<bool>& told, const char* route, int device) {
+  if (!told.exchange(true))
+    std::fprintf(stderr,
+                 "evr-async-server: capturing %s as a CUDA graph failed on device %d; the lanes "
+                 "where it fails launch its work call by call\n",
+                 route, device);
+}
+
+/// `graph` made launchable; nullptr on failure, with the error cleared.
+cudaGraphExec_t instantiate(cudaGraph_t graph) noexcept {
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return exec;
+}
+
+/// The only root of `graph` (a capture from one stream is a chain), or nullptr.
+cudaGraphNode_t only_root(cudaGraph_t graph) noexcept {
+  std::size_t count = 0;
+  cudaGraphNode_t root = nullptr;
+  if (cudaGraphGetRootNodes(graph, nullptr, &count) != cudaSuccess || count != 1 ||
+      cudaGraphGetRootNodes(graph, &root, &count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return root;
+}
+
 class cuda_lane final : public lane {
  public:
   cuda_lane(const cuda_mlp_weights& weights, cuda_lane_options options)
@@ -334,42 +391,24 @@ class cuda_lane final : public lane {
     if (exec == nullptr) {
       mlp_graphs_on_ = false;
       static std::atomic<bool> told{false};  // once per process, not once per lane
-      if (!told.exchange(true))
-        std::fprintf(stderr,
-                     "evr-async-server: capturing /mlp as a CUDA graph failed on device "
-                     "%d; the lanes where it fails run /mlp call by call\n",
-                     device_);
+      say_capture_failed(told, "/mlp", device_);
       return nullptr;
     }
     mlp_graphs_.emplace_back(bucket, exec);
     return exec;
   }
 
-  /// The forward pass of `rows` rows, and the lane's signal when it has a slot, captured from
-  /// this thread's stream (thread-local mode: other threads' CUDA calls go on). nullptr on
-  /// failure, with the stream out of capture and the error cleared.
+  /// The forward pass of `rows` rows, and the lane's signal when it has a slot, captured and
+  /// instantiated; nullptr on failure.
   cudaGraphExec_t capture_mlp(std::size_t rows) noexcept {
     const cudaStream_t st = native();
-    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    bool ok = true;
-    try {
+    cudaGraph_t graph = capture_graph(st, [&] {
       enqueue_mlp_steps(rows);
       if (has_signal_slot()) enqueue_slot_signal(st);
-    } catch (const std::exception&) {
-      ok = false;
-    }
-    cudaGraph_t graph = nullptr;
-    ok = cudaStreamEndCapture(st, &graph) == cudaSuccess && ok;
-    cudaGraphExec_t exec = nullptr;
-    if (ok) ok = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    if (!ok) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
+    });
+    if (graph == nullptr) return nullptr;
+    cudaGraphExec_t exec = instantiate(graph);
+    cudaGraphDestroy(graph);
     return exec;
   }
 
@@ -380,40 +419,25 @@ class cuda_lane final : public lane {
     if (!capture_busy()) {
       busy_graph_on_ = false;
       static std::atomic<bool> told{false};  // once per process, not once per lane
-      if (!told.exchange(true))
-        std::fprintf(stderr,
-                     "evr-async-server: capturing /busy as a CUDA graph failed on device %d; the "
-                     "lanes where it fails launch /busy's kernel eagerly\n",
-                     device_);
+      say_capture_failed(told, "/busy", device_);
     }
     return busy_exec_ != nullptr;
   }
 
   /// The /busy kernel (not signalling itself), and the lane's signal when it has a slot, captured
   /// and instantiated; busy_node_ is the kernel's node, whose arguments each request sets. False
-  /// on failure, with the stream out of capture and the error cleared.
+  /// on failure, with nothing kept.
   bool capture_busy() noexcept {
     const cudaStream_t st = native();
-    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    bool ok = server_kernels::launch_busy(st, 1, 1, d_busy_) == 0;
-    try {
-      if (ok && has_signal_slot()) enqueue_slot_signal(st);
-    } catch (const std::exception&) {
-      ok = false;
-    }
-    ok = cudaStreamEndCapture(st, &busy_graph_) == cudaSuccess && ok;
-    // The kernel is the graph's only root: the signal node, if any, depends on it.
-    std::size_t roots = 1;
-    ok = ok && cudaGraphGetRootNodes(busy_graph_, &busy_node_, &roots) == cudaSuccess && roots == 1;
-    ok = ok && cudaGraphInstantiate(&busy_exec_, busy_graph_, 0) == cudaSuccess;
-    if (!ok) {
-      (void)cudaGetLastError();
-      drop_busy_graph();
-    }
-    return ok;
+    busy_graph_ = capture_graph(st, [&] {
+      check(static_cast<cudaError_t>(server_kernels::launch_busy(st, 1, 1, d_busy_)),
+            "busy kernel");
+      if (has_signal_slot()) enqueue_slot_signal(st);
+    });
+    if (busy_graph_ != nullptr) busy_node_ = only_root(busy_graph_);  // the kernel
+    if (busy_node_ != nullptr) busy_exec_ = instantiate(busy_graph_);
+    if (busy_exec_ == nullptr) drop_busy_graph();
+    return busy_exec_ != nullptr;
   }
 
   /// Only while nothing is queued. The graph itself is kept while its exec lives: busy_node_ is
