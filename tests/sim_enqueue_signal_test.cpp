@@ -1,19 +1,25 @@
 // signal_slot::enqueue_signal: evr's own signal behind work whose kernels cannot signal (a
 // library's). What must hold: the wait completes only after the work before the signal, each wait
 // once and in stream order, with nothing else of evr's on the stream; bad input is refused with
-// an error that names it and enqueues nothing. (Graph capture itself needs the GPU:
-// gpu_capture_test.cpp.)
+// an error that names it and enqueues nothing; a cancelled wait, a reactor stopped and an
+// execution context destroyed (its io thread possibly inside a wait's polling window) end each
+// wait once or drop its handler unrun, and the signals still land. (Graph capture itself needs
+// the GPU: gpu_capture_test.cpp.)
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <evr/evr.hpp>
 #include <evr/sim/device.hpp>
 
+#include "support/asio.hpp"
 #include "support/helpers.hpp"
 
 using namespace std::chrono_literals;
@@ -22,6 +28,16 @@ using evr::test::wait_until;
 
 namespace {
 constexpr evr::sim::options manual{.devices = 2, .mode = evr::sim::run_mode::manual};
+
+/// Library work (a kernel that knows nothing of evr) then evr's signal behind it; the ticket of
+/// that signal.
+evr::signal_ticket library_work_then_signal(evr::sim::device& sim, const evr::stream& st,
+                                            evr::signal_slot& slot,
+                                            std::chrono::nanoseconds duration = {}) {
+  REQUIRE_FALSE(sim.launch_kernel(st.native(), duration));
+  slot.enqueue_signal(st.native());
+  return slot.arm();
+}
 }  // namespace
 
 TEST_CASE("enqueue_signal: each wait completes after its work, once, in stream order") {
@@ -90,4 +106,114 @@ TEST_CASE("enqueue_signal: bad input is refused with an error that names it, not
   CHECK_FALSE(ec);
   sim.run_until_blocked();
   CHECK(slot.signalled() == 1);
+}
+
+TEST_CASE("enqueue_signal: a cancelled wait and a reactor stopped end each wait once") {
+  for (evr::strategy s : {evr::strategy::fence, evr::strategy::adaptive}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::sim::device sim(manual);
+    evr::stream st(sim, 0);
+    evr::reactor r(sim, quick_options(s));
+    evr::signal_slot slot = r.pools().signals(0).acquire();
+    std::mutex mutex;
+    std::vector<std::pair<int, std::error_code>> seen;  // (wait, outcome), under `mutex`
+    auto record = [&](int id) {
+      return [&, id](std::error_code ec) {
+        std::lock_guard lock(mutex);
+        seen.emplace_back(id, ec);
+      };
+    };
+    auto count = [&] {
+      std::lock_guard lock(mutex);
+      return seen.size();
+    };
+    evr::wait_handle h;
+    for (int i = 0; i < 6; ++i) {
+      const evr::signal_ticket t = library_work_then_signal(sim, st, slot);
+      if (i == 2) {
+        REQUIRE_FALSE(evr::on_complete(r, evr::wait_target(st, t), record(i), h));
+      } else {
+        REQUIRE_FALSE(evr::on_complete(r, evr::wait_target(st, t), record(i)));
+      }
+    }
+    REQUIRE(wait_until([&] { return r.metrics().submitted == 6; }));
+    CHECK(h.cancel());
+    REQUIRE(wait_until([&] { return count() == 1; }));
+    // One operation at a time until three signals landed: the cancelled third's work runs too,
+    // unwatched.
+    for (int k = 0; k < 100 && slot.signalled() < 3; ++k) sim.step(st.native(), 1);
+    REQUIRE(slot.signalled() == 3);
+    REQUIRE(wait_until([&] { return count() == 3; }));
+    r.stop();  // the last three signals have not come: aborted, once each
+    REQUIRE(count() == 6);
+    sim.run_until_blocked();  // the rest of the work and its signals land after all
+    CHECK(slot.signalled() == 6);
+    std::lock_guard lock(mutex);
+    CHECK(seen[0].first == 2);
+    CHECK(seen[0].second == evr::errc::operation_aborted);
+    CHECK(seen[1].first == 0);
+    CHECK(seen[2].first == 1);
+    CHECK_FALSE(seen[1].second);
+    CHECK_FALSE(seen[2].second);
+    for (std::size_t k = 3; k < 6; ++k) CHECK(seen[k].second == evr::errc::operation_aborted);
+    CHECK(seen.size() == 6);  // nothing more after the stop, the signals' landing included
+  }
+}
+
+TEST_CASE("enqueue_signal: contexts destroyed while their waits complete or are polled") {
+  // Threaded device: the work ends while the context's thread runs (and polls its waits' windows
+  // once their stream's length is learned) and while the context is being destroyed. Each
+  // handler runs once or is destroyed unrun; nothing is posted into a dead context (ASan).
+  const int rounds = evr::test::sanitized() ? 20 : 80;
+  for (evr::strategy s : {evr::strategy::fence, evr::strategy::adaptive}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::sim::device sim;  // threaded: the work runs by itself
+    evr::reactor r(sim, quick_options(s));
+    std::vector<evr::stream> streams;
+    for (int i = 0; i < 4; ++i) streams.emplace_back(sim, 0);
+    std::vector<evr::signal_slot> slots;
+    for (int i = 0; i < 4; ++i) slots.push_back(r.pools().signals(0).acquire());
+    std::uint64_t enqueued = 0;
+    std::size_t ran_in_all = 0;
+    for (int round = 0; round < rounds; ++round) {
+      std::atomic<int> ran{0};
+      auto token = std::make_shared<int>(0);  // one copy per live handler
+      // The context's thread runs until `target` handlers ran (none to all of them, by round),
+      // then the context goes with the rest pending: some in a polling window of their thread,
+      // once earlier rounds taught the streams' length.
+      const int target = round % 17;
+      {
+        asio::io_context io;
+        evr::gpu_waiter waiter(io.get_executor(), r);
+        for (int i = 0; i < 16; ++i) {
+          const std::size_t k = static_cast<std::size_t>(i % 4);
+          const evr::signal_ticket t =
+              library_work_then_signal(sim, streams[k], slots[k], std::chrono::microseconds(400));
+          ++enqueued;
+          waiter.async_wait(evr::wait_target(streams[k], t),
+                            [&ran, token](evr::asio_error_code) { ran.fetch_add(1); });
+        }
+        std::thread runner([&] {
+          auto work = asio::make_work_guard(io);
+          const auto give_up = std::chrono::steady_clock::now() + 20s;
+          while (ran.load() < target && std::chrono::steady_clock::now() < give_up)
+            io.run_for(200us);
+        });
+        runner.join();
+        if (round % 3 == 0) waiter.cancel();
+      }  // the waiter, then the context: whatever is pending is detached
+      CHECK(token.use_count() == 1);  // every handler ran or was destroyed
+      CHECK(ran.load() >= target);
+      CHECK(ran.load() <= 16);
+      ran_in_all += static_cast<std::size_t>(ran.load());
+    }
+    sim.wait_idle();
+    std::uint64_t signalled = 0;
+    for (const evr::signal_slot& slot : slots) signalled += slot.signalled();
+    CHECK(signalled == enqueued);  // every signal landed, watched or not
+    REQUIRE(wait_until([&] { return r.metrics().in_flight == 0; }));
+    CHECK(r.metrics().host_passes > 0);  // the contexts' threads looked for their waits themselves
+    MESSAGE(std::string(evr::to_string(s))
+            << ": " << ran_in_all << " handlers ran, the rest dropped");
+  }
 }
