@@ -13,7 +13,6 @@
 #include <mutex>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 #include <evr/evr.hpp>
@@ -178,9 +177,9 @@ TEST_CASE("enqueue_signal: contexts destroyed while their waits complete or are 
     for (int round = 0; round < rounds; ++round) {
       std::atomic<int> ran{0};
       auto token = std::make_shared<int>(0);  // one copy per live handler
-      // The context's thread runs until `target` handlers ran (none to all of them, by round),
-      // then the context goes with the rest pending: some in a polling window of their thread,
-      // once earlier rounds taught the streams' length.
+      // The context runs here until `target` handlers ran (none to all of them, by round), then it
+      // goes with the rest pending: some in a polling window of this thread, once earlier rounds
+      // taught the streams' length.
       const int target = round % 17;
       {
         asio::io_context io;
@@ -193,13 +192,12 @@ TEST_CASE("enqueue_signal: contexts destroyed while their waits complete or are 
           waiter.async_wait(evr::wait_target(streams[k], t),
                             [&ran, token](evr::asio_error_code) { ran.fetch_add(1); });
         }
-        std::thread runner([&] {
-          auto work = asio::make_work_guard(io);
+        {
+          auto work = asio::make_work_guard(io);  // run_for returns at once on an idle context else
           const auto give_up = std::chrono::steady_clock::now() + 20s;
           while (ran.load() < target && std::chrono::steady_clock::now() < give_up)
             io.run_for(200us);
-        });
-        runner.join();
+        }
         if (round % 3 == 0) waiter.cancel();
       }  // the waiter, then the context: whatever is pending is detached
       CHECK(token.use_count() == 1);  // every handler ran or was destroyed
