@@ -57,7 +57,8 @@ namespace {
 /// "evr default, NAME" (tuning runs compare them with the default in one run). Keys: strategy,
 /// idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, spin_fraction, poll_budget,
 /// poll_looks (per second), spin_window_us, max_sleep_us, doorbell_after_us, fence_streams (a
-/// number, or "unlimited"), host_events (0 or 1: reactor_options::host_event_waits), host_pass_us
+/// number, or "unlimited"), host_events (0 or 1: reactor_options::host_event_waits), kernel_fences
+/// (0 or 1: reactor_options::kernel_fences), host_pass_us
 /// (reactor_options::host_pass_deliver_after).
 /// Throws std::invalid_argument naming what is wrong.
 evr_method parse_variant(const std::string& spec) {
@@ -122,6 +123,8 @@ evr_method parse_variant(const std::string& spec) {
       o.host_event_waits = number() != 0;
     } else if (key == "host_pass_us") {
       o.host_pass_deliver_after = us();
+    } else if (key == "kernel_fences") {
+      o.kernel_fences = number() != 0;
     } else if (key == "fence_streams") {
       o.max_fence_streams = value == "unlimited" ? SIZE_MAX : static_cast<std::size_t>(number());
     } else {
@@ -273,7 +276,8 @@ int idle_main(int argc, char** argv) {
       "NAME:key=value[,key=value]: also the default with these options changed (keys: "
       "strategy, idle, prespin_us, final_sleep_us, coalesce_us, poll_period_us, "
       "spin_fraction, poll_budget, poll_looks, spin_window_us, "
-      "max_sleep_us, doorbell_after_us, fence_streams, host_events, host_pass_us); repeatable");
+      "max_sleep_us, doorbell_after_us, fence_streams, host_events, kernel_fences, host_pass_us); "
+      "repeatable");
   app.add_option("--json", cfg.json, "write the results here");
   if (int rc = parse_cli(app, argc, argv); rc >= 0) return rc;
   std::vector<evr_method> extra;

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace study {
@@ -146,12 +147,25 @@ inline void* driver_entry_point(const char* name) {
   return fn;
 }
 
-/// The studies' command line: [--work-us US] [--rounds N] [--chain K].
+/// The studies' command line: [--work-us US] [--rounds N] [--chain K] [--markers A,B].
 struct options {
   double work_us = 1000;
   int rounds = 20;
   int chain = 1;  ///< marker_queues: the work as K kernels in a row on its stream
+  std::vector<std::string> markers;  ///< marker_queues: the markers to measure (empty: all)
 };
+
+/// "a,b,c" as {"a", "b", "c"}; an empty item is kept (and refused by the study that reads it).
+inline std::vector<std::string> split_commas(const char* text) {
+  std::vector<std::string> items(1);
+  for (const char* c = text; *c != 0; ++c) {
+    if (*c == ',')
+      items.emplace_back();
+    else
+      items.back() += *c;
+  }
+  return items;
+}
 
 /// Parses argv; prints the usage of `program` and exits with 2 on an unknown argument or a bad
 /// value.
@@ -165,11 +179,15 @@ inline options parse(int argc, char** argv, const char* program) {
       o.rounds = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--chain"))
       o.chain = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--markers"))
+      o.markers = split_commas(argv[i + 1]);
     else
       ok = false;
   }
   if (!ok || o.work_us <= 0 || o.rounds < 1 || o.chain < 1) {
-    std::fprintf(stderr, "usage: %s [--work-us US > 0] [--rounds N >= 1] [--chain K >= 1]\n",
+    std::fprintf(stderr,
+                 "usage: %s [--work-us US > 0] [--rounds N >= 1] [--chain K >= 1] "
+                 "[--markers A,B,...]\n",
                  program);
     std::exit(2);
   }

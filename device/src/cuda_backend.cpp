@@ -1,7 +1,7 @@
 // The CUDA backend: evr::device::backend on the CUDA runtime API.
 //
 // Built by the host C++ compiler; nothing here needs nvcc. libcuda is never linked: the driver
-// functions evr uses (cuStreamWriteValue64 here; the signal kernel's in cuda_signal_kernel.cpp)
+// functions evr uses (cuStreamWriteValue64 here; evr's kernels' in cuda_kernels.cpp)
 // are fetched at run time through the runtime's cudaGetDriverEntryPointByVersion, so a program
 // built with CUDA still starts on a machine without a GPU driver; its calls then report the
 // runtime's error (cudaErrorInsufficientDriver or cudaErrorNoDevice).
@@ -28,7 +28,7 @@
 #include <cuda.h>  // driver types only (CUresult, CUstream, CUdeviceptr): never linked
 #include <cuda_runtime_api.h>
 
-#include "cuda_signal_kernel.hpp"
+#include "cuda_kernels.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -377,6 +377,9 @@ class cuda_backend_impl final : public backend {
       (void)check(cudaFreeHost(host));
       return ec;
     }
+    // The fence kernel is loaded now, off the fast path and before any capture; a GPU before
+    // compute capability 9.0 refuses it, and fence_kernels(device) then says so.
+    (void)cuda_kernels::load(device, cuda_kernels::kernel::fence);
     out.host = static_cast<std::uint64_t*>(host);
     out.device_address = reinterpret_cast<std::uintptr_t>(dev);
     out.words = words;
@@ -406,7 +409,8 @@ class cuda_backend_impl final : public backend {
     }
     // The signal kernel is loaded now, while no capture can name these slots yet (a load may
     // not run during a global-mode capture); a failure is reported by enqueue_signal.
-    if (!guard.enter(device, /*force=*/true)) (void)cuda_signal::load(device);
+    if (!guard.enter(device, /*force=*/true))
+      (void)cuda_kernels::load(device, cuda_kernels::kernel::signal);
     out.host = words.host;
     out.device_words = words.device_address;
     out.device_counters = reinterpret_cast<std::uintptr_t>(counters);
@@ -420,7 +424,7 @@ class cuda_backend_impl final : public backend {
                                  const signal_ref& s) noexcept override {
     device_guard guard;  // forced: the driver's launch needs the device's context bound
     if (auto ec = guard.enter(device, true)) return ec;
-    return cuda_signal::launch(device, cuda_stream(stream), s);
+    return cuda_kernels::launch_signal(device, cuda_stream(stream), s);
   }
 
   void free_signal_block(signal_block& block) noexcept override {
@@ -453,6 +457,24 @@ class cuda_backend_impl final : public backend {
     if (r == CUDA_SUCCESS) return {};
     (void)cudaGetLastError();
     return make_cuda_error(static_cast<int>(r));
+  }
+
+  bool fence_kernels(int device) noexcept override {
+    return cuda_kernels::loaded(device, cuda_kernels::kernel::fence);
+  }
+
+  std::error_code write_fence_by_kernel(int device, native_stream stream,
+                                        std::uint64_t device_address,
+                                        std::uint64_t value) noexcept override {
+    device_guard guard;  // the launch needs the device's context current
+    if (auto ec = guard.enter(device)) return ec;
+    std::error_code ec =
+        cuda_kernels::launch_fence(device, cuda_stream(stream), device_address, value);
+    if (ec == make_cuda_error(CUDA_ERROR_INVALID_CONTEXT) && !guard.enter(device, true)) {
+      // As write_fence: a thread that never bound the primary context (cudaGetDevice does not).
+      ec = cuda_kernels::launch_fence(device, cuda_stream(stream), device_address, value);
+    }
+    return ec;
   }
 
   // --- threads -------------------------------------------------------------------------------

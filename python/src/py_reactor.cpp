@@ -47,6 +47,11 @@ constexpr std::pair<std::string_view, count_field> count_options[] = {
     {"max_fence_streams", &evr::reactor_options::max_fence_streams},
     {"pool_batch", &evr::reactor_options::pool_batch},
 };
+using flag_field = bool evr::reactor_options::*;
+constexpr std::pair<std::string_view, flag_field> flag_options[] = {
+    {"host_event_waits", &evr::reactor_options::host_event_waits},
+    {"kernel_fences", &evr::reactor_options::kernel_fences},
+};
 constexpr std::pair<std::string_view, fraction_field> fraction_options[] = {
     {"spin_fraction", &evr::reactor_options::spin_fraction},
     {"poll_budget", &evr::reactor_options::poll_budget},
@@ -75,6 +80,10 @@ void set_option(evr::reactor_options& o, const std::string& key, py::handle v) {
     const long long n = v.cast<long long>();
     if (n < 0) throw py::value_error("evr.Reactor: " + key + " must be >= 0");
     o.*c = static_cast<std::size_t>(n);
+  } else if (const flag_field b = field_named(flag_options, key)) {
+    if (!py::isinstance<py::bool_>(v))
+      throw py::type_error("evr.Reactor: " + key + " must be True or False");
+    o.*b = v.cast<bool>();
   } else if (const fraction_field f = field_named(fraction_options, key)) {
     o.*f = v.cast<double>();
   } else {

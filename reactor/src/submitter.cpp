@@ -233,9 +233,10 @@ std::error_code submitter::put_marker(stream_state& st, wait_op& op) noexcept {
   // An event marker (poll; fence strategies past their budget: marker_budget) is taken before the
   // lock: taking may create a batch of events on this thread.
   const bool fences = p_.traits.fence_markers;
+  const fence_marker kind = fences ? p_.markers.choose(st) : fence_marker::event;
   event_pool* pool = nullptr;
   device::native_event ev = nullptr;
-  if (p_.traits.event_markers || (fences && p_.markers.wants_event(st))) {
+  if (p_.traits.event_markers || (fences && kind == fence_marker::event)) {
     if (auto ec = take_event(st, pool, ev)) return ec;
   }
   std::error_code ec;
@@ -244,7 +245,9 @@ std::error_code submitter::put_marker(stream_state& st, wait_op& op) noexcept {
   if (ev != nullptr) {
     ec = p_.backend.record_event(ev, st.native);
   } else if (fences) {
-    ec = p_.backend.write_fence(st.native, st.fence_device, seq);
+    ec = kind == fence_marker::kernel
+             ? p_.backend.write_fence_by_kernel(st.device, st.native, st.fence_device, seq)
+             : p_.backend.write_fence(st.native, st.fence_device, seq);
     if (!ec) p_.markers.fence_enqueued(st);
   } else {  // host_func
     st.host_funcs_outstanding.fetch_add(1, std::memory_order_relaxed);

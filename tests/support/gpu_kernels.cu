@@ -48,6 +48,16 @@ __global__ void spin_then_signal_kernel(evr::signal_ref done, std::uint64_t nano
 /// Adds one to `*count` (mapped host memory): work whose effect the host can read.
 __global__ void count_kernel(volatile unsigned* count) { *count = *count + 1; }
 
+__global__ void busy_then_count_kernel(std::uint64_t nanoseconds, volatile unsigned* count) {
+  const std::uint64_t start = global_timer_ns();
+  while (global_timer_ns() - start < nanoseconds) {
+  }
+  *count = *count + 1;
+  __threadfence_system();
+}
+
+__global__ void empty_kernel() {}
+
 /// Makes the stream's device current for a launch; restores the caller's device.
 class stream_device_scope {
  public:
@@ -131,6 +141,29 @@ cudaError_t launch_signal(cudaStream_t stream, evr::signal_ref done, unsigned mi
   stream_device_scope scope(stream);
   if (scope.status() != cudaSuccess) return finish_launch(scope.status());
   return launch_signal_captured(stream, done, microseconds, blocks);
+}
+
+cudaError_t launch_busy_then_count(cudaStream_t stream, unsigned microseconds,
+                                   volatile unsigned* count) {
+  stream_device_scope scope(stream);
+  if (scope.status() == cudaSuccess)
+    busy_then_count_kernel<<<1, 1, 0, stream>>>(std::uint64_t{microseconds} * 1000u, count);
+  return finish_launch(scope.status());
+}
+
+cudaError_t launch_independent_dependent(cudaStream_t stream) {
+  stream_device_scope scope(stream);
+  if (scope.status() != cudaSuccess) return finish_launch(scope.status());
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(1);
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, empty_kernel);
 }
 
 }  // namespace evr::test::gpu

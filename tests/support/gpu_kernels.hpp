@@ -36,4 +36,14 @@ cudaError_t launch_signal_captured(cudaStream_t stream, evr::signal_ref done, un
 cudaError_t launch_chain_captured(cudaStream_t stream, unsigned microseconds, unsigned kernels,
                                   volatile unsigned* count);
 
+/// A one-thread kernel that spins for about `microseconds`, then adds 1 to `*count` (a device
+/// address of mapped host memory) and fences it system-wide: work whose end the host can read.
+cudaError_t launch_busy_then_count(cudaStream_t stream, unsigned microseconds,
+                                   volatile unsigned* count);
+
+/// A one-thread kernel that does nothing, launched as a programmatic dependent launch that never
+/// waits for the kernel before it (griddepcontrol.wait): a library kernel that declares it needs
+/// nothing of its predecessor. On a GPU before compute capability 9.0 an ordinary launch.
+cudaError_t launch_independent_dependent(cudaStream_t stream);
+
 }  // namespace evr::test::gpu

@@ -387,22 +387,44 @@ void signal(const evr::signal_ref& s) noexcept {
   std::atomic_ref<unsigned long long>(*s.word).store(n, std::memory_order_release);
 }
 
-std::error_code device::write_fence(native_stream stream, std::uint64_t device_address,
-                                    std::uint64_t value) noexcept {
-  std::shared_ptr<stream_state> s;
-  if (auto ec = impl_->reg.find_stream(stream, s)) return ec;
-  if (auto ec = impl_->fault_of(s->device)) return ec;
+std::error_code device::impl::enqueue_fence(const std::shared_ptr<stream_state>& s,
+                                            std::uint64_t device_address, std::uint64_t value) {
+  if (auto ec = fault_of(s->device)) return ec;
   // Only words of a live fence block: a bad address is a bug to report, not memory to scribble.
   const auto address = static_cast<std::uintptr_t>(device_address);
-  detail::fence_block_state* block = impl_->reg.find_fence_block(address);
+  detail::fence_block_state* block = reg.find_fence_block(address);
   if (block == nullptr) return make_error_code(errc::invalid_argument);
   operation op;
   op.kind = op_kind::fence;
   op.target = reinterpret_cast<std::uint64_t*>(address);
   op.value = value;
   op.block = block;
-  auto ec = impl_->sched.enqueue(s, std::move(op));
+  return sched.enqueue(s, std::move(op));
+}
+
+std::error_code device::write_fence(native_stream stream, std::uint64_t device_address,
+                                    std::uint64_t value) noexcept {
+  std::shared_ptr<stream_state> s;
+  if (auto ec = impl_->reg.find_stream(stream, s)) return ec;
+  auto ec = impl_->enqueue_fence(s, device_address, value);
   if (!ec) impl_->count.fence_writes_enqueued.bump();
+  return ec;
+}
+
+bool device::fence_kernels(int device) noexcept {
+  return impl_->opts.fence_kernels && !impl_->check_device(device);
+}
+
+std::error_code device::write_fence_by_kernel(int device, native_stream stream,
+                                              std::uint64_t device_address,
+                                              std::uint64_t value) noexcept {
+  if (!impl_->opts.fence_kernels) return make_error_code(errc::unsupported);
+  if (auto ec = impl_->check_device(device)) return ec;
+  std::shared_ptr<stream_state> s;
+  if (auto ec = impl_->reg.find_stream(stream, s)) return ec;
+  if (s->device != device) return make_error_code(errc::device_mismatch);
+  auto ec = impl_->enqueue_fence(s, device_address, value);
+  if (!ec) impl_->count.fence_kernels_enqueued.bump();
   return ec;
 }
 

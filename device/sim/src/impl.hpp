@@ -62,6 +62,10 @@ struct device::impl {
   std::error_code fault_of(int index) const noexcept {
     return faults[static_cast<std::size_t>(index)].get();
   }
+  /// What both fence calls enqueue on `s`: `value` written to the fence word at `device_address`
+  /// once the work before it is done (backend.cpp).
+  std::error_code enqueue_fence(const std::shared_ptr<detail::stream_state>& s,
+                                std::uint64_t device_address, std::uint64_t value);
   /// Faults `index` now (the first fault sticks) and runs the fault barrier.
   void fault_now(int index, std::error_code f) {
     faults[static_cast<std::size_t>(index)].set(f);

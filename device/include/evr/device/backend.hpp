@@ -173,6 +173,27 @@ class backend {
   /// device faulted the write never lands.
   virtual std::error_code write_fence(native_stream stream, std::uint64_t device_address,
                                       std::uint64_t value) noexcept = 0;
+  /// Whether write_fence_by_kernel works on `device` (CUDA: compute capability 9.0 or later, the
+  /// kernel loaded when the device's first fence block was made). Any thread. Default: false.
+  virtual bool fence_kernels(int device) noexcept {
+    (void)device;
+    return false;
+  }
+  /// Enqueues on `stream` (of `device`) evr's fence kernel, which writes `value` to
+  /// `device_address` once the work before it is done: what write_fence does, but behind a
+  /// kernel it does not wait in the stream's hardware queue (a programmatic dependent launch
+  /// that waits on the GPU), so streams that share the queue go on; behind other work (a copy, a
+  /// host function) it waits there as write_fence does. Costs the calling thread a kernel launch.
+  /// Once the device faulted the write never lands. Default: errc::unsupported.
+  virtual std::error_code write_fence_by_kernel(int device, native_stream stream,
+                                                std::uint64_t device_address,
+                                                std::uint64_t value) noexcept {
+    (void)device;
+    (void)stream;
+    (void)device_address;
+    (void)value;
+    return make_error_code(errc::unsupported);
+  }
 
   // --- device-signalled waits ------------------------------------------------------------------
   /// Allocates `slots` signal slots' memory on `device` (signal_block), zero-initialised. Slow;

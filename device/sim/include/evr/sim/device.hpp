@@ -33,7 +33,9 @@
 //     recorded there still complete; the worker thread is joined later.
 //   * stream_wait_event on a never-recorded event enqueues nothing (a no-op, as in CUDA).
 //   * Counters: queries and records count every call, failed ones too; host_funcs_launched and
-//     fence_writes_enqueued count successful enqueues only.
+//     fence_writes_enqueued and fence_kernels_enqueued count successful enqueues only.
+//   * write_fence_by_kernel (with options::fence_kernels) is a fence write in the model: it lands
+//     when the work before it is done. The hardware queues it spares are not modelled.
 //   * The legacy default stream (nullptr, 1) is not modelled: errc::invalid_argument.
 //   * A fence write queued before its fence block was freed never lands, also when a new block
 //     is later allocated at the same address.
@@ -74,20 +76,24 @@ struct options {
   /// hardware queues"). 0: as fast as the model allows. Negative: the constructor throws
   /// std::invalid_argument.
   std::chrono::nanoseconds query_cost{0};
+  /// Whether write_fence_by_kernel works (fence_kernels() true), as on a GPU of compute
+  /// capability 9.0 or later; false: it returns errc::unsupported, as on an older GPU.
+  bool fence_kernels = false;
 };
 
 /// Counters of the calls made into the simulated device (to assert, e.g., how many queries a
 /// reactor sweep made). Read with device::counters(); reset with reset_counters().
 struct call_counters {
-  std::uint64_t event_queries = 0;          ///< query_event calls (failed ones too)
-  std::uint64_t stream_queries = 0;         ///< query_stream calls (failed ones too)
-  std::uint64_t event_records = 0;          ///< record_event calls (failed ones too)
-  std::uint64_t host_funcs_launched = 0;    ///< host functions enqueued successfully
-  std::uint64_t host_funcs_run = 0;         ///< host functions that ran
-  std::uint64_t fence_writes_enqueued = 0;  ///< fence writes enqueued successfully
-  std::uint64_t fence_writes_landed = 0;    ///< fence writes that reached their word
-  std::uint64_t events_created = 0;         ///< events created (create_event, import_event)
-  std::uint64_t events_destroyed = 0;       ///< events destroyed
+  std::uint64_t event_queries = 0;           ///< query_event calls (failed ones too)
+  std::uint64_t stream_queries = 0;          ///< query_stream calls (failed ones too)
+  std::uint64_t event_records = 0;           ///< record_event calls (failed ones too)
+  std::uint64_t host_funcs_launched = 0;     ///< host functions enqueued successfully
+  std::uint64_t host_funcs_run = 0;          ///< host functions that ran
+  std::uint64_t fence_writes_enqueued = 0;   ///< fence writes enqueued successfully
+  std::uint64_t fence_kernels_enqueued = 0;  ///< fence kernels enqueued successfully
+  std::uint64_t fence_writes_landed = 0;     ///< fence writes that reached their word
+  std::uint64_t events_created = 0;          ///< events created (create_event, import_event)
+  std::uint64_t events_destroyed = 0;        ///< events destroyed
 };
 
 /// A simulated GPU with the CUDA semantics evr relies on: pass it wherever evr takes a backend.
@@ -185,6 +191,12 @@ class device final : public evr::device::backend {
                                  const evr::signal_ref& s) noexcept override;
   std::error_code write_fence(evr::device::native_stream stream, std::uint64_t device_address,
                               std::uint64_t value) noexcept override;
+  bool fence_kernels(int device) noexcept override;
+  /// As write_fence (options::fence_kernels; else errc::unsupported); `stream` must be of
+  /// `device` (errc::device_mismatch).
+  std::error_code write_fence_by_kernel(int device, evr::device::native_stream stream,
+                                        std::uint64_t device_address,
+                                        std::uint64_t value) noexcept override;
   std::error_code set_current_device(int device) noexcept override;
   std::error_code current_device(int& device) noexcept override;
   void prepare_polling_thread() noexcept override;
