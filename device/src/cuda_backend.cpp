@@ -377,9 +377,6 @@ class cuda_backend_impl final : public backend {
       (void)check(cudaFreeHost(host));
       return ec;
     }
-    // The fence kernel is loaded now, off the fast path and before any capture; a GPU before
-    // compute capability 9.0 refuses it, and fence_kernels(device) then says so.
-    (void)cuda_kernels::load(device, cuda_kernels::kernel::fence);
     out.host = static_cast<std::uint64_t*>(host);
     out.device_address = reinterpret_cast<std::uintptr_t>(dev);
     out.words = words;
@@ -457,6 +454,10 @@ class cuda_backend_impl final : public backend {
     if (r == CUDA_SUCCESS) return {};
     (void)cudaGetLastError();
     return make_cuda_error(static_cast<int>(r));
+  }
+
+  void prepare_fence_kernels(int device) noexcept override {
+    cuda_kernels::load_in_background(device, cuda_kernels::kernel::fence);
   }
 
   bool fence_kernels(int device) noexcept override {

@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <thread>
 
 #include <evr/device/error.hpp>
 
@@ -191,6 +192,24 @@ std::error_code load(int device, kernel k) noexcept {
   all.load_error[i][device] = ec;
   if (!ec) all.function[i][device].store(function, std::memory_order_release);
   return ec;
+}
+
+void load_in_background(int device, kernel k) noexcept {
+  if (device < 0 || device >= max_devices) return;
+  static std::array<std::array<std::atomic<bool>, max_devices>, kernel_count> started{};
+  if (started[static_cast<std::size_t>(k)][device].exchange(true)) return;
+  try {
+    // Detached: the load ends once the device's running kernels have (usually at once); a
+    // process that exits first ends it with the rest.
+    std::thread([device, k] {
+      if (cudaSetDevice(device) == cudaSuccess) {
+        (void)load(device, k);
+      } else {
+        (void)cudaGetLastError();
+      }
+    }).detach();
+  } catch (...) {  // no thread: the kernel stays unloaded, and the reactor records events
+  }
 }
 
 bool loaded(int device, kernel k) noexcept {

@@ -173,8 +173,13 @@ class backend {
   /// device faulted the write never lands.
   virtual std::error_code write_fence(native_stream stream, std::uint64_t device_address,
                                       std::uint64_t value) noexcept = 0;
-  /// Whether write_fence_by_kernel works on `device` (CUDA: compute capability 9.0 or later, the
-  /// kernel loaded when the device's first fence block was made). Any thread. Default: false.
+  /// Starts making write_fence_by_kernel ready on `device`, once, without waiting for it: CUDA
+  /// loads a kernel only once the device's running kernels have ended (lazy loading's context
+  /// synchronization), which must neither hold up a waiting thread nor deadlock with a kernel
+  /// that waits for the host. The CUDA backend loads on a thread of its own. Default: nothing.
+  virtual void prepare_fence_kernels(int device) noexcept { (void)device; }
+  /// Whether write_fence_by_kernel works on `device` now (CUDA: compute capability 9.0 or later,
+  /// once prepare_fence_kernels' load has finished). Any thread. Default: false.
   virtual bool fence_kernels(int device) noexcept {
     (void)device;
     return false;
