@@ -26,6 +26,13 @@ namespace {
 
 constexpr evr::strategy fence_strategies[] = {evr::strategy::fence, evr::strategy::adaptive};
 
+/// quick_options(s) with the fence kernel on (reactor_options::kernel_fences is off by default).
+evr::reactor_options with_kernel_fences(evr::strategy s) {
+  auto opts = quick_options(s);
+  opts.kernel_fences = true;
+  return opts;
+}
+
 evr::sim::options manual_with_fence_kernels() {
   return evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual, .fence_kernels = true};
 }
@@ -52,7 +59,7 @@ TEST_CASE("fence kernel: past max_fence_streams, fence words by the kernel, not 
   for (evr::strategy s : fence_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(manual_with_fence_kernels());
-    auto opts = quick_options(s);
+    auto opts = with_kernel_fences(s);
     opts.max_fence_streams = 2;
     // adaptive: no doorbell (a host function between the markers of this manual device).
     opts.doorbell_after = std::chrono::hours(1);
@@ -91,7 +98,7 @@ TEST_CASE("fence kernel: fence writes and kernels mixed on a stream retire in it
   for (evr::strategy s : fence_strategies) {
     CAPTURE(std::string(evr::to_string(s)));
     evr::sim::device sim(manual_with_fence_kernels());
-    auto opts = quick_options(s);
+    auto opts = with_kernel_fences(s);
     opts.max_fence_streams = 1;
     opts.doorbell_after = std::chrono::hours(1);
     outcomes out;
@@ -126,7 +133,7 @@ TEST_CASE(
     evr::sim::options so = manual_with_fence_kernels();
     so.fence_kernels = device_runs_it;
     evr::sim::device sim(so);
-    auto opts = quick_options(evr::strategy::fence);
+    auto opts = with_kernel_fences(evr::strategy::fence);
     opts.max_fence_streams = 1;
     opts.kernel_fences = !device_runs_it;  // the one that is on cannot be used
     std::atomic<int> done{0};
@@ -142,9 +149,24 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("fence kernel: beyond max_pending_fences, events, as for fence writes") {
+TEST_CASE("fence kernel: off by default, even on a device that runs it") {
   evr::sim::device sim(manual_with_fence_kernels());
   auto opts = quick_options(evr::strategy::fence);
+  opts.max_fence_streams = 1;
+  std::atomic<int> done{0};
+  evr::reactor r(sim, opts);
+  evr::stream a(sim, 0), b(sim, 0);
+  REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code ec) { done += !ec; }));
+  REQUIRE_FALSE(evr::on_complete(r, b, [&](std::error_code ec) { done += !ec; }));
+  CHECK(sim.counters().fence_kernels_enqueued == 0);
+  CHECK(sim.counters().event_records == 1);
+  sim.run_until_blocked();
+  REQUIRE(wait_until([&] { return done.load() == 2; }));
+}
+
+TEST_CASE("fence kernel: beyond max_pending_fences, events, as for fence writes") {
+  evr::sim::device sim(manual_with_fence_kernels());
+  auto opts = with_kernel_fences(evr::strategy::fence);
   opts.max_fence_streams = 1;
   opts.max_pending_fences = 4;
   std::atomic<int> done{0};
@@ -164,7 +186,7 @@ TEST_CASE("fence kernel: beyond max_pending_fences, events, as for fence writes"
 
 TEST_CASE("fence kernel: a stopped reactor aborts the waits whose kernels had not run, once each") {
   evr::sim::device sim(manual_with_fence_kernels());
-  auto opts = quick_options(evr::strategy::fence);
+  auto opts = with_kernel_fences(evr::strategy::fence);
   opts.max_fence_streams = 1;
   outcomes out;
   auto r = std::make_unique<evr::reactor>(sim, opts);

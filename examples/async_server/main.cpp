@@ -84,6 +84,7 @@ struct process {
       c.reactor.spin_window = std::chrono::microseconds(cfg.spin_window_us);
     if (cfg.max_sleep_us >= 0) c.reactor.max_sleep = std::chrono::microseconds(cfg.max_sleep_us);
     if (cfg.coalesce_us >= 0) c.reactor.coalesce = std::chrono::microseconds(cfg.coalesce_us);
+    c.reactor.kernel_fences = cfg.kernel_fences;
     server_config& sc = c.server;
     sc.address = cfg.address;
     sc.port = static_cast<std::uint16_t>(cfg.port < 0 ? 0 : cfg.port);

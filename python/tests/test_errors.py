@@ -174,6 +174,11 @@ def test_reactor_options_checked(dev):
         evr.Reactor(device=dev, pool_batch=-1)
     r = evr.Reactor(device=dev, spin_fraction=0.1, poll_budget=0.2, poll_looks_per_second=50000)
     r.shutdown()
+    # Flags take True or False, nothing that merely converts to one.
+    with pytest.raises(TypeError, match="kernel_fences must be True or False"):
+        evr.Reactor(device=dev, kernel_fences=1)
+    r = evr.Reactor(device=dev, kernel_fences=True, host_event_waits=False)
+    r.shutdown()
 
 
 def test_no_cuda_backend_is_explained():

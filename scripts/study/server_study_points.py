@@ -11,6 +11,9 @@ ROUTES = [BUSY200, BUSY1000, BUSY5000, MLP, SAXPY, HEALTHZ]
 STREAM_WAITS = "stream-waits"
 EAGER_MLP = "eager-mlp"  # a label's last word: the server runs /mlp call by call (--no-mlp-graphs)
 BUSY_GRAPH = "busy-graph"  # a label's last word: /busy runs as a CUDA graph per lane (--busy-graph)
+# a label's last word (evr only): past the hardware queues, stream waits' fence words are written
+# by evr's fence kernel (--kernel-fences)
+KERNEL_FENCES = "kernel-fences"
 
 
 def fmt(v, digits):

@@ -177,8 +177,13 @@ struct reactor_options {
   /// streams are busy; behind a copy or a host function it waits in the queue until that work is
   /// done, as a fence write does. It costs the waiting thread a kernel launch (about 3.5 us on an
   /// H200) where an event record costs 0.2-0.5 us and the first query of a done event 1.4-4 us.
-  /// false: past the limit, events.
-  bool kernel_fences = true;
+  /// The kernel is loaded on a thread of its own when a device first has more streams than the
+  /// limit, and events are recorded until it is ready. Off by default: CUDA's load of a module
+  /// waits for the kernels running on the device and holds up other threads' CUDA calls
+  /// meanwhile, so a program whose kernels wait for the host (a kernel spinning on a flag the
+  /// host sets after more CUDA calls) deadlocks if the load comes then. Turn it on where no
+  /// kernel waits for the host, or where the first waits past the limit come before such work.
+  bool kernel_fences = false;
   /// Events created per pool growth (pools of the reactor's own events).
   std::size_t pool_batch = 64;
 };
