@@ -149,6 +149,40 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "fence kernel: the first wait past the limit asks for it once; events until it is ready") {
+  evr::sim::options so = manual_with_fence_kernels();
+  so.fence_kernels_after_prepare = true;  // ready only once the reactor has asked
+  evr::sim::device sim(so);
+  auto opts = with_kernel_fences(evr::strategy::fence);
+  opts.max_fence_streams = 1;
+  outcomes out;
+  evr::reactor r(sim, opts);
+  evr::stream a(sim, 0), b(sim, 0), c(sim, 0);
+  REQUIRE_FALSE(evr::on_complete(r, a, out.callback(0)));  // within the limit: a fence write
+  CHECK(sim.counters().fence_kernel_prepares == 0);
+  CHECK_FALSE(sim.fence_kernels(0));
+  // Past it: the reactor asks (this device's load ends at once) and this wait records an event;
+  // from the next wait on, the kernel, asked for no more.
+  REQUIRE_FALSE(evr::on_complete(r, b, out.callback(1)));
+  CHECK(sim.counters().fence_kernel_prepares == 1);
+  CHECK(sim.counters().event_records == 1);
+  CHECK(sim.fence_kernels(0));
+  for (int i = 2; i < 8; ++i) REQUIRE_FALSE(evr::on_complete(r, i % 2 ? b : c, out.callback(i)));
+  CHECK(sim.counters().fence_kernels_enqueued == 6);
+  CHECK(sim.counters().event_records == 1);
+  CHECK(sim.counters().fence_kernel_prepares == 1);
+  sim.run_until_blocked();
+  REQUIRE(wait_until([&] { return out.count.load() == 8; }));
+  std::lock_guard lock(out.m);
+  std::vector<int> on_b;
+  for (int id : out.seen) {
+    CHECK(id >= 0);
+    if (id % 2 == 1) on_b.push_back(id);
+  }
+  CHECK(std::is_sorted(on_b.begin(), on_b.end()));  // b's event, then its kernels, in order
+}
+
 TEST_CASE("fence kernel: off by default, even on a device that runs it") {
   evr::sim::device sim(manual_with_fence_kernels());
   auto opts = quick_options(evr::strategy::fence);
@@ -226,6 +260,23 @@ TEST_CASE("fence kernel: the simulated device refuses bad input, naming it") {
   CHECK(sim.write_fence_by_kernel(0, on_0.native(), block.device_address + 4096, 1) ==
         evr::errc::invalid_argument);
   CHECK(sim.counters().fence_kernels_enqueued == 0);
+  {  // a device whose kernel was never prepared
+    evr::sim::device later(evr::sim::options{.devices = 1,
+                                             .mode = evr::sim::run_mode::manual,
+                                             .fence_kernels = true,
+                                             .fence_kernels_after_prepare = true});
+    evr::stream st(later, 0);
+    evr::device::fence_block words;
+    REQUIRE(later.allocate_fence_block(0, 1, words) == std::error_code{});
+    CHECK(later.write_fence_by_kernel(0, st.native(), words.device_address, 1) ==
+          evr::errc::unsupported);
+    later.prepare_fence_kernels(0);
+    CHECK(later.write_fence_by_kernel(0, st.native(), words.device_address, 1) ==
+          std::error_code{});
+    later.run_until_blocked();
+    CHECK(words.host[0] == 1);
+    later.free_fence_block(words);
+  }
   REQUIRE(sim.write_fence_by_kernel(0, on_0.native(), block.device_address, 7) ==
           std::error_code{});
   sim.run_until_blocked();

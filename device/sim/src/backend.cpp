@@ -411,8 +411,18 @@ std::error_code device::write_fence(native_stream stream, std::uint64_t device_a
   return ec;
 }
 
+void device::prepare_fence_kernels(int device) noexcept {
+  impl_->count.fence_kernel_prepares.bump();
+  if (!impl_->check_device(device))
+    impl_->fence_kernel_ready[static_cast<std::size_t>(device)].store(true,
+                                                                      std::memory_order_release);
+}
+
 bool device::fence_kernels(int device) noexcept {
-  return impl_->opts.fence_kernels && !impl_->check_device(device);
+  if (!impl_->opts.fence_kernels || impl_->check_device(device)) return false;
+  return !impl_->opts.fence_kernels_after_prepare ||
+         impl_->fence_kernel_ready[static_cast<std::size_t>(device)].load(
+             std::memory_order_acquire);
 }
 
 std::error_code device::write_fence_by_kernel(int device, native_stream stream,
@@ -420,6 +430,7 @@ std::error_code device::write_fence_by_kernel(int device, native_stream stream,
                                               std::uint64_t value) noexcept {
   if (!impl_->opts.fence_kernels) return make_error_code(errc::unsupported);
   if (auto ec = impl_->check_device(device)) return ec;
+  if (!fence_kernels(device)) return make_error_code(errc::unsupported);  // not prepared yet
   std::shared_ptr<stream_state> s;
   if (auto ec = impl_->reg.find_stream(stream, s)) return ec;
   if (s->device != device) return make_error_code(errc::device_mismatch);

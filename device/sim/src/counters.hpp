@@ -21,8 +21,8 @@ struct alignas(64) counter {
 
 struct counters {
   counter event_queries, stream_queries, event_records, host_funcs_launched, host_funcs_run,
-      fence_writes_enqueued, fence_kernels_enqueued, fence_writes_landed, events_created,
-      events_destroyed;
+      fence_writes_enqueued, fence_kernels_enqueued, fence_kernel_prepares, fence_writes_landed,
+      events_created, events_destroyed;
 
   call_counters read() const noexcept {
     return call_counters{
@@ -33,15 +33,17 @@ struct counters {
         .host_funcs_run = host_funcs_run.get(),
         .fence_writes_enqueued = fence_writes_enqueued.get(),
         .fence_kernels_enqueued = fence_kernels_enqueued.get(),
+        .fence_kernel_prepares = fence_kernel_prepares.get(),
         .fence_writes_landed = fence_writes_landed.get(),
         .events_created = events_created.get(),
         .events_destroyed = events_destroyed.get(),
     };
   }
   void reset() noexcept {
-    for (counter* c : {&event_queries, &stream_queries, &event_records, &host_funcs_launched,
-                       &host_funcs_run, &fence_writes_enqueued, &fence_kernels_enqueued,
-                       &fence_writes_landed, &events_created, &events_destroyed}) {
+    for (counter* c :
+         {&event_queries, &stream_queries, &event_records, &host_funcs_launched, &host_funcs_run,
+          &fence_writes_enqueued, &fence_kernels_enqueued, &fence_kernel_prepares,
+          &fence_writes_landed, &events_created, &events_destroyed}) {
       c->reset();
     }
   }

@@ -31,12 +31,15 @@ struct device::impl {
         instance_id(next_instance_id().fetch_add(1, std::memory_order_relaxed)),
         gpus(static_cast<std::size_t>(std::max(o.devices, 0))),
         faults(std::make_unique<detail::fault_state[]>(gpus)),
+        fence_kernel_ready(std::make_unique<std::atomic<bool>[]>(gpus)),
         sched(o.mode, faults.get(), reg, count) {}
 
   const options opts;
   const std::uint64_t instance_id;  ///< distinguishes sim::device objects in IPC handles
   const std::size_t gpus;
   const std::unique_ptr<detail::fault_state[]> faults;
+  /// Per device: prepare_fence_kernels was called (options::fence_kernels_after_prepare).
+  const std::unique_ptr<std::atomic<bool>[]> fence_kernel_ready;
   detail::registry reg;
   detail::counters count;
   detail::scheduler sched;

@@ -79,6 +79,10 @@ struct options {
   /// Whether write_fence_by_kernel works (fence_kernels() true), as on a GPU of compute
   /// capability 9.0 or later; false: it returns errc::unsupported, as on an older GPU.
   bool fence_kernels = false;
+  /// With fence_kernels: the kernel is ready on a device only once prepare_fence_kernels was
+  /// called for it (the CUDA backend loads it then, on a thread of its own; here the load ends
+  /// at once), so that a test sees the reactor ask for it and record events until then.
+  bool fence_kernels_after_prepare = false;
 };
 
 /// Counters of the calls made into the simulated device (to assert, e.g., how many queries a
@@ -91,6 +95,7 @@ struct call_counters {
   std::uint64_t host_funcs_run = 0;          ///< host functions that ran
   std::uint64_t fence_writes_enqueued = 0;   ///< fence writes enqueued successfully
   std::uint64_t fence_kernels_enqueued = 0;  ///< fence kernels enqueued successfully
+  std::uint64_t fence_kernel_prepares = 0;   ///< prepare_fence_kernels calls
   std::uint64_t fence_writes_landed = 0;     ///< fence writes that reached their word
   std::uint64_t events_created = 0;          ///< events created (create_event, import_event)
   std::uint64_t events_destroyed = 0;        ///< events destroyed
@@ -191,8 +196,9 @@ class device final : public evr::device::backend {
                                  const evr::signal_ref& s) noexcept override;
   std::error_code write_fence(evr::device::native_stream stream, std::uint64_t device_address,
                               std::uint64_t value) noexcept override;
+  void prepare_fence_kernels(int device) noexcept override;
   bool fence_kernels(int device) noexcept override;
-  /// As write_fence (options::fence_kernels; else errc::unsupported); `stream` must be of
+  /// As write_fence (when fence_kernels(device); else errc::unsupported); `stream` must be of
   /// `device` (errc::device_mismatch).
   std::error_code write_fence_by_kernel(int device, evr::device::native_stream stream,
                                         std::uint64_t device_address,
