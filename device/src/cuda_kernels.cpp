@@ -197,7 +197,8 @@ std::error_code load(int device, kernel k) noexcept {
 void load_in_background(int device, kernel k) noexcept {
   if (device < 0 || device >= max_devices) return;
   static std::array<std::array<std::atomic<bool>, max_devices>, kernel_count> started{};
-  if (started[static_cast<std::size_t>(k)][device].exchange(true)) return;
+  std::atomic<bool>& once = started[static_cast<std::size_t>(k)][device];
+  if (once.load(std::memory_order_relaxed) || once.exchange(true)) return;
   try {
     // Detached: the load ends once the device's running kernels have (usually at once); a
     // process that exits first ends it with the rest.

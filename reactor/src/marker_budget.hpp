@@ -58,7 +58,10 @@ class marker_budget {
       return fence_marker::write;
     if (!kernel_fences_) return fence_marker::event;
     if (backend_.fence_kernels(st.device)) return fence_marker::kernel;
-    if (!kernels_asked_[st.device].exchange(true, std::memory_order_relaxed))
+    // A plain load first: every wait past the limit comes here until the kernel is ready, and
+    // only the first needs the exchange (a locked instruction) on the submitter's path.
+    std::atomic<bool>& asked = kernels_asked_[st.device];
+    if (!asked.load(std::memory_order_relaxed) && !asked.exchange(true, std::memory_order_relaxed))
       backend_.prepare_fence_kernels(st.device);
     return fence_marker::event;
   }
