@@ -26,7 +26,7 @@ namespace {
 
 constexpr evr::strategy fence_strategies[] = {evr::strategy::fence, evr::strategy::adaptive};
 
-/// quick_options(s) with the fence kernel on (reactor_options::kernel_fences is off by default).
+/// quick_options(s) with the fence kernel on (as by default; quick_options may not keep it).
 evr::reactor_options with_kernel_fences(evr::strategy s) {
   auto opts = quick_options(s);
   opts.kernel_fences = true;
@@ -150,30 +150,35 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "fence kernel: the first wait past the limit asks for it once; events until it is ready") {
+    "fence kernel: loaded by the constructor where the process runs, and by prepare_device; "
+    "never by a wait") {
   evr::sim::options so = manual_with_fence_kernels();
-  so.fence_kernels_after_prepare = true;  // ready only once the reactor has asked
+  so.devices = 2;
+  so.fence_kernels_after_load = true;  // ready only once loaded
+  so.devices_in_use = 1;               // the process uses device 0 when the reactor is made
   evr::sim::device sim(so);
   auto opts = with_kernel_fences(evr::strategy::fence);
   opts.max_fence_streams = 1;
   outcomes out;
   evr::reactor r(sim, opts);
-  evr::stream a(sim, 0), b(sim, 0), c(sim, 0);
-  REQUIRE_FALSE(evr::on_complete(r, a, out.callback(0)));  // within the limit: a fence write
-  CHECK(sim.counters().fence_kernel_prepares == 0);
-  CHECK_FALSE(sim.fence_kernels(0));
-  // Past it: the reactor asks (this device's load ends at once) and this wait records an event;
-  // from the next wait on, the kernel, asked for no more.
-  REQUIRE_FALSE(evr::on_complete(r, b, out.callback(1)));
-  CHECK(sim.counters().fence_kernel_prepares == 1);
-  CHECK(sim.counters().event_records == 1);
+  CHECK(sim.counters().fence_kernel_loads == 1);
   CHECK(sim.fence_kernels(0));
-  for (int i = 2; i < 8; ++i) REQUIRE_FALSE(evr::on_complete(r, i % 2 ? b : c, out.callback(i)));
+  CHECK_FALSE(sim.fence_kernels(1));
+  evr::stream a(sim, 1), b(sim, 1), c(sim, 1);
+  REQUIRE_FALSE(evr::on_complete(r, a, out.callback(0)));  // within the limit: a fence write
+  // Past it on device 1, whose kernel is not loaded: events, and no wait loads it.
+  REQUIRE_FALSE(evr::on_complete(r, b, out.callback(1)));
+  REQUIRE_FALSE(evr::on_complete(r, c, out.callback(2)));
+  CHECK(sim.counters().event_records == 2);
+  CHECK(sim.counters().fence_kernel_loads == 1);
+  CHECK(r.prepare_device(1) == std::error_code{});
+  CHECK(sim.counters().fence_kernel_loads == 2);
+  for (int i = 3; i < 9; ++i) REQUIRE_FALSE(evr::on_complete(r, i % 2 ? b : c, out.callback(i)));
   CHECK(sim.counters().fence_kernels_enqueued == 6);
-  CHECK(sim.counters().event_records == 1);
-  CHECK(sim.counters().fence_kernel_prepares == 1);
+  CHECK(sim.counters().event_records == 2);
+  CHECK(r.prepare_device(2) == evr::errc::no_device);  // the bad index named, nothing broken
   sim.run_until_blocked();
-  REQUIRE(wait_until([&] { return out.count.load() == 8; }));
+  REQUIRE(wait_until([&] { return out.count.load() == 9; }));
   std::lock_guard lock(out.m);
   std::vector<int> on_b;
   for (int id : out.seen) {
@@ -183,8 +188,28 @@ TEST_CASE(
   CHECK(std::is_sorted(on_b.begin(), on_b.end()));  // b's event, then its kernels, in order
 }
 
-TEST_CASE("fence kernel: off by default, even on a device that runs it") {
-  evr::sim::device sim(manual_with_fence_kernels());
+TEST_CASE("fence kernel: with kernel_fences off nothing is loaded; a device without it says so") {
+  evr::sim::options so = manual_with_fence_kernels();
+  so.fence_kernels_after_load = true;
+  evr::sim::device sim(so);
+  {
+    auto opts = quick_options(evr::strategy::fence);
+    opts.kernel_fences = false;
+    evr::reactor off(sim, opts);
+    CHECK(off.prepare_device(0) == std::error_code{});  // nothing to do
+    CHECK(sim.counters().fence_kernel_loads == 0);
+    CHECK_FALSE(sim.fence_kernels(0));
+  }
+  evr::sim::device older(evr::sim::options{.devices = 1, .mode = evr::sim::run_mode::manual});
+  evr::reactor on(older, with_kernel_fences(evr::strategy::fence));
+  CHECK(on.prepare_device(0) == evr::errc::unsupported);
+  CHECK_FALSE(older.fence_kernels(0));
+}
+
+TEST_CASE("fence kernel: on by default, loaded by the constructor where the device runs it") {
+  evr::sim::options so = manual_with_fence_kernels();
+  so.fence_kernels_after_load = true;
+  evr::sim::device sim(so);
   auto opts = quick_options(evr::strategy::fence);
   opts.max_fence_streams = 1;
   std::atomic<int> done{0};
@@ -192,8 +217,9 @@ TEST_CASE("fence kernel: off by default, even on a device that runs it") {
   evr::stream a(sim, 0), b(sim, 0);
   REQUIRE_FALSE(evr::on_complete(r, a, [&](std::error_code ec) { done += !ec; }));
   REQUIRE_FALSE(evr::on_complete(r, b, [&](std::error_code ec) { done += !ec; }));
-  CHECK(sim.counters().fence_kernels_enqueued == 0);
-  CHECK(sim.counters().event_records == 1);
+  CHECK(sim.counters().fence_kernel_loads == 1);
+  CHECK(sim.counters().fence_kernels_enqueued == 1);
+  CHECK(sim.counters().event_records == 0);
   sim.run_until_blocked();
   REQUIRE(wait_until([&] { return done.load() == 2; }));
 }
@@ -260,17 +286,17 @@ TEST_CASE("fence kernel: the simulated device refuses bad input, naming it") {
   CHECK(sim.write_fence_by_kernel(0, on_0.native(), block.device_address + 4096, 1) ==
         evr::errc::invalid_argument);
   CHECK(sim.counters().fence_kernels_enqueued == 0);
-  {  // a device whose kernel was never prepared
+  {  // a device whose kernel was never loaded
     evr::sim::device later(evr::sim::options{.devices = 1,
                                              .mode = evr::sim::run_mode::manual,
                                              .fence_kernels = true,
-                                             .fence_kernels_after_prepare = true});
+                                             .fence_kernels_after_load = true});
     evr::stream st(later, 0);
     evr::device::fence_block words;
     REQUIRE(later.allocate_fence_block(0, 1, words) == std::error_code{});
     CHECK(later.write_fence_by_kernel(0, st.native(), words.device_address, 1) ==
           evr::errc::unsupported);
-    later.prepare_fence_kernels(0);
+    CHECK(later.load_fence_kernels(0) == std::error_code{});
     CHECK(later.write_fence_by_kernel(0, st.native(), words.device_address, 1) ==
           std::error_code{});
     later.run_until_blocked();

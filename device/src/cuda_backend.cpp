@@ -28,6 +28,7 @@
 #include <cuda.h>  // driver types only (CUresult, CUstream, CUdeviceptr): never linked
 #include <cuda_runtime_api.h>
 
+#include "cuda_devices.hpp"
 #include "cuda_kernels.hpp"
 
 #include <algorithm>
@@ -456,9 +457,13 @@ class cuda_backend_impl final : public backend {
     return make_cuda_error(static_cast<int>(r));
   }
 
-  void prepare_fence_kernels(int device) noexcept override {
-    cuda_kernels::load_in_background(device, cuda_kernels::kernel::fence);
+  std::error_code load_fence_kernels(int device) noexcept override {
+    device_guard guard;  // forced: the load goes into the device's primary context
+    if (auto ec = guard.enter(device, /*force=*/true)) return ec;
+    return cuda_kernels::load(device, cuda_kernels::kernel::fence);
   }
+
+  std::vector<int> devices_in_use() noexcept override { return cuda_devices::in_use(); }
 
   bool fence_kernels(int device) noexcept override {
     return cuda_kernels::loaded(device, cuda_kernels::kernel::fence);

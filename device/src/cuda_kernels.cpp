@@ -7,13 +7,13 @@
 #if defined(EVR_WITH_CUDA)
 
 #include "cuda_kernels.hpp"
+#include "driver_entry.hpp"
 
 #include <cuda.h>  // driver types only: never linked
 
 #include <array>
 #include <atomic>
 #include <mutex>
-#include <thread>
 
 #include <evr/device/error.hpp>
 
@@ -93,31 +93,17 @@ struct driver_calls {
   std::error_code error;
 };
 
-template <typename Fn>
-std::error_code fetch(const char* name, Fn& out) noexcept {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  // 12000: each symbol's ABI as of CUDA 12.0 (unchanged since 4.0 for all but cuLaunchKernelEx,
-  // which came with 11.8).
-  const cudaError_t e =
-      cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return make_cuda_error(static_cast<int>(e));
-  }
-  if (found != cudaDriverEntryPointSuccess || fn == nullptr)
-    return make_error_code(errc::unsupported);
-  out = reinterpret_cast<Fn>(fn);
-  return {};
-}
-
 const driver_calls& driver() noexcept {
   static const driver_calls calls = [] {
     driver_calls c;
-    c.error = fetch("cuModuleLoadData", c.module_load_data);
-    if (!c.error) c.error = fetch("cuModuleGetFunction", c.module_get_function);
-    if (!c.error) c.error = fetch("cuLaunchKernel", c.launch_kernel);
-    if (!c.error && fetch("cuLaunchKernelEx", c.launch_kernel_ex)) c.launch_kernel_ex = nullptr;
+    // 12000: each symbol's ABI as of CUDA 12.0 (unchanged since 4.0 for all but
+    // cuLaunchKernelEx, which came with 11.8).
+    using detail::fetch_driver_entry;
+    c.error = fetch_driver_entry("cuModuleLoadData", c.module_load_data);
+    if (!c.error) c.error = fetch_driver_entry("cuModuleGetFunction", c.module_get_function);
+    if (!c.error) c.error = fetch_driver_entry("cuLaunchKernel", c.launch_kernel);
+    if (!c.error && fetch_driver_entry("cuLaunchKernelEx", c.launch_kernel_ex))
+      c.launch_kernel_ex = nullptr;
     return c;
   }();
   return calls;
@@ -192,25 +178,6 @@ std::error_code load(int device, kernel k) noexcept {
   all.load_error[i][device] = ec;
   if (!ec) all.function[i][device].store(function, std::memory_order_release);
   return ec;
-}
-
-void load_in_background(int device, kernel k) noexcept {
-  if (device < 0 || device >= max_devices) return;
-  static std::array<std::array<std::atomic<bool>, max_devices>, kernel_count> started{};
-  std::atomic<bool>& once = started[static_cast<std::size_t>(k)][device];
-  if (once.load(std::memory_order_relaxed) || once.exchange(true)) return;
-  try {
-    // Detached: the load ends once the device's running kernels have (usually at once); a
-    // process that exits first ends it with the rest.
-    std::thread([device, k] {
-      if (cudaSetDevice(device) == cudaSuccess) {
-        (void)load(device, k);
-      } else {
-        (void)cudaGetLastError();
-      }
-    }).detach();
-  } catch (...) {  // no thread: the kernel stays unloaded, and the reactor records events
-  }
 }
 
 bool loaded(int device, kernel k) noexcept {

@@ -20,17 +20,14 @@ enum class kernel { signal, fence };
 
 /// Loads `k` into `device`'s primary context, once per device and kernel (later calls return the
 /// first one's result, unless it failed for a reason that may pass, out of memory say). The
-/// caller has bound `device`'s primary context (cudaSetDevice). Loading is a driver call that
-/// must not run during a global-mode stream capture: the backend loads the signal kernel when it
-/// makes a device's signal slots, and the fence kernel (load_in_background) when the reactor first
-/// wants it on a device. The fence kernel's load fails with a CUDA error on a GPU before compute
-/// capability 9.0.
+/// caller has bound `device`'s primary context (cudaSetDevice). A load waits for the kernels
+/// running on the device to end and holds up other threads' CUDA calls until then
+/// (bench/studies/module_load.cu), and must not run during a global-mode stream capture: the
+/// backend loads the signal kernel when it makes a device's signal slots, and the fence kernel
+/// when asked (backend::load_fence_kernels: a reactor's constructor, reactor::prepare_device),
+/// never on a waiting thread's path. The fence kernel's load fails with a CUDA error on a GPU
+/// before compute capability 9.0.
 std::error_code load(int device, kernel k) noexcept;
-
-/// load(device, k) on a thread of its own, started once per device and kernel; returns at once.
-/// For the fence kernel, which the reactor wants while the device may be running kernels: a load
-/// waits for those to end. If the thread cannot start, the kernel stays unloaded.
-void load_in_background(int device, kernel k) noexcept;
 
 /// Whether `k` was loaded on `device` (a load that failed or never ran: false). Any thread.
 bool loaded(int device, kernel k) noexcept;

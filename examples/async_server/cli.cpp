@@ -205,10 +205,10 @@ settings parse_command_line(int argc, char** argv) {
                  "coalesce)")
       ->check(CLI::Range(-1, 1000000))
       ->group("Serving");
-  app.add_flag("--kernel-fences", s.kernel_fences,
+  app.add_flag("--kernel-fences,!--no-kernel-fences", s.kernel_fences,
                "evr mode: past the GPU's hardware queues, a stream wait's fence word is written by "
-               "evr's fence kernel rather than an event recorded (reactor_options::kernel_fences; "
-               "compute capability 9.0)")
+               "evr's fence kernel rather than an event recorded (reactor_options::kernel_fences, "
+               "on by default; compute capability 9.0); --no-kernel-fences: events")
       ->group("Serving");
   evr::tool::add_device_option(app, s.device)->group("Serving");
   app.add_option("--address", s.address, "address to listen on")->group("Serving");

@@ -46,10 +46,10 @@ struct settings {
   std::size_t mlp_max_batch = 128;
   int mlp_window_us = 1000;
   std::size_t mlp_inflight = 2;
-  int spin_window_us = -1;     ///< -1: the reactor's default
-  int max_sleep_us = -1;       ///< -1: the reactor's default
-  int coalesce_us = -1;        ///< -1: the reactor's default (0: none)
-  bool kernel_fences = false;  ///< evr mode: reactor_options::kernel_fences
+  int spin_window_us = -1;  ///< -1: the reactor's default
+  int max_sleep_us = -1;    ///< -1: the reactor's default
+  int coalesce_us = -1;     ///< -1: the reactor's default (0: none)
+  bool kernel_fences = evr::reactor_options{}.kernel_fences;  ///< evr mode
   std::uint64_t self_test_requests = 200;
   int connections = 16;  ///< self-test and load connections
   double load_seconds = 3;

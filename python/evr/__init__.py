@@ -155,6 +155,19 @@ class Reactor:
         them."""
         return _signals.take_slot(self, device)
 
+    def prepare_device(self, device: Optional[int] = None) -> None:
+        """Loads on ``device`` (None: the calling thread's current device) what this reactor's
+        waits there will use, so that no wait has to: with ``kernel_fences``, evr's fence kernel
+        (a reactor made while the process already used a device loaded it there). Blocks until
+        the device's running kernels have ended (CUDA's load waits for them), so call it before
+        launching kernels that wait for the host. Raises CudaError or EvrError when the device
+        cannot have it (a GPU before compute capability 9.0, a bad index); its waits then record
+        events past the stream limit."""
+        if device is not None and (not isinstance(device, int) or isinstance(device, bool)):
+            raise TypeError(f"evr.Reactor.prepare_device: device must be an int or None, got "
+                            f"{type(device).__name__}")
+        self._impl.prepare_device(-1 if device is None else device)
+
     def __enter__(self) -> "Reactor":
         return self
 

@@ -146,6 +146,7 @@ PYBIND11_MODULE(_evr, m) {
             return self.cast<py_reactor&>().signal_slot(self, std::move(owner), device);
           },
           py::arg("owner"), py::arg("device"))
+      .def("prepare_device", &py_reactor::prepare_device, py::arg("device"))
       .def("stop", &py_reactor::stop)
       .def("metrics", &py_reactor::metrics)
       .def_property_readonly("strategy", &py_reactor::strategy)

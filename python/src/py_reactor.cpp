@@ -171,6 +171,18 @@ evr::wait_target py_reactor::target(const py_signal_ticket& t) const {
   return evr::wait_target::of_signal(r_->backend(), reinterpret_cast<void*>(t.stream), t.ticket);
 }
 
+void py_reactor::prepare_device(int device) {
+  if (device < 0) {
+    if (std::error_code ec = r_->backend().current_device(device)) raise(ec);
+  }
+  std::error_code ec;
+  {
+    py::gil_scoped_release nogil;  // the load waits for the device's running kernels
+    ec = r_->prepare_device(device);
+  }
+  if (ec) raise(ec);
+}
+
 py_signal_slot py_reactor::signal_slot(py::object self, py::object owner, int device) {
   if (device < 0) {
     if (std::error_code ec = r_->backend().current_device(device)) raise(ec);

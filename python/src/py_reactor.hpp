@@ -64,6 +64,9 @@ class py_reactor {
   /// `self` is this object as Python holds it and `owner` the evr.Reactor over it: the slot
   /// keeps both alive.
   py_signal_slot signal_slot(pybind11::object self, pybind11::object owner, int device);
+  /// evr::reactor::prepare_device on `device` (-1: the calling thread's current device), the GIL
+  /// released meanwhile; raises what it returned.
+  void prepare_device(int device);
   void stop();  // GIL released while the reactor drains
   pybind11::dict metrics() const;
 

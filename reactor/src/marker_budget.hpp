@@ -43,8 +43,8 @@ class marker_budget {
   ///  * an event when too many fences are queued on its device (the next enqueue would block in
   ///    the driver);
   ///  * past the stream limit, when the device has more streams with waits than hardware queues,
-  ///    the fence kernel where the device runs it (kernel_fences; the first wait there asks the
-  ///    backend to make it ready, and events go on until it is), else an event. Not only the
+  ///    the fence kernel where it is loaded (kernel_fences: the reactor's constructor and
+  ///    reactor::prepare_device load it; a wait never does), else an event. Not only the
   ///    busy streams count: the driver gives each stream its queue when the stream is made (round
   ///    robin), so with more streams than queues two of them may share one whichever are busy,
   ///    and a burst makes them busy together. H100, 16 streams in lockstep, 8 queues, when the
@@ -57,13 +57,7 @@ class marker_budget {
     if (known_streams_[st.device].load(std::memory_order_relaxed) <= stream_limit_)
       return fence_marker::write;
     if (!kernel_fences_) return fence_marker::event;
-    if (backend_.fence_kernels(st.device)) return fence_marker::kernel;
-    // A plain load first: every wait past the limit comes here until the kernel is ready, and
-    // only the first needs the exchange (a locked instruction) on the submitter's path.
-    std::atomic<bool>& asked = kernels_asked_[st.device];
-    if (!asked.load(std::memory_order_relaxed) && !asked.exchange(true, std::memory_order_relaxed))
-      backend_.prepare_fence_kernels(st.device);
-    return fence_marker::event;
+    return backend_.fence_kernels(st.device) ? fence_marker::kernel : fence_marker::event;
   }
   /// A stream of `device` got its first wait (its state was made).
   void stream_known(int device) noexcept {
@@ -81,8 +75,6 @@ class marker_budget {
  private:
   std::array<std::atomic<std::int64_t>, pool_set::max_devices> pending_fences_{};
   std::array<std::atomic<std::int64_t>, pool_set::max_devices> known_streams_{};
-  /// Per device: prepare_fence_kernels was asked (mutable: choose() asks once, on first need).
-  mutable std::array<std::atomic<bool>, pool_set::max_devices> kernels_asked_{};
   device::backend& backend_;
   std::int64_t max_pending_fences_;
   bool kernel_fences_;

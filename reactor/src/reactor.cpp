@@ -74,6 +74,15 @@ const reactor_options& validated(const reactor_options& o) {
   return o;
 }
 
+/// With kernel_fences: loads the fence kernel on the devices the process already uses, here,
+/// where the program chose to make a reactor, so that no wait ever loads it (a load waits for the
+/// device's running kernels and holds up other threads' CUDA calls meanwhile). A device that
+/// cannot run it (compute capability below 9.0) keeps recording events past the stream limit.
+void load_fence_kernels_for_devices_in_use(device::backend& backend, const reactor_options& o) {
+  if (!o.kernel_fences) return;
+  for (const int d : backend.devices_in_use()) (void)backend.load_fence_kernels(d);
+}
+
 }  // namespace
 
 namespace detail {
@@ -106,7 +115,13 @@ reactor::reactor() : reactor(device::cuda_backend()) {}
 
 reactor::reactor(device::backend& backend, reactor_options options)
     : core_(std::make_shared<detail::reactor_core>(backend, validated(options))) {
+  load_fence_kernels_for_devices_in_use(backend, options);
   core_->start();
+}
+
+std::error_code reactor::prepare_device(int device) noexcept {
+  if (!core_->options().kernel_fences) return {};
+  return core_->backend().load_fence_kernels(device);
 }
 
 reactor::~reactor() { core_->stop(/*destroying=*/true); }

@@ -411,16 +411,26 @@ std::error_code device::write_fence(native_stream stream, std::uint64_t device_a
   return ec;
 }
 
-void device::prepare_fence_kernels(int device) noexcept {
-  impl_->count.fence_kernel_prepares.bump();
-  if (!impl_->check_device(device))
-    impl_->fence_kernel_ready[static_cast<std::size_t>(device)].store(true,
-                                                                      std::memory_order_release);
+std::error_code device::load_fence_kernels(int device) noexcept {
+  impl_->count.fence_kernel_loads.bump();
+  if (auto ec = impl_->check_device(device)) return ec;
+  if (!impl_->opts.fence_kernels) return make_error_code(errc::unsupported);
+  impl_->fence_kernel_ready[static_cast<std::size_t>(device)].store(true,
+                                                                    std::memory_order_release);
+  return {};
+}
+
+std::vector<int> device::devices_in_use() noexcept {
+  const int all = static_cast<int>(impl_->gpus);
+  const int n = impl_->opts.devices_in_use < 0 ? all : std::min(impl_->opts.devices_in_use, all);
+  std::vector<int> out;
+  for (int d = 0; d < n; ++d) out.push_back(d);
+  return out;
 }
 
 bool device::fence_kernels(int device) noexcept {
   if (!impl_->opts.fence_kernels || impl_->check_device(device)) return false;
-  return !impl_->opts.fence_kernels_after_prepare ||
+  return !impl_->opts.fence_kernels_after_load ||
          impl_->fence_kernel_ready[static_cast<std::size_t>(device)].load(
              std::memory_order_acquire);
 }
@@ -430,7 +440,7 @@ std::error_code device::write_fence_by_kernel(int device, native_stream stream,
                                               std::uint64_t value) noexcept {
   if (!impl_->opts.fence_kernels) return make_error_code(errc::unsupported);
   if (auto ec = impl_->check_device(device)) return ec;
-  if (!fence_kernels(device)) return make_error_code(errc::unsupported);  // not prepared yet
+  if (!fence_kernels(device)) return make_error_code(errc::unsupported);  // not loaded yet
   std::shared_ptr<stream_state> s;
   if (auto ec = impl_->reg.find_stream(stream, s)) return ec;
   if (s->device != device) return make_error_code(errc::device_mismatch);

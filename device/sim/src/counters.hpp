@@ -21,7 +21,7 @@ struct alignas(64) counter {
 
 struct counters {
   counter event_queries, stream_queries, event_records, host_funcs_launched, host_funcs_run,
-      fence_writes_enqueued, fence_kernels_enqueued, fence_kernel_prepares, fence_writes_landed,
+      fence_writes_enqueued, fence_kernels_enqueued, fence_kernel_loads, fence_writes_landed,
       events_created, events_destroyed;
 
   call_counters read() const noexcept {
@@ -33,7 +33,7 @@ struct counters {
         .host_funcs_run = host_funcs_run.get(),
         .fence_writes_enqueued = fence_writes_enqueued.get(),
         .fence_kernels_enqueued = fence_kernels_enqueued.get(),
-        .fence_kernel_prepares = fence_kernel_prepares.get(),
+        .fence_kernel_loads = fence_kernel_loads.get(),
         .fence_writes_landed = fence_writes_landed.get(),
         .events_created = events_created.get(),
         .events_destroyed = events_destroyed.get(),
@@ -42,7 +42,7 @@ struct counters {
   void reset() noexcept {
     for (counter* c :
          {&event_queries, &stream_queries, &event_records, &host_funcs_launched, &host_funcs_run,
-          &fence_writes_enqueued, &fence_kernels_enqueued, &fence_kernel_prepares,
+          &fence_writes_enqueued, &fence_kernels_enqueued, &fence_kernel_loads,
           &fence_writes_landed, &events_created, &events_destroyed}) {
       c->reset();
     }

@@ -38,7 +38,7 @@ struct device::impl {
   const std::uint64_t instance_id;  ///< distinguishes sim::device objects in IPC handles
   const std::size_t gpus;
   const std::unique_ptr<detail::fault_state[]> faults;
-  /// Per device: prepare_fence_kernels was called (options::fence_kernels_after_prepare).
+  /// Per device: load_fence_kernels was called (options::fence_kernels_after_load).
   const std::unique_ptr<std::atomic<bool>[]> fence_kernel_ready;
   detail::registry reg;
   detail::counters count;

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include <evr/device/signal_ref.h>
 #include <evr/device/error.hpp>
@@ -173,13 +174,21 @@ class backend {
   /// device faulted the write never lands.
   virtual std::error_code write_fence(native_stream stream, std::uint64_t device_address,
                                       std::uint64_t value) noexcept = 0;
-  /// Starts making write_fence_by_kernel ready on `device`, once, without waiting for it: CUDA
-  /// loads a kernel only once the device's running kernels have ended (lazy loading's context
-  /// synchronization), which must neither hold up a waiting thread nor deadlock with a kernel
-  /// that waits for the host. The CUDA backend loads on a thread of its own. Default: nothing.
-  virtual void prepare_fence_kernels(int device) noexcept { (void)device; }
+  /// Loads the fence kernel on `device` and returns once it is ready (or why it cannot be: a GPU
+  /// before compute capability 9.0, a driver before 12.0, a bad device). Blocks: CUDA's load of a
+  /// module waits for the kernels running on the device to end and holds up every other
+  /// thread's CUDA calls until then, so a kernel that waits for a host thread's next CUDA call
+  /// deadlocks it (bench/studies/module_load.cu). Call it where no such kernel runs; never on a
+  /// waiting thread's path. Idempotent, any thread. Default: errc::unsupported.
+  virtual std::error_code load_fence_kernels(int device) noexcept {
+    (void)device;
+    return make_error_code(errc::unsupported);
+  }
+  /// The devices the process already uses (CUDA: whose primary context is active), in order:
+  /// where a reactor made now loads what its waits will need. Default: none.
+  virtual std::vector<int> devices_in_use() noexcept { return {}; }
   /// Whether write_fence_by_kernel works on `device` now (CUDA: compute capability 9.0 or later,
-  /// once prepare_fence_kernels' load has finished). Any thread. Default: false.
+  /// once load_fence_kernels has loaded it). Any thread. Default: false.
   virtual bool fence_kernels(int device) noexcept {
     (void)device;
     return false;

@@ -177,13 +177,14 @@ struct reactor_options {
   /// streams are busy; behind a copy or a host function it waits in the queue until that work is
   /// done, as a fence write does. It costs the waiting thread a kernel launch (about 3.5 us on an
   /// H200) where an event record costs 0.2-0.5 us and the first query of a done event 1.4-4 us.
-  /// The kernel is loaded on a thread of its own when a device first has more streams than the
-  /// limit, and events are recorded until it is ready. Off by default: CUDA's load of a module
-  /// waits for the kernels running on the device and holds up other threads' CUDA calls
-  /// meanwhile, so a program whose kernels wait for the host (a kernel spinning on a flag the
-  /// host sets after more CUDA calls) deadlocks if the load comes then. Turn it on where no
-  /// kernel waits for the host, or where the first waits past the limit come before such work.
-  bool kernel_fences = false;
+  /// The kernel is loaded where the program chooses, never by a wait: the reactor's constructor
+  /// loads it on the devices the process already uses (their primary context is active), and
+  /// reactor::prepare_device on any other; a device without it records events. CUDA's load of a
+  /// module waits for the kernels running on the device and holds up other threads' CUDA calls
+  /// meanwhile (bench/studies/module_load.cu), so make the reactor, or prepare the device, before
+  /// launching kernels that wait for the host; the load happens once per device and process (the
+  /// first time, 10-70 ms of the driver compiling the kernel).
+  bool kernel_fences = true;
   /// Events created per pool growth (pools of the reactor's own events).
   std::size_t pool_batch = 64;
 };

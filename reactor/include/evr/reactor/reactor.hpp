@@ -97,6 +97,16 @@ class reactor {
   /// another thread waits for the shutdown to finish.
   void stop() noexcept;
 
+  /// Makes ready on `device` what this reactor's waits there will use, so that no wait has to:
+  /// with options().kernel_fences, loads evr's fence kernel (the constructor already did on the
+  /// devices the process used then). Blocks: CUDA's load waits for the kernels running on the
+  /// device to end and holds up other threads' CUDA calls meanwhile, so call it before launching
+  /// kernels that wait for the host. Returns {} when there is nothing to do or it is ready;
+  /// otherwise why the device cannot have it (errc::unsupported or a CUDA error: a GPU before
+  /// compute capability 9.0, a bad device index), and its waits record events past the stream
+  /// limit. Thread-safe; idempotent.
+  std::error_code prepare_device(int device) noexcept;
+
   /// A snapshot of the counters and latency histograms (see reactor_metrics).
   reactor_metrics metrics() const noexcept;
   /// CPU time the reactor thread has used so far (thread CPU clock; 0 where unsupported).

@@ -79,10 +79,12 @@ struct options {
   /// Whether write_fence_by_kernel works (fence_kernels() true), as on a GPU of compute
   /// capability 9.0 or later; false: it returns errc::unsupported, as on an older GPU.
   bool fence_kernels = false;
-  /// With fence_kernels: the kernel is ready on a device only once prepare_fence_kernels was
-  /// called for it (the CUDA backend loads it then, on a thread of its own; here the load ends
-  /// at once), so that a test sees the reactor ask for it and record events until then.
-  bool fence_kernels_after_prepare = false;
+  /// With fence_kernels: the kernel is ready on a device only once load_fence_kernels was called
+  /// for it (as on CUDA; here the load ends at once); false: it is ready from the start.
+  bool fence_kernels_after_load = false;
+  /// devices_in_use() reports devices 0..devices_in_use-1 (as CUDA reports those whose context
+  /// is active); -1: all of them.
+  int devices_in_use = -1;
 };
 
 /// Counters of the calls made into the simulated device (to assert, e.g., how many queries a
@@ -95,7 +97,7 @@ struct call_counters {
   std::uint64_t host_funcs_run = 0;          ///< host functions that ran
   std::uint64_t fence_writes_enqueued = 0;   ///< fence writes enqueued successfully
   std::uint64_t fence_kernels_enqueued = 0;  ///< fence kernels enqueued successfully
-  std::uint64_t fence_kernel_prepares = 0;   ///< prepare_fence_kernels calls
+  std::uint64_t fence_kernel_loads = 0;      ///< load_fence_kernels calls
   std::uint64_t fence_writes_landed = 0;     ///< fence writes that reached their word
   std::uint64_t events_created = 0;          ///< events created (create_event, import_event)
   std::uint64_t events_destroyed = 0;        ///< events destroyed
@@ -196,7 +198,8 @@ class device final : public evr::device::backend {
                                  const evr::signal_ref& s) noexcept override;
   std::error_code write_fence(evr::device::native_stream stream, std::uint64_t device_address,
                               std::uint64_t value) noexcept override;
-  void prepare_fence_kernels(int device) noexcept override;
+  std::error_code load_fence_kernels(int device) noexcept override;
+  std::vector<int> devices_in_use() noexcept override;
   bool fence_kernels(int device) noexcept override;
   /// As write_fence (when fence_kernels(device); else errc::unsupported); `stream` must be of
   /// `device` (errc::device_mismatch).
