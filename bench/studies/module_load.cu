@@ -27,10 +27,14 @@
 // main thread: the deadlock, ended here by the kernel's own time limit.
 // Cases: "load" (all three steps while the kernel spins), "preloaded" (the module loaded and its
 // function got before the kernel starts; only the first launch while it spins), and "no spin"
-// (all three with nothing running: the steps' own cost).
+// (all three with nothing running: the steps' own cost). Then "capture": a load while another
+// thread captures a graph in the global mode (a load is a call CUDA may refuse then), from a
+// thread in the default global mode and from one switched to the relaxed mode: what the load
+// returned, and whether the other thread's capture survived.
 #include <cuda.h>  // driver types only: the functions are fetched at run time
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -159,6 +163,46 @@ void run_case(const driver& d, scenario sc, int salt, cudaStream_t a, cudaStream
               main_done_ms, stop_ms);
 }
 
+/// While another thread captures a graph in the global mode, loads a new module on this thread,
+/// in this thread's default (global) capture mode or switched to relaxed, and prints what the load
+/// and the other thread's end of capture returned.
+void run_capture_case(const driver& d, bool relaxed, int salt) {
+  cudaStream_t captured;
+  check(cudaStreamCreateWithFlags(&captured, cudaStreamNonBlocking), "stream");
+  std::atomic<int> phase{0};
+  cudaError_t begin = cudaSuccess, end = cudaSuccess;
+  cudaGraph_t graph = nullptr;
+  std::thread capturer([&] {
+    check(cudaSetDevice(0), "cudaSetDevice");
+    begin = cudaStreamBeginCapture(captured, cudaStreamCaptureModeGlobal);
+    study::busy_kernel<<<1, 1, 0, captured>>>(1000);
+    phase = 1;
+    while (phase.load() != 2) std::this_thread::yield();
+    study::busy_kernel<<<1, 1, 0, captured>>>(1000);
+    end = cudaStreamEndCapture(captured, &graph);
+  });
+  while (phase.load() != 1) std::this_thread::yield();
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (relaxed) check(cudaThreadExchangeStreamCaptureMode(&mode), "capture mode");
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  const std::string ptx = ptx_for(salt);
+  const CUresult loaded = d.load_data(&module, ptx.c_str());
+  const CUresult got =
+      loaded == CUDA_SUCCESS ? d.get_function(&function, module, "marker") : loaded;
+  if (relaxed) check(cudaThreadExchangeStreamCaptureMode(&mode), "capture mode");
+  phase = 2;
+  capturer.join();
+  std::printf(
+      "capture, %-8s load %d, function %d; the other thread: begin %d, end capture %d "
+      "(%s)\n",
+      relaxed ? "relaxed" : "global", static_cast<int>(loaded), static_cast<int>(got),
+      static_cast<int>(begin), static_cast<int>(end), cudaGetErrorName(end));
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  (void)cudaGetLastError();
+  cudaStreamDestroy(captured);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,5 +232,8 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds; ++r)
     for (scenario sc : {scenario::no_spin, scenario::load, scenario::preloaded})
       run_case(d, sc, salt++, a, b, c, event, target);
+  std::printf("CUDA error values: 0 success, 900 capture unsupported, 901 capture invalidated\n");
+  for (int r = 0; r < rounds; ++r)
+    for (bool relaxed : {false, true}) run_capture_case(d, relaxed, salt++);
   return 0;
 }
