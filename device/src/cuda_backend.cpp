@@ -460,13 +460,9 @@ class cuda_backend_impl final : public backend {
   std::error_code load_fence_kernels(int device) noexcept override {
     device_guard guard;  // forced: the load goes into the device's primary context
     if (auto ec = guard.enter(device, /*force=*/true)) return ec;
-    // Relaxed for the load: under the default global mode a module load while another thread
-    // captures a graph in global mode is refused and ends that capture
-    // (bench/studies/module_load.cu, "capture" cases).
-    const int previous_mode = begin_borrowed_polling();
-    const std::error_code ec = cuda_kernels::load(device, cuda_kernels::kernel::fence);
-    end_borrowed_polling(previous_mode);
-    return ec;
+    // Under the default global capture mode: CUDA neither refuses the load nor ends a global
+    // capture on another thread (bench/studies/module_load.cu, "capture" cases).
+    return cuda_kernels::load(device, cuda_kernels::kernel::fence);
   }
 
   std::vector<int> devices_in_use() noexcept override { return cuda_devices::in_use(); }
