@@ -458,11 +458,7 @@ class cuda_backend_impl final : public backend {
   }
 
   std::error_code load_fence_kernels(int device) noexcept override {
-    device_guard guard;  // forced: the load goes into the device's primary context
-    if (auto ec = guard.enter(device, /*force=*/true)) return ec;
-    // Under the default global capture mode: CUDA neither refuses the load nor ends a global
-    // capture on another thread (bench/studies/module_load.cu, "capture" cases).
-    return cuda_kernels::load(device, cuda_kernels::kernel::fence);
+    return cuda_kernels::load_and_wait(device, cuda_kernels::kernel::fence);
   }
 
   std::vector<int> devices_in_use() noexcept override { return cuda_devices::in_use(); }

@@ -14,6 +14,8 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <system_error>
+#include <thread>
 
 #include <evr/device/error.hpp>
 
@@ -177,6 +179,27 @@ std::error_code load(int device, kernel k) noexcept {
   }
   all.load_error[i][device] = ec;
   if (!ec) all.function[i][device].store(function, std::memory_order_release);
+  return ec;
+}
+
+std::error_code load_and_wait(int device, kernel k) noexcept {
+  if (device < 0 || device >= max_devices) return make_error_code(errc::invalid_argument);
+  if (function_of(device, k) != nullptr) return {};
+  std::error_code ec;
+  try {
+    std::thread loader([&ec, device, k] {
+      const cudaError_t e = cudaSetDevice(device);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        ec = make_cuda_error(static_cast<int>(e));
+      } else {
+        ec = load(device, k);
+      }
+    });
+    loader.join();
+  } catch (const std::system_error& e) {  // no thread: nothing loaded, said as the system's error
+    return e.code();
+  }
   return ec;
 }
 

@@ -135,3 +135,37 @@ def test_torch_graph_ending_in_evr_signal():
         assert m1["event_queries"] == m0["event_queries"]  # the word, not the driver
     finally:
         r.shutdown()
+
+
+def test_torch_many_streams_past_the_queues_are_read_not_queried():
+    # 40 torch streams on the driver's 8 queues: past them, a wait's marker is evr's fence kernel
+    # on a GPU of compute capability 9.0 (loaded by prepare_device here), else an event. Every
+    # wait completes after its own work either way; with the kernel, no event is queried.
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    torch.cuda.init()
+    r = evr.Reactor("adaptive")
+    major, _ = torch.cuda.get_device_capability()
+    if major >= 9:
+        r.prepare_device()
+    else:
+        with pytest.raises((evr.EvrError, evr.CudaError)):
+            r.prepare_device()
+    streams = [torch.cuda.Stream() for _ in range(40)]
+
+    async def main():
+        for s in streams:
+            with torch.cuda.stream(s):
+                _sleep_kernel_torch(torch, 2)
+        await asyncio.gather(*(r.wait(s) for s in streams))
+        assert all(s.query() for s in streams)
+
+    try:
+        run(main())
+        m = r.metrics()
+        assert m["completed"] == len(streams) and m["failed"] == 0
+        if major >= 9:
+            assert m["event_queries"] == 0
+    finally:
+        r.shutdown()
