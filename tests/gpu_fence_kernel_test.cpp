@@ -134,23 +134,25 @@ TEST_CASE(
   MESSAGE("fence kernels on this GPU: " << std::string(be.fence_kernels(0) ? "yes" : "no"));
 }
 
-TEST_CASE(
-    "fence kernel: the devices in use; prepare_device names a bad device, keeps the thread's") {
+TEST_CASE("fence kernel: the devices in use, and prepare_device's refusals") {
   evr::device::backend& be = evr::test::dut().backend();
-  int count = 0;
+  int count = 0, before = 0;
   REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+  REQUIRE(cudaGetDevice(&before) == cudaSuccess);
   const int last = count - 1;
   REQUIRE(cudaSetDevice(last) == cudaSuccess);
-  REQUIRE(cudaFree(nullptr) == cudaSuccess);  // the process now uses the last device
+  const cudaError_t used = cudaFree(nullptr);  // the process now uses the last device
+  REQUIRE(cudaSetDevice(before) == cudaSuccess);
+  REQUIRE(used == cudaSuccess);
   const std::vector<int> in_use = be.devices_in_use();
   CHECK(std::find(in_use.begin(), in_use.end(), last) != in_use.end());
   for (int d : in_use) CHECK((d >= 0 && d < count));
   evr::reactor r(be, past_the_limit());
-  CHECK(r.prepare_device(count) != std::error_code{});  // no such device: an error, not a crash
-  CHECK(r.prepare_device(-1) != std::error_code{});
-  (void)r.prepare_device(0);  // loads on its own thread: this thread's device stays the last
-  int current = -1;
-  REQUIRE(cudaGetDevice(&current) == cudaSuccess);
-  CHECK(current == last);
-  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  CHECK(r.prepare_device(count) == evr::errc::no_device);
+  CHECK(r.prepare_device(-1) == evr::errc::no_device);
+  auto polling = past_the_limit();
+  polling.strategy = evr::strategy::poll;  // events only: nothing to load, the index checked
+  evr::reactor p(be, polling);
+  CHECK(p.prepare_device(0) == std::error_code{});
+  CHECK(p.prepare_device(count) == evr::errc::no_device);
 }

@@ -311,3 +311,40 @@ TEST_CASE("fence kernel: the simulated device refuses bad input, naming it") {
   CHECK(sim.counters().fence_writes_landed == 1);
   sim.free_fence_block(block);
 }
+
+TEST_CASE("fence kernel: poll and host_func load nothing; a host function may not load it") {
+  evr::sim::options so = manual_with_fence_kernels();
+  so.mode = evr::sim::run_mode::threaded;
+  so.fence_kernels_after_load = true;
+  evr::sim::device sim(so);
+  for (evr::strategy s : {evr::strategy::poll, evr::strategy::host_func}) {
+    CAPTURE(std::string(evr::to_string(s)));
+    evr::reactor r(sim, with_kernel_fences(s));  // their markers are never fence words
+    CHECK(r.prepare_device(0) == std::error_code{});
+    CHECK(r.prepare_device(1) == evr::errc::no_device);  // the index is checked all the same
+  }
+  CHECK(sim.counters().fence_kernel_loads == 0);
+  evr::sim::options one_device_unused = so;
+  one_device_unused.devices_in_use = 0;  // the constructor finds nothing to load
+  evr::sim::device fresh(one_device_unused);
+  evr::reactor r(fresh, with_kernel_fences(evr::strategy::fence));
+  evr::stream st(fresh, 0);
+  struct call {
+    evr::reactor* r;
+    std::error_code seen;
+    std::atomic<bool> ran{false};
+  } c{&r, {}, {}};
+  REQUIRE_FALSE(fresh.launch_host_func(
+      st.native(),
+      [](void* p) {
+        auto* k = static_cast<call*>(p);
+        k->seen = k->r->prepare_device(0);  // the load would wait for this very host function
+        k->ran.store(true, std::memory_order_release);
+      },
+      &c));
+  REQUIRE(wait_until([&] { return c.ran.load(std::memory_order_acquire); }));
+  CHECK(c.seen == evr::errc::called_from_host_func);
+  CHECK(fresh.counters().fence_kernel_loads == 0);
+  CHECK(r.prepare_device(0) == std::error_code{});  // from an ordinary thread it loads
+  CHECK(fresh.fence_kernels(0));
+}

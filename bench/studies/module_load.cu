@@ -5,10 +5,9 @@
 //   evr-module-load [--rounds 3]
 //   CUDA_MODULE_LOADING=EAGER evr-module-load
 //
-// Why: evr loads its fence kernel on a thread of its own the first time a device has more busy
-// streams than hardware queues. A first version loaded it on the submitting thread, and tests
-// whose kernels wait for the host hung; with the load on its own thread the bench's lockstep
-// rows (kernels that wait for the host) still hung. CUDA's programming guide says that loading
+// Why: evr once loaded its fence kernel when a device first had more busy streams than hardware
+// queues. Loaded on the submitting thread, tests whose kernels wait for the host hung; loaded on
+// a thread of its own, the bench's lockstep rows (kernels that wait for the host) still hung. CUDA's programming guide says that loading
 // a kernel may need the context to synchronise. If the load also holds up other threads' driver
 // calls until it ends, a program whose kernels wait for a host thread's next call deadlocks, and
 // evr must load its kernels only where it knows no such kernel runs.

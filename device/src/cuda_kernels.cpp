@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <thread>
 
@@ -135,13 +136,14 @@ bool permanent(const std::error_code& ec) noexcept {
 constexpr int max_devices = 64;
 
 /// Per kernel and device: the loaded function (published with release, read with acquire), the
-/// first load's error, and a mutex that makes the loads happen once.
+/// first load's error, and a mutex that makes the loads happen once (one per kernel and device:
+/// a load that waits for one device's kernels holds up no load on another).
 struct device_kernels {
   using per_device_function = std::array<std::atomic<CUfunction>, max_devices>;
   std::array<per_device_function, kernel_count> function{};
   std::array<std::array<std::error_code, max_devices>, kernel_count> load_error{};
   std::array<std::array<bool, max_devices>, kernel_count> tried{};
-  std::mutex load_mutex;
+  std::array<std::array<std::mutex, max_devices>, kernel_count> load_mutex;
 };
 
 device_kernels& kernels() noexcept {
@@ -164,7 +166,7 @@ std::error_code load(int device, kernel k) noexcept {
   if (k == kernel::fence && d.launch_kernel_ex == nullptr)
     return make_error_code(errc::unsupported);
   device_kernels& all = kernels();
-  std::lock_guard lock(all.load_mutex);
+  std::lock_guard lock(all.load_mutex[i][device]);
   if (all.tried[i][device]) return all.load_error[i][device];
   all.tried[i][device] = true;
   // The module stays loaded for the process: graphs captured with the kernel may outlive any
@@ -182,9 +184,27 @@ std::error_code load(int device, kernel k) noexcept {
   return ec;
 }
 
+/// Why `k` cannot be loaded on `device` before any load is tried: no such device, or (the fence
+/// kernel, griddepcontrol) a GPU before compute capability 9.0. Asks no context.
+static std::error_code refused_before_loading(int device, kernel k) noexcept {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaSuccess && (device >= count || device >= max_devices))
+    return make_error_code(errc::no_device);
+  int major = 0;
+  if (e == cudaSuccess && k == kernel::fence)
+    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_cuda_error(static_cast<int>(e));
+  }
+  return k == kernel::fence && major < 9 ? make_error_code(errc::unsupported) : std::error_code{};
+}
+
 std::error_code load_and_wait(int device, kernel k) noexcept {
-  if (device < 0 || device >= max_devices) return make_error_code(errc::invalid_argument);
+  if (device < 0 || device >= max_devices) return make_error_code(errc::no_device);
   if (function_of(device, k) != nullptr) return {};
+  if (auto ec = refused_before_loading(device, k)) return ec;
   std::error_code ec;
   try {
     std::thread loader([&ec, device, k] {
@@ -199,6 +219,8 @@ std::error_code load_and_wait(int device, kernel k) noexcept {
     loader.join();
   } catch (const std::system_error& e) {  // no thread: nothing loaded, said as the system's error
     return e.code();
+  } catch (const std::bad_alloc&) {
+    return std::make_error_code(std::errc::not_enough_memory);
   }
   return ec;
 }

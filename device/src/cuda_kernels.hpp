@@ -31,9 +31,10 @@ std::error_code load(int device, kernel k) noexcept;
 
 /// load(device, k) on a thread of its own, waited for: the caller's current device and context
 /// stay as they were (a reactor's constructor calls it on the user's thread). Returns at once when
-/// `k` is loaded on `device` already. The load runs in the default global capture mode: CUDA
-/// neither refuses it nor ends a global capture on another thread (bench/studies/module_load.cu,
-/// "capture" cases).
+/// `k` is loaded on `device` already, and without a load errc::no_device for a device that does
+/// not exist, errc::unsupported for the fence kernel on a GPU before compute capability 9.0. The
+/// load runs in the default global capture mode: CUDA neither refuses it nor ends a global capture
+/// on another thread (bench/studies/module_load.cu, "capture" cases).
 std::error_code load_and_wait(int device, kernel k) noexcept;
 
 /// Whether `k` was loaded on `device` (a load that failed or never ran: false). Any thread.

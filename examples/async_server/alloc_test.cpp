@@ -247,6 +247,20 @@ class device_not_counted final : public evr::device::backend {
     b_.prepare_polling_thread();
   }
   bool in_host_func() const noexcept override { return b_.in_host_func(); }
+  std::error_code load_fence_kernels(int d) noexcept override {
+    not_counted off;
+    return b_.load_fence_kernels(d);
+  }
+  std::vector<int> devices_in_use() noexcept override {
+    not_counted off;
+    return b_.devices_in_use();
+  }
+  bool fence_kernels(int d) noexcept override { return b_.fence_kernels(d); }
+  std::error_code write_fence_by_kernel(int d, native_stream s, std::uint64_t address,
+                                        std::uint64_t value) noexcept override {
+    not_counted off;
+    return b_.write_fence_by_kernel(d, s, address, value);
+  }
 
  private:
   evr::device::backend& b_;

@@ -160,12 +160,16 @@ class Reactor:
         waits there will use, so that no wait has to: with ``kernel_fences``, evr's fence kernel
         (a reactor made while the process already used a device loaded it there). Blocks until
         the device's running kernels have ended (CUDA's load waits for them), so call it before
-        launching kernels that wait for the host. Raises CudaError or EvrError when the device
-        cannot have it (a GPU before compute capability 9.0, a bad index); its waits then record
-        events past the stream limit."""
+        launching kernels that wait for the host. Raises EvrError for a device that does not
+        exist, and when the device cannot have the kernel (a GPU before compute capability 9.0;
+        CudaError for a CUDA failure); its waits then record events past the stream limit. With
+        ``kernel_fences=False``, or the ``poll`` and ``host_func`` strategies, it only checks
+        the index."""
         if device is not None and (not isinstance(device, int) or isinstance(device, bool)):
             raise TypeError(f"evr.Reactor.prepare_device: device must be an int or None, got "
                             f"{type(device).__name__}")
+        if device is not None and device < 0:
+            raise ValueError(f"evr.Reactor.prepare_device: device must be >= 0 or None, got {device}")
         self._impl.prepare_device(-1 if device is None else device)
 
     def __enter__(self) -> "Reactor":

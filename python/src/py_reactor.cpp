@@ -141,11 +141,18 @@ py_reactor::py_reactor(std::optional<std::string> strategy, py::object sim, py::
     if (!evr::device::cuda_compiled_in()) raise(evr::make_error_code(evr::errc::unsupported));
     backend = &evr::device::cuda_backend();
   }
-  try {
-    r_ = std::make_unique<evr::reactor>(*backend, o);
-  } catch (const std::invalid_argument& e) {
-    throw py::value_error(std::string("evr.Reactor: ") + e.what());
+  std::string refused;
+  {
+    // The constructor may load the fence kernel, which waits for the device's running kernels:
+    // other Python threads run meanwhile (it calls no Python).
+    py::gil_scoped_release nogil;
+    try {
+      r_ = std::make_unique<evr::reactor>(*backend, o);
+    } catch (const std::invalid_argument& e) {
+      refused = e.what();
+    }
   }
+  if (!refused.empty()) throw py::value_error("evr.Reactor: " + refused);
 }
 
 py_reactor::~py_reactor() {
@@ -188,7 +195,11 @@ py_signal_slot py_reactor::signal_slot(py::object self, py::object owner, int de
     if (std::error_code ec = r_->backend().current_device(device)) raise(ec);
   }
   std::error_code ec;
-  evr::signal_pool* pool = r_->pools().signals(device, ec);
+  evr::signal_pool* pool = nullptr;
+  {
+    py::gil_scoped_release nogil;  // the first pool of a device loads the signal kernel
+    pool = r_->pools().signals(device, ec);
+  }
   if (pool == nullptr) raise(ec ? ec : evr::make_error_code(evr::errc::invalid_argument));
   py_signal_slot s{std::move(self), std::move(owner), pool->acquire(ec)};
   if (ec) raise(ec);

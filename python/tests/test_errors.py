@@ -182,6 +182,8 @@ def test_reactor_options_checked(dev):
     # GPU before compute capability 9.0), which it says; the reactor goes on working.
     with pytest.raises(TypeError, match="prepare_device: device must be an int"):
         r.prepare_device("0")
+    with pytest.raises(ValueError, match="prepare_device: device must be >= 0"):
+        r.prepare_device(-2)
     with pytest.raises(evr.EvrError, match="device"):
         r.prepare_device(7)
     with pytest.raises(evr.EvrError, match="not supported"):
@@ -189,6 +191,8 @@ def test_reactor_options_checked(dev):
     r.shutdown()
     r = evr.Reactor(device=dev, kernel_fences=False)
     r.prepare_device(0)  # nothing to load
+    with pytest.raises(evr.EvrError, match="device"):
+        r.prepare_device(7)  # the index is checked all the same
     r.shutdown()
 
 

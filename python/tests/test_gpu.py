@@ -138,7 +138,8 @@ def test_torch_graph_ending_in_evr_signal():
 
 
 def test_torch_many_streams_past_the_queues_are_read_not_queried():
-    # 40 torch streams on the driver's 8 queues: past them, a wait's marker is evr's fence kernel
+    # 40 torch streams (torch hands out at most 32 distinct ones from its pool) on the driver's
+    # 8 queues, or CUDA_DEVICE_MAX_CONNECTIONS: past them, a wait's marker is evr's fence kernel
     # on a GPU of compute capability 9.0 (loaded by prepare_device here), else an event. Every
     # wait completes after its own work either way; with the kernel, no event is queried.
     torch = pytest.importorskip("torch")

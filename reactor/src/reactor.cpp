@@ -8,6 +8,7 @@
 #include <string>
 
 #include "reactor_core.hpp"
+#include "strategy_traits.hpp"
 
 namespace evr {
 
@@ -74,12 +75,19 @@ const reactor_options& validated(const reactor_options& o) {
   return o;
 }
 
+/// Whether waits of a reactor with `o` may get the fence kernel: kernel_fences, and a strategy
+/// whose markers are fence words (poll and host_func never use them).
+bool uses_fence_kernels(const reactor_options& o) {
+  return o.kernel_fences && detail::strategy_traits::of(o.strategy).fence_markers;
+}
+
 /// With kernel_fences: loads the fence kernel on the devices the process already uses, here,
 /// where the program chose to make a reactor, so that no wait ever loads it (a load waits for the
 /// device's running kernels and holds up other threads' CUDA calls meanwhile). A device that
 /// cannot run it (compute capability below 9.0) keeps recording events past the stream limit.
 void load_fence_kernels_for_devices_in_use(device::backend& backend, const reactor_options& o) {
-  if (!o.kernel_fences) return;
+  if (!uses_fence_kernels(o) || backend.in_host_func())
+    return;  // in one, the load would wait on it
   for (const int d : backend.devices_in_use()) (void)backend.load_fence_kernels(d);
 }
 
@@ -120,8 +128,14 @@ reactor::reactor(device::backend& backend, reactor_options options)
 }
 
 std::error_code reactor::prepare_device(int device) noexcept {
-  if (!core_->options().kernel_fences) return {};
-  return core_->backend().load_fence_kernels(device);
+  device::backend& backend = core_->backend();
+  int count = 0;
+  if (auto ec = backend.device_count(count)) return ec;
+  if (device < 0 || device >= count) return make_error_code(errc::no_device);
+  if (!uses_fence_kernels(core_->options())) return {};
+  // From a host function the load would wait for the stream work that includes it.
+  if (backend.in_host_func()) return make_error_code(errc::called_from_host_func);
+  return backend.load_fence_kernels(device);
 }
 
 reactor::~reactor() { core_->stop(/*destroying=*/true); }

@@ -92,6 +92,15 @@ class forwarding_backend : public device::backend {
   int begin_borrowed_polling() noexcept override { return inner_.begin_borrowed_polling(); }
   void end_borrowed_polling(int mode) noexcept override { inner_.end_borrowed_polling(mode); }
   bool in_host_func() const noexcept override { return inner_.in_host_func(); }
+  std::error_code load_fence_kernels(int d) noexcept override {
+    return inner_.load_fence_kernels(d);
+  }
+  std::vector<int> devices_in_use() noexcept override { return inner_.devices_in_use(); }
+  bool fence_kernels(int d) noexcept override { return inner_.fence_kernels(d); }
+  std::error_code write_fence_by_kernel(int d, device::native_stream s, std::uint64_t address,
+                                        std::uint64_t value) noexcept override {
+    return inner_.write_fence_by_kernel(d, s, address, value);
+  }
 
  protected:
   device::backend& inner_;

@@ -179,7 +179,9 @@ struct reactor_options {
   /// H200) where an event record costs 0.2-0.5 us and the first query of a done event 1.4-4 us.
   /// The kernel is loaded where the program chooses, never by a wait: the reactor's constructor
   /// loads it on the devices the process already uses (their primary context is active), and
-  /// reactor::prepare_device on any other; a device without it records events. CUDA's load of a
+  /// reactor::prepare_device on any other; a device without it records events (so a reactor made
+  /// before the process's first CUDA call uses the kernel only after prepare_device). poll and
+  /// host_func never load it. CUDA's load of a
   /// module waits for the kernels running on the device and holds up other threads' CUDA calls
   /// meanwhile (bench/studies/module_load.cu), so make the reactor, or prepare the device, before
   /// launching kernels that wait for the host; the load happens once per device and process (the

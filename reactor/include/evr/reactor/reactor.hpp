@@ -98,13 +98,15 @@ class reactor {
   void stop() noexcept;
 
   /// Makes ready on `device` what this reactor's waits there will use, so that no wait has to:
-  /// with options().kernel_fences, loads evr's fence kernel (the constructor already did on the
-  /// devices the process used then). Blocks: CUDA's load waits for the kernels running on the
-  /// device to end and holds up other threads' CUDA calls meanwhile, so call it before launching
-  /// kernels that wait for the host. Returns {} when there is nothing to do or it is ready;
-  /// otherwise why the device cannot have it (errc::unsupported or a CUDA error: a GPU before
-  /// compute capability 9.0, a bad device index), and its waits record events past the stream
-  /// limit. Thread-safe; idempotent.
+  /// with options().kernel_fences and a fence or adaptive strategy, loads evr's fence kernel (the
+  /// constructor already did on the devices the process used then). Blocks: CUDA's load waits for
+  /// the kernels running on the device to end and holds up other threads' CUDA calls meanwhile,
+  /// so call it before launching kernels that wait for the host. Returns {} when it is ready or
+  /// there is nothing to load; errc::no_device for an index the backend does not have;
+  /// errc::called_from_host_func inside a CUDA host function (the load would wait for it);
+  /// otherwise why the device cannot have the kernel (errc::unsupported: a GPU before compute
+  /// capability 9.0; a CUDA error), and its waits then record events past the stream limit.
+  /// Thread-safe; idempotent.
   std::error_code prepare_device(int device) noexcept;
 
   /// A snapshot of the counters and latency histograms (see reactor_metrics).
