@@ -7,10 +7,11 @@
 //
 // Why: evr once loaded its fence kernel when a device first had more busy streams than hardware
 // queues. Loaded on the submitting thread, tests whose kernels wait for the host hung; loaded on
-// a thread of its own, the bench's lockstep rows (kernels that wait for the host) still hung. CUDA's programming guide says that loading
-// a kernel may need the context to synchronise. If the load also holds up other threads' driver
-// calls until it ends, a program whose kernels wait for a host thread's next call deadlocks, and
-// evr must load its kernels only where it knows no such kernel runs.
+// a thread of its own, the bench's lockstep rows (kernels that wait for the host) still hung.
+// CUDA's programming guide says that loading a kernel may need the context to synchronise. If the
+// load also holds up other threads' driver calls until it ends, a program whose kernels wait for
+// a host thread's next call deadlocks, and evr must load its kernels only where it knows no such
+// kernel runs.
 //
 // Each round, for each case:
 //   1. a one-thread kernel on stream A spins until a word of mapped host memory is set, or
