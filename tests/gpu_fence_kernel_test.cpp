@@ -54,7 +54,7 @@ class mapped_counts {
 evr::reactor_options past_the_limit() {
   auto opts = evr::test::quick_options(evr::strategy::fence);
   opts.max_fence_streams = 1;  // the second stream with waits is past it
-  opts.kernel_fences = true;   // as by default; said here, as the tests depend on it
+  opts.kernel_fences = true;   // off by default
   return opts;
 }
 

@@ -132,9 +132,10 @@ def main():
                          "sleep(0)), evr-graph (the kernel as a CUDA graph, await evr.wait(s)), "
                          "evr-signal (the graph ends in evr's signal node: await the ticket)")
     ap.add_argument("--reactor-options", default="", metavar="K=V,...",
-                    help="wait on an evr.Reactor made with these options (numbers; durations in "
-                         "seconds; on the simulated device, a reactor of that device), e.g. "
-                         "poll_looks_per_second=100000,prespin=0")
+                    help="wait on an evr.Reactor made with these options (numbers, or true and "
+                         "false for flags; durations in seconds; on the simulated device, a "
+                         "reactor of that device), e.g. poll_looks_per_second=100000,prespin=0, "
+                         "kernel_fences=false")
     ap.add_argument("--strategy", choices=["adaptive", "fence", "poll", "host_func"], default=None,
                     help="wait on an evr.Reactor of this marker strategy (default: the default "
                          "reactor's, adaptive); combines with --reactor-options")
@@ -169,10 +170,13 @@ def main():
     if args.reactor_options:
         for kv in args.reactor_options.split(","):
             k, _, v = kv.partition("=")
+            v = v.strip()
             try:
-                opts[k.strip()] = int(v) if v.strip().isdigit() else float(v)
+                opts[k.strip()] = ({"true": True, "false": False}[v.lower()]
+                                   if v.lower() in ("true", "false")
+                                   else int(v) if v.isdigit() else float(v))
             except ValueError:
-                ap.error(f"--reactor-options: {kv!r} is not K=NUMBER")
+                ap.error(f"--reactor-options: {kv!r} is not K=NUMBER or K=true|false")
     if args.reactor_options or args.strategy:
         # On the simulated device, a reactor of that device with these options.
         dev = {"device": d.dev} if isinstance(d, SimDevice) else {}

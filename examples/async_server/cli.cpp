@@ -208,7 +208,7 @@ settings parse_command_line(int argc, char** argv) {
   app.add_flag("--kernel-fences,!--no-kernel-fences", s.kernel_fences,
                "evr mode: past the GPU's hardware queues, a stream wait's fence word is written by "
                "evr's fence kernel rather than an event recorded (reactor_options::kernel_fences, "
-               "on by default; compute capability 9.0); --no-kernel-fences: events")
+               "off by default; compute capability 9.0); --no-kernel-fences: events")
       ->group("Serving");
   evr::tool::add_device_option(app, s.device)->group("Serving");
   app.add_option("--address", s.address, "address to listen on")->group("Serving");

@@ -146,7 +146,7 @@ def test_torch_many_streams_past_the_queues_are_read_not_queried():
     if not torch.cuda.is_available():
         pytest.skip("torch sees no GPU")
     torch.cuda.init()
-    r = evr.Reactor("adaptive")
+    r = evr.Reactor("adaptive", kernel_fences=True)
     major, _ = torch.cuda.get_device_capability()
     if major >= 9:
         r.prepare_device()

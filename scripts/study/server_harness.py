@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 
-from server_study_points import BUSY_GRAPH, EAGER_MLP, NO_KERNEL_FENCES, STREAM_WAITS
+from server_study_points import BUSY_GRAPH, EAGER_MLP, KERNEL_FENCES, STREAM_WAITS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.monotonic()
@@ -35,15 +35,15 @@ def parse_server(label):
     busy_signal, mlp_graphs, busy_graph, kernel_fences}: threads None for thread-per-connection,
     0 for a pool of a thread per lane; devices None for the default; busy_signal False for evr's stream waits on
     /busy; mlp_graphs False for /mlp call by call (the word eager-mlp); busy_graph True for /busy
-    as a CUDA graph (the word busy-graph); kernel_fences False for events past the hardware
-    queues rather than evr's fence kernel (the word no-kernel-fences, evr only). These words end a label, in any order.
+    as a CUDA graph (the word busy-graph); kernel_fences True for evr's fence kernel past the
+    hardware queues (the word kernel-fences, evr only). These words end a label, in any order.
     Raises ValueError for a label that names no server."""
     text, _, devices = label.partition(" @")
     if devices and not re.fullmatch(r"\d+(,\d+)*", devices):
         raise ValueError(f"'{label}': @ takes GPU indices like @0 or @0,1")
     words = text.split()
     suffixes = set()
-    while words and words[-1] in (EAGER_MLP, STREAM_WAITS, BUSY_GRAPH, NO_KERNEL_FENCES):
+    while words and words[-1] in (EAGER_MLP, STREAM_WAITS, BUSY_GRAPH, KERNEL_FENCES):
         suffixes.add(words.pop())
     eager_mlp, stream_waits = EAGER_MLP in suffixes, STREAM_WAITS in suffixes
     queues = int(words.pop()[2:]) if words and re.fullmatch(r"q=\d+", words[-1]) else None
@@ -56,7 +56,7 @@ def parse_server(label):
          (mode == "pool" and len(words) == 2 and sync in SYNCS and n) or \
          (mode == "thread" and len(words) == 2 and sync in SYNCS and not n)
     if not ok or (n and not re.fullmatch(r"N=(\d+|lanes)", n)) or \
-            ((stream_waits or NO_KERNEL_FENCES in suffixes) and mode != "evr"):
+            ((stream_waits or KERNEL_FENCES in suffixes) and mode != "evr"):
         raise ValueError(f"'{label}' names no server: try 'evr N=2', 'hostfunc N=4', 'poll N=1', "
                          "'pool blocking-sync N=lanes', 'pool auto N=4', 'thread blocking-sync', "
                          f"'evr N=1 {STREAM_WAITS}', 'poll N=1 q=8' (CUDA_DEVICE_MAX_CONNECTIONS "
@@ -65,7 +65,7 @@ def parse_server(label):
     return {"label": label, "mode": mode, "sync": sync, "threads": threads,
             "devices": devices or None, "busy_signal": not stream_waits, "queues": queues,
             "mlp_graphs": not eager_mlp, "busy_graph": BUSY_GRAPH in suffixes,
-            "kernel_fences": NO_KERNEL_FENCES not in suffixes}
+            "kernel_fences": KERNEL_FENCES in suffixes}
 
 
 def spinning_threads(spec, lanes, connections):
@@ -296,8 +296,8 @@ def server_args(spec, device, lanes, cuda_connections, devices):
         cmd.append("--no-mlp-graphs")
     if spec.get("busy_graph"):
         cmd.append("--busy-graph")
-    if not spec.get("kernel_fences", True):
-        cmd.append("--no-kernel-fences")
+    if spec.get("kernel_fences"):
+        cmd.append("--kernel-fences")
     return cmd
 
 

@@ -26,7 +26,7 @@ import random
 import statistics
 
 from server_harness import parse_server
-from server_study_points import (BUSY200, BUSY1000, BUSY5000, HEALTHZ, MLP, NO_KERNEL_FENCES, ROUTES,
+from server_study_points import (BUSY200, BUSY1000, BUSY5000, HEALTHZ, KERNEL_FENCES, MLP, ROUTES,
                                  STREAM_WAITS, fmt, ms, per_core, ratio, usable)
 
 BUSY = [BUSY200, BUSY1000, BUSY5000]
@@ -82,7 +82,7 @@ def n_text(e):
 def rival(label):
     """The poll mode's server that an evr server is compared with: the same N and GPUs."""
     text, _, at = label.partition(" @")
-    words = [w for w in text.split() if w not in (STREAM_WAITS, NO_KERNEL_FENCES)]
+    words = [w for w in text.split() if w not in (STREAM_WAITS, KERNEL_FENCES)]
     return " ".join(["poll"] + words[1:]) + (f" @{at}" if at else "")
 
 

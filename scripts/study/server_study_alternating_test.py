@@ -96,16 +96,15 @@ class schedule_test(unittest.TestCase):
                                                              0, 32, None))
         self.assertEqual(alt.rival("evr N=2 busy-graph"), "poll N=2 busy-graph")
 
-    def test_a_no_kernel_fences_label_passes_the_flag_and_keeps_the_plain_rival(self):
-        events = harness.parse_server("evr N=1 stream-waits no-kernel-fences")
-        self.assertFalse(events["kernel_fences"])
-        self.assertIn("--no-kernel-fences", harness.server_args(events, "cuda", 0, 32, None))
-        plain = harness.parse_server("evr N=1")
-        self.assertTrue(plain["kernel_fences"])  # evr's default: the server is left at it
-        self.assertNotIn("--no-kernel-fences", harness.server_args(plain, "cuda", 0, 32, None))
-        self.assertEqual(alt.rival("evr N=1 stream-waits no-kernel-fences"), "poll N=1")
+    def test_a_kernel_fences_label_passes_the_flag_and_keeps_the_plain_rival(self):
+        kf = harness.parse_server("evr N=1 stream-waits kernel-fences")
+        self.assertTrue(kf["kernel_fences"])
+        self.assertIn("--kernel-fences", harness.server_args(kf, "cuda", 0, 32, None))
+        self.assertNotIn("--kernel-fences", harness.server_args(harness.parse_server("evr N=1"),
+                                                                "cuda", 0, 32, None))
+        self.assertEqual(alt.rival("evr N=1 stream-waits kernel-fences"), "poll N=1")
         with self.assertRaises(ValueError):
-            harness.parse_server("poll N=1 no-kernel-fences")  # an option of evr's alone
+            harness.parse_server("poll N=1 kernel-fences")  # an option of evr's alone
         # Stream waits serve no /healthz, wherever the word stands.
         routes = [r for r, _ in alt.server_points("evr N=1 stream-waits busy-graph", [256])]
         self.assertNotIn(HEALTHZ, routes)

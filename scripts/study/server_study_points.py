@@ -11,9 +11,9 @@ ROUTES = [BUSY200, BUSY1000, BUSY5000, MLP, SAXPY, HEALTHZ]
 STREAM_WAITS = "stream-waits"
 EAGER_MLP = "eager-mlp"  # a label's last word: the server runs /mlp call by call (--no-mlp-graphs)
 BUSY_GRAPH = "busy-graph"  # a label's last word: /busy runs as a CUDA graph per lane (--busy-graph)
-# a label's last word (evr only): past the hardware queues, stream waits record events rather than
-# fence words written by evr's fence kernel (--no-kernel-fences; the kernel is evr's default)
-NO_KERNEL_FENCES = "no-kernel-fences"
+# a label's last word (evr only): past the hardware queues, stream waits' fence words are written
+# by evr's fence kernel (--kernel-fences)
+KERNEL_FENCES = "kernel-fences"
 
 
 def fmt(v, digits):
