@@ -30,6 +30,7 @@
 
 #include "cuda_devices.hpp"
 #include "cuda_kernels.hpp"
+#include "driver_entry.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -111,18 +112,8 @@ struct write_value64_entry {
 const write_value64_entry& write_value64() noexcept {
   static const write_value64_entry entry = [] {
     write_value64_entry e;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    // 12000: the ABI of the symbol as of CUDA 12.0 (the _v2 entry point, with 64-bit flags
-    // semantics unchanged); the call the probe on the H100 measured.
-    if (auto ec = check(cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &fn, 12000,
-                                                         cudaEnableDefault, &found))) {
-      e.error = ec;
-    } else if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-      e.error = make_error_code(errc::unsupported);
-    } else {
-      e.fn = reinterpret_cast<write_value64_fn>(fn);
-    }
+    // The CUDA 12.0 ABI: the _v2 entry point (64-bit flag semantics unchanged).
+    e.error = detail::fetch_driver_entry("cuStreamWriteValue64", e.fn);
     return e;
   }();
   return entry;

@@ -181,14 +181,14 @@ struct reactor_options {
   /// loads it on the devices the process already uses (their primary context is active), and
   /// reactor::prepare_device on any other; a device without it records events (so a reactor made
   /// before the process's first CUDA call uses the kernel only after prepare_device). poll and
-  /// host_func never load it. CUDA's load of a
-  /// module waits for the kernels running on the device and holds up other threads' CUDA calls
-  /// meanwhile (bench/studies/module_load.cu), so make the reactor, or prepare the device, before
-  /// launching kernels that wait for the host; the load happens once per device and process (the
-  /// first time, 10-70 ms of the driver compiling the kernel). Off by default: the launch moves
-  /// the cost of a wait from whoever looks (the reactor, another core) to the waiting thread, and
-  /// where that thread is the bottleneck (an asyncio loop with 64 tasks of 0.5 ms work) it served
-  /// 13 % fewer requests; turn it on for the latency of many streams (lockstep p50 halved).
+  /// host_func never load it. CUDA's load of a module waits for the kernels running on the device
+  /// and holds up other threads' CUDA calls meanwhile (bench/studies/module_load.cu), so make the
+  /// reactor, or prepare the device, before launching kernels that wait for the host; the load
+  /// happens once per device and process (the first time, 10-70 ms of the driver compiling it).
+  /// Off by default: the launch moves the cost of a wait from whoever looks (the reactor, another
+  /// core) to the waiting thread, and where that thread is the bottleneck (an asyncio loop with 64
+  /// tasks of 0.5 ms work) it served 13 % fewer requests; turn it on for the latency of many
+  /// streams (lockstep p50 halved).
   bool kernel_fences = false;
   /// Events created per pool growth (pools of the reactor's own events).
   std::size_t pool_batch = 64;
