@@ -1,4 +1,4 @@
-// evr's own kernels on the CUDA backend, internal to it (cuda_backend.cpp):
+// evr's own kernels on the CUDA backend, internal to it (cuda_backend.cpp, cuda_fences.cpp):
 //   * the signal kernel: one thread does what evr::signal does (device/include/evr/device/
 //     signal.cuh), for work whose kernels cannot call it (backend::enqueue_signal);
 //   * the fence kernel: one thread, launched as a programmatic dependent launch, waits on the GPU

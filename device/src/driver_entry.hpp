@@ -1,6 +1,6 @@
 // A driver function fetched at run time through the runtime (cudaGetDriverEntryPointByVersion),
 // so that evr links no driver symbol and a program built with CUDA starts without a driver.
-// Internal to the CUDA backend (cuda_backend.cpp, cuda_kernels.cpp, cuda_devices.cpp).
+// Internal to the CUDA backend (cuda_fences.cpp, cuda_kernels.cpp, cuda_devices.cpp).
 #pragma once
 #if defined(EVR_WITH_CUDA)
 
