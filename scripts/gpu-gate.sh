@@ -21,7 +21,8 @@
 # (build/gate/out), --tree-build DIR (an existing build of this tree: only the baseline is built),
 # --no-ctest, --no-record, --jobs N, --groups A,B (only these groups of rows: idle, "idle, 32
 # queues", irregular, server, "server, few connections", python; for a change that cannot reach the
-# others, which the record then lacks); EVR_GATE_CTEST_ARGS: more arguments for ctest (-R, -E).
+# others, which the record then lacks; and, only when named, lockstep: idle's lockstep rows alone,
+# to run them over more rounds); EVR_GATE_CTEST_ARGS: more arguments for ctest (-R, -E).
 #
 # Writes DIR/gate.{json,md} and the logs (--out); unless --sim or --no-record, also
 # docs/bench/gate/DATE-COMMIT.{json,md} (the newest record there is the next gate's default

@@ -221,11 +221,15 @@ def main():
     builds = {"base": os.path.abspath(args.base), "tree": os.path.abspath(args.tree)}
     groups = gate_rows.groups(args.sim, args.all_gpus)
     if args.groups:
+        groups += gate_rows.optional_groups(args.sim)
         names = [g.name for g in groups]
         wanted = wanted_groups(args.groups, names)
         unknown = [w for w in wanted if w not in names]
         if unknown:
             ap.error(f"--groups: no group {unknown[0]!r} here (there are: {'; '.join(names)})")
+        for a, b in gate_rows.OVERLAPPING:
+            if a in wanted and b in wanted:
+                ap.error(f"--groups: {a!r} and {b!r} measure the same rows; name one of them")
         groups = [g for g in groups if g.name in wanted]
     results = {s: {} for s in SIDES}
     diags = {s: {} for s in SIDES}  # row -> [its diagnostics in each round], never judged

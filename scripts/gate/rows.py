@@ -115,14 +115,19 @@ def idle_rows(doc, lockstep_suffix=""):
 
 class idle_group:
     """One `evr-bench idle` run: 1 stream at four lengths (+ the idle case) and 16/64 streams in
-    lockstep, or (conn32) the lockstep rows alone with CUDA_DEVICE_MAX_CONNECTIONS=32."""
+    lockstep; or (conn32) the lockstep rows alone with CUDA_DEVICE_MAX_CONNECTIONS=32; or
+    (lockstep_only) the lockstep rows alone with the driver's queues, for a rerun of those rows
+    over more rounds (about half the idle group's time: no 5 and 20 ms single-stream rows)."""
 
-    def __init__(self, name, sim, conn32=False):
-        self.name, self.sim, self.conn32 = name, sim, conn32
+    def __init__(self, name, sim, conn32=False, lockstep_only=False):
+        self.name, self.sim, self.conn32, self.lockstep_only = name, sim, conn32, lockstep_only
 
     def run(self, build, work, log):
         if self.conn32:
             args = ["--streams", "1", "--lengths-us", "1000", "--no-idle-case"]
+        elif self.lockstep_only:
+            # The bench always runs a single-stream row: the shortest, dropped below.
+            args = ["--streams", "1", "--lengths-us", "200", "--no-idle-case"]
         else:
             args = ["--streams", "1", "--lengths-us", "200,1000,5000,20000"]
         args += ["--lockstep-streams", "16,64", "--lockstep-lengths-us", "1000,5000",
@@ -130,7 +135,7 @@ class idle_group:
         doc = run_idle(self.sim, build, os.path.join(work, "idle.json"), args, log,
                        queues=32 if self.conn32 else None)
         rows = idle_rows(doc, ", 32 queues" if self.conn32 else "")
-        if self.conn32:
+        if self.conn32 or self.lockstep_only:
             rows = {k: v for k, v in rows.items() if "lockstep" in k}
         return rows
 
@@ -329,3 +334,12 @@ def groups(sim, all_gpus=False):
                                 connections=16 if sim else 32, devices="0"))
     out.append(python_group("python", sim))
     return out
+
+
+def optional_groups(sim):
+    """Groups run only when --groups names them: they measure rows of the groups above again."""
+    return [idle_group("lockstep", sim, lockstep_only=True)]
+
+
+# Groups that measure the same rows: naming both would mix their figures in one row.
+OVERLAPPING = [("idle", "lockstep")]
