@@ -117,7 +117,7 @@ class idle_group:
     """One `evr-bench idle` run: 1 stream at four lengths (+ the idle case) and 16/64 streams in
     lockstep; or (conn32) the lockstep rows alone with CUDA_DEVICE_MAX_CONNECTIONS=32; or
     (lockstep_only) the lockstep rows alone with the driver's queues, for a rerun of those rows
-    over more rounds (about half the idle group's time: no 5 and 20 ms single-stream rows)."""
+    over more rounds (without the 1, 5 and 20 ms single-stream rows that take much of its time)."""
 
     def __init__(self, name, sim, conn32=False, lockstep_only=False):
         self.name, self.sim, self.conn32, self.lockstep_only = name, sim, conn32, lockstep_only
