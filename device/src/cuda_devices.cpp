@@ -8,6 +8,7 @@
 
 #include <new>
 
+#include "cuda_runtime.hpp"
 #include "driver_entry.hpp"
 
 namespace evr::device::cuda_devices {
@@ -44,10 +45,7 @@ bool primary_context_active(const driver_calls& d, int index) noexcept {
 
 std::vector<int> in_use() noexcept {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {};
-  }
+  if (detail::check(cudaGetDeviceCount(&count))) return {};
   const driver_calls& d = driver();
   if (d.primary_state == nullptr) return {};
   std::vector<int> out;

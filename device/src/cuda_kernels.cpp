@@ -7,6 +7,7 @@
 #if defined(EVR_WITH_CUDA)
 
 #include "cuda_kernels.hpp"
+#include "cuda_runtime.hpp"
 #include "driver_entry.hpp"
 
 #include <cuda.h>  // driver types only: never linked
@@ -188,17 +189,14 @@ std::error_code load(int device, kernel k) noexcept {
 /// kernel, griddepcontrol) a GPU before compute capability 9.0. Asks no context.
 static std::error_code refused_before_loading(int device, kernel k) noexcept {
   int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e == cudaSuccess && (device >= count || device >= max_devices))
-    return make_error_code(errc::no_device);
+  if (auto ec = detail::check(cudaGetDeviceCount(&count))) return ec;
+  if (device >= count || device >= max_devices) return make_error_code(errc::no_device);
+  if (k != kernel::fence) return {};
   int major = 0;
-  if (e == cudaSuccess && k == kernel::fence)
-    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return make_cuda_error(static_cast<int>(e));
-  }
-  return k == kernel::fence && major < 9 ? make_error_code(errc::unsupported) : std::error_code{};
+  if (auto ec =
+          detail::check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)))
+    return ec;
+  return major < 9 ? make_error_code(errc::unsupported) : std::error_code{};
 }
 
 std::error_code load_and_wait(int device, kernel k) noexcept {
@@ -208,13 +206,8 @@ std::error_code load_and_wait(int device, kernel k) noexcept {
   std::error_code ec;
   try {
     std::thread loader([&ec, device, k] {
-      const cudaError_t e = cudaSetDevice(device);
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        ec = make_cuda_error(static_cast<int>(e));
-      } else {
-        ec = load(device, k);
-      }
+      ec = detail::check(cudaSetDevice(device));
+      if (!ec) ec = load(device, k);
     });
     loader.join();
   } catch (const std::system_error& e) {  // no thread: nothing loaded, said as the system's error

@@ -1,6 +1,6 @@
-// Helpers every file of the CUDA backend uses around the runtime API, internal to it
-// (cuda_backend.cpp, cuda_fences.cpp): a status mapped to an error_code, the handle casts, and a
-// scope that makes a device current.
+// Helpers the files of the CUDA backend use around the runtime API, internal to it
+// (cuda_backend.cpp, cuda_fences.cpp, cuda_kernels.cpp, cuda_devices.cpp): a status mapped to an
+// error_code, the handle casts, and a scope that makes a device current.
 #pragma once
 #if defined(EVR_WITH_CUDA)
 
