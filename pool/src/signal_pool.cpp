@@ -47,14 +47,25 @@ struct signal_pool_state {
     }
     return npos;
   }
-  /// (mutex) One more block of slots, all free.
-  std::error_code grow() {
-    device::signal_block b;
-    if (auto ec = backend.allocate_signal_block(device, batch, b)) return ec;
-    const std::size_t first = blocks.size() * batch;
-    blocks.push_back(b);
-    armed.resize(first + batch, 0);
-    for (std::size_t i = first + batch; i-- > first;) free.push_back(i);
+  /// (mutex) Blocks of slots, all free, until the pool has at least `slots`. Room in the
+  /// vectors is made before each block, so that nothing throws once a block is allocated (it
+  /// would be lost) and release() never allocates (free has room for every slot).
+  std::error_code grow_to(std::size_t slots) noexcept {
+    try {
+      while (blocks.size() * batch < slots) {
+        const std::size_t first = blocks.size() * batch;
+        blocks.reserve(blocks.size() + 1);
+        armed.reserve(first + batch);
+        free.reserve(first + batch);
+        device::signal_block b;
+        if (auto ec = backend.allocate_signal_block(device, batch, b)) return ec;
+        blocks.push_back(b);
+        armed.resize(first + batch, 0);
+        for (std::size_t i = first + batch; i-- > first;) free.push_back(i);
+      }
+    } catch (const std::bad_alloc&) {
+      return std::make_error_code(std::errc::not_enough_memory);
+    }
     return {};
   }
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
@@ -189,12 +200,7 @@ signal_slot signal_pool::acquire(std::error_code& ec) noexcept {
   std::lock_guard<std::mutex> lock(state_->mutex);
   std::size_t i = state_->take_free();
   if (i == detail::signal_pool_state::npos) {
-    try {
-      ec = state_->grow();
-      state_->free.reserve(state_->blocks.size() * state_->batch);
-    } catch (const std::bad_alloc&) {
-      ec = std::make_error_code(std::errc::not_enough_memory);
-    }
+    ec = state_->grow_to(state_->blocks.size() * state_->batch + 1);
     if (ec) return s;
     i = state_->take_free();
   }
@@ -205,6 +211,17 @@ signal_slot signal_pool::acquire(std::error_code& ec) noexcept {
   s.ref_ = state_->blocks[i / state_->batch].ref(i % state_->batch);
   ++state_->in_use;
   return s;
+}
+
+void signal_pool::reserve(std::size_t slots) {
+  std::error_code ec;
+  reserve(slots, ec);
+  throw_if(ec, "signal_pool::reserve");
+}
+
+void signal_pool::reserve(std::size_t slots, std::error_code& ec) noexcept {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  ec = state_->grow_to(slots);
 }
 
 int signal_pool::device() const noexcept { return state_->device; }

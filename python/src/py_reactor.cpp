@@ -184,7 +184,7 @@ void py_reactor::prepare_device(int device) {
   }
   std::error_code ec;
   {
-    py::gil_scoped_release nogil;  // the load waits for the device's running kernels
+    py::gil_scoped_release nogil;  // a load waits for the device's running kernels
     ec = r_->prepare_device(device);
   }
   if (ec) raise(ec);
@@ -195,15 +195,16 @@ py_signal_slot py_reactor::signal_slot(py::object self, py::object owner, int de
     if (std::error_code ec = r_->backend().current_device(device)) raise(ec);
   }
   std::error_code ec;
-  evr::signal_pool* pool = nullptr;
+  evr::signal_slot slot;
   {
-    py::gil_scoped_release nogil;  // the first pool of a device loads the signal kernel
-    pool = r_->pools().signals(device, ec);
+    // A device's first batch of slots loads the signal kernel, which waits for the device's
+    // running kernels: another Python thread may be the one that lets them end.
+    py::gil_scoped_release nogil;
+    evr::signal_pool* pool = r_->pools().signals(device, ec);
+    if (pool != nullptr) slot = pool->acquire(ec);
   }
-  if (pool == nullptr) raise(ec ? ec : evr::make_error_code(evr::errc::invalid_argument));
-  py_signal_slot s{std::move(self), std::move(owner), pool->acquire(ec)};
-  if (ec) raise(ec);
-  return s;
+  if (ec || !slot) raise(ec ? ec : evr::make_error_code(evr::errc::invalid_argument));
+  return py_signal_slot{std::move(self), std::move(owner), std::move(slot)};
 }
 
 std::int64_t py_reactor::submit(const std::shared_ptr<completion_sink>& sink, py::handle fut,

@@ -81,6 +81,21 @@ bool uses_fence_kernels(const reactor_options& o) {
   return o.kernel_fences && detail::strategy_traits::of(o.strategy).fence_markers;
 }
 
+/// Signal slots are waited on by the strategies whose sweep reads fence words.
+bool serves_signal_slots(const reactor_options& o) {
+  return detail::strategy_traits::of(o.strategy).fence_markers;
+}
+
+/// The device's first batch of signal slots, made now (on CUDA the signal kernel is loaded with
+/// it), so that taking a slot later neither allocates nor loads. A backend without signal slots:
+/// nothing to make.
+std::error_code make_first_signal_slots(pool_set& pools, int device) noexcept {
+  std::error_code ec;
+  signal_pool* signals = pools.signals(device, ec);
+  if (signals != nullptr) signals->reserve(1, ec);
+  return ec == errc::unsupported ? std::error_code{} : ec;
+}
+
 /// With kernel_fences: loads the fence kernel on the devices the process already uses, here,
 /// where the program chose to make a reactor, so that no wait ever loads it (a load waits for the
 /// device's running kernels and holds up other threads' CUDA calls meanwhile). A device that
@@ -132,10 +147,18 @@ std::error_code reactor::prepare_device(int device) noexcept {
   int count = 0;
   if (auto ec = backend.device_count(count)) return ec;
   if (device < 0 || device >= count) return make_error_code(errc::no_device);
-  if (!uses_fence_kernels(core_->options())) return {};
-  // From a host function the load would wait for the stream work that includes it.
+  const bool signals = serves_signal_slots(core_->options());
+  const bool fence_kernels = uses_fence_kernels(core_->options());
+  if (!signals && !fence_kernels) return {};
+  // From a host function a load or an allocation would wait for the stream work that includes it.
   if (backend.in_host_func()) return make_error_code(errc::called_from_host_func);
-  return backend.load_fence_kernels(device);
+  std::error_code ec;
+  if (signals) ec = make_first_signal_slots(core_->pools(), device);
+  if (fence_kernels) {
+    const std::error_code loaded = backend.load_fence_kernels(device);
+    if (!ec) ec = loaded;
+  }
+  return ec;
 }
 
 reactor::~reactor() { core_->stop(/*destroying=*/true); }

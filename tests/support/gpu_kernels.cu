@@ -22,6 +22,21 @@ __global__ void gate_kernel(const volatile int* flag) {
   }
 }
 
+__global__ void gate_with_limit_kernel(const volatile int* flag, std::uint64_t limit_ns,
+                                       volatile int* timed_out) {
+  const std::uint64_t start = global_timer_ns();
+  while (*flag == 0) {
+    if (global_timer_ns() - start > limit_ns) {
+      *timed_out = 1;
+      __threadfence_system();
+      return;
+    }
+#if __CUDA_ARCH__ >= 700
+    __nanosleep(100);
+#endif
+  }
+}
+
 __global__ void fault_kernel() {
   // A trap: the kernel ends with cudaErrorLaunchFailure, which is sticky. (A store to an unmapped
   // address is not a reliable fault: on the H100 machine, with HMM, such a store to
@@ -94,6 +109,15 @@ cudaError_t finish_launch(cudaError_t scope_status) {
 cudaError_t launch_gate(cudaStream_t stream, const volatile int* flag) {
   stream_device_scope scope(stream);
   if (scope.status() == cudaSuccess) gate_kernel<<<1, 1, 0, stream>>>(flag);
+  return finish_launch(scope.status());
+}
+
+cudaError_t launch_gate_with_limit(cudaStream_t stream, const volatile int* flag,
+                                   unsigned milliseconds, volatile int* timed_out) {
+  stream_device_scope scope(stream);
+  if (scope.status() == cudaSuccess)
+    gate_with_limit_kernel<<<1, 1, 0, stream>>>(flag, std::uint64_t{milliseconds} * 1000000u,
+                                                timed_out);
   return finish_launch(scope.status());
 }
 

@@ -15,6 +15,12 @@ namespace evr::test::gpu {
 /// host memory (cudaHostAlloc(cudaHostAllocMapped)).
 cudaError_t launch_gate(cudaStream_t stream, const volatile int* flag);
 
+/// The same gate with a time limit: after about `milliseconds` still closed, it sets
+/// `*timed_out` to 1 and ends (a test that waits for something the gate holds up fails rather
+/// than hangs). Both pointers are device addresses of mapped pinned host memory.
+cudaError_t launch_gate_with_limit(cudaStream_t stream, const volatile int* flag,
+                                   unsigned milliseconds, volatile int* timed_out);
+
 /// A kernel that traps: the device's context then fails with cudaErrorLaunchFailure (sticky).
 cudaError_t launch_fault(cudaStream_t stream);
 

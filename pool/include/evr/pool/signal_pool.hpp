@@ -21,10 +21,11 @@
 // errc::not_signalled.
 //
 // Pool: slots are made in batches (backend::allocate_signal_block: mapped host words and device
-// counters, zeroed) on the acquiring thread, and reused. A slot given back while signals it was
-// armed for have not all landed is not handed out again until they have (a late signal would
-// complete the next owner's wait). The free list is under a mutex: a slot is taken once per
-// lane or stream, not per wait, so this is off the hot path (arm() is a plain increment).
+// counters, zeroed) on the acquiring thread, or ahead of need (reserve), and reused. A slot given
+// back while signals it was armed for have not all landed is not handed out again until they have
+// (a late signal would complete the next owner's wait). The free list is under a mutex: a slot is
+// taken once per lane or stream, not per wait, so this is off the hot path (arm() is a plain
+// increment).
 //
 // Thread safety: signal_pool: every member is thread-safe. signal_slot: distinct objects are
 // independent; one slot's arm() must not race with itself (the thread that launches the work
@@ -136,6 +137,15 @@ class signal_pool {
   signal_slot acquire();
   /// Same, never throws: an empty slot and `ec` set on failure.
   signal_slot acquire(std::error_code& ec) noexcept;
+  /// Makes batches until the pool has made at least `slots` slots (handed out or free), so that
+  /// acquiring that many makes nothing. On CUDA the first batch of a device also loads evr's
+  /// signal kernel there; a load waits for the device's running kernels to end and holds up other
+  /// threads' CUDA calls meanwhile, and the batch's zeroing may queue behind them. So make the
+  /// slots (or call reactor::prepare_device) before launching kernels that wait for the host.
+  /// Throws evr::error as acquire() does; the batches made before a failure stay.
+  void reserve(std::size_t slots);
+  /// Same, never throws: `ec` set on failure.
+  void reserve(std::size_t slots, std::error_code& ec) noexcept;
 
   int device() const noexcept;               ///< its device
   signal_pool_stats stats() const noexcept;  ///< a snapshot

@@ -97,16 +97,18 @@ class reactor {
   /// another thread waits for the shutdown to finish.
   void stop() noexcept;
 
-  /// Makes ready on `device` what this reactor's waits there will use, so that no wait has to:
-  /// with options().kernel_fences and a fence or adaptive strategy, loads evr's fence kernel (the
-  /// constructor already did on the devices the process used then). Blocks: CUDA's load waits for
-  /// the kernels running on the device to end and holds up other threads' CUDA calls meanwhile,
-  /// so call it before launching kernels that wait for the host. Returns {} when it is ready or
-  /// there is nothing to load; errc::no_device for an index the backend does not have;
-  /// errc::called_from_host_func inside a CUDA host function (the load would wait for it);
-  /// otherwise why the device cannot have the kernel (errc::unsupported: a GPU before compute
-  /// capability 9.0; a CUDA error), and its waits then record events past the stream limit.
-  /// Thread-safe; idempotent.
+  /// Makes ready on `device` what this reactor's waits there will use, so that neither a wait
+  /// nor taking a signal slot has to: with a fence or adaptive strategy (the ones that serve
+  /// signal slots), the first batch of pools().signals(device) and, on CUDA, evr's signal kernel;
+  /// with options().kernel_fences as well, evr's fence kernel (the constructor already loaded it
+  /// on the devices the process used then). Blocks: CUDA's load waits for the kernels running on
+  /// the device to end and holds up other threads' CUDA calls meanwhile, so call it before
+  /// launching kernels that wait for the host. Returns {} when all is ready or there is nothing
+  /// to make; errc::no_device for an index the backend does not have;
+  /// errc::called_from_host_func inside a CUDA host function (a load would wait for it);
+  /// otherwise the first failure (out of memory, a CUDA error; errc::unsupported for the fence
+  /// kernel on a GPU before compute capability 9.0, whose waits then record events past the
+  /// stream limit). A backend without signal slots is no failure. Thread-safe; idempotent.
   std::error_code prepare_device(int device) noexcept;
 
   /// A snapshot of the counters and latency histograms (see reactor_metrics).
