@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <system_error>
 
 #include <cuda_runtime_api.h>
@@ -72,12 +73,13 @@ bool gate_gave_up(evr::reactor& r, std::chrono::milliseconds& acquire_took) {
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
   const evr::signal_ticket ticket = slot.arm();
   slot.enqueue_signal(work.native());
-  std::atomic<int> done{0};
+  // Shared with the handler: a failed REQUIRE leaves this frame while the wait may still end.
+  auto done = std::make_shared<std::atomic<int>>(0);
   REQUIRE_FALSE(evr::on_complete(r, evr::wait_target(work, ticket),
-                                 [&](std::error_code ec) { done += ec ? 1000 : 1; }));
+                                 [done](std::error_code ec) { *done += ec ? 1000 : 1; }));
   gate.open();
-  REQUIRE(evr::test::wait_until([&] { return done.load() != 0; }));
-  CHECK(done.load() == 1);
+  REQUIRE(evr::test::wait_until([&] { return done->load() != 0; }));
+  CHECK(done->load() == 1);
   REQUIRE(cudaStreamSynchronize(static_cast<cudaStream_t>(held.native())) == cudaSuccess);
   return gate.timed_out();
 }

@@ -196,7 +196,7 @@ TEST_CASE("fence kernel: with kernel_fences off nothing is loaded; a device with
     auto opts = quick_options(evr::strategy::fence);
     opts.kernel_fences = false;
     evr::reactor off(sim, opts);
-    CHECK(off.prepare_device(0) == std::error_code{});  // nothing to do
+    CHECK(off.prepare_device(0) == std::error_code{});  // no fence kernel (signal slots only)
     CHECK(sim.counters().fence_kernel_loads == 0);
     CHECK_FALSE(sim.fence_kernels(0));
   }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <evr/evr.hpp>
@@ -24,8 +25,10 @@ namespace {
 
 constexpr evr::sim::options manual{.devices = 2, .mode = evr::sim::run_mode::manual};
 
-/// The simulated device, counting the signal blocks it makes; `refuse` fails the next ones with
-/// not_enough_memory, `unsupported` answers as a backend without signal slots.
+/// The simulated device, counting the signal blocks it makes and the signal kernel's loads;
+/// `refuse` fails the next blocks with not_enough_memory, `load_error` the next loads,
+/// `unsupported` answers as a backend without signal slots; with `hold` set, a block is made only
+/// once `hold` is cleared (`holding` says one is being made).
 class counting_blocks : public evr::test::forwarding_backend {
  public:
   using forwarding_backend::forwarding_backend;
@@ -33,11 +36,19 @@ class counting_blocks : public evr::test::forwarding_backend {
                                         evr::device::signal_block& out) noexcept override {
     if (unsupported) return forwarding_backend::backend::allocate_signal_block(d, n, out);
     if (refuse) return std::make_error_code(std::errc::not_enough_memory);
+    holding = hold.load();
+    while (hold.load()) std::this_thread::yield();
+    holding = false;
     ++made;
     return forwarding_backend::allocate_signal_block(d, n, out);
   }
-  std::atomic<int> made{0};
-  std::atomic<bool> refuse{false};
+  std::error_code load_signal_kernel(int d) noexcept override {
+    ++loads;
+    return load_error ? load_error : forwarding_backend::load_signal_kernel(d);
+  }
+  std::atomic<int> made{0}, loads{0};
+  std::atomic<bool> refuse{false}, hold{false}, holding{false};
+  std::error_code load_error;
   bool unsupported = false;
 };
 
@@ -136,9 +147,15 @@ TEST_CASE(
   evr::reactor r(be, quick_options(evr::strategy::fence));
   be.refuse = true;
   CHECK(r.prepare_device(0) == std::errc::not_enough_memory);
+  CHECK(be.loads == 0);  // no slots, no load
   be.refuse = false;
-  CHECK(r.prepare_device(0) == std::error_code{});  // tried again, made
+  be.load_error = std::make_error_code(std::errc::not_enough_memory);  // the kernel's load fails
+  CHECK(r.prepare_device(0) == std::errc::not_enough_memory);
   CHECK(be.made == 1);
+  be.load_error = {};
+  CHECK(r.prepare_device(0) == std::error_code{});  // tried again: the load, not another batch
+  CHECK(be.made == 1);
+  CHECK(be.loads == 2);
   counting_blocks without(sim);
   without.unsupported = true;
   evr::reactor w(without, quick_options(evr::strategy::fence));
@@ -168,4 +185,28 @@ TEST_CASE("signal slots ahead: prepare_device from a host function is refused an
   CHECK(be.made == 0);
   CHECK(r.prepare_device(0) == std::error_code{});
   CHECK(be.made == 1);
+}
+
+TEST_CASE("signal slots ahead: a batch in the making holds up no release() of the pool's slots") {
+  // A device's first batch loads the signal kernel, which waits for the device's running kernels:
+  // a thread giving a slot back meanwhile must not wait for that (in Python it holds the GIL).
+  evr::sim::device sim(manual);
+  counting_blocks be(sim);
+  evr::signal_pool pool(be, 0, 2);
+  evr::signal_slot a = pool.acquire(), b = pool.acquire();
+  be.hold = true;
+  std::thread grower([&] { evr::signal_slot c = pool.acquire(); });  // needs a batch: held
+  REQUIRE(wait_until([&] { return be.holding.load(); }));
+  std::atomic<bool> released{false};
+  std::thread giver([&] {
+    a.release();
+    released = true;
+  });
+  const bool in_time = wait_until([&] { return released.load(); });
+  be.hold = false;  // lets the batch be made whatever happened, so that nothing hangs
+  giver.join();
+  grower.join();
+  CHECK(in_time);
+  CHECK(be.made == 2);
+  CHECK(pool.stats().slots == 4);
 }

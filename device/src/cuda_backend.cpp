@@ -310,6 +310,10 @@ class cuda_backend_impl final : public backend {
     return cuda_kernels::load_and_wait(device, cuda_kernels::kernel::fence);
   }
 
+  std::error_code load_signal_kernel(int device) noexcept override {
+    return cuda_kernels::load_and_wait(device, cuda_kernels::kernel::signal);
+  }
+
   std::vector<int> devices_in_use() noexcept override { return cuda_devices::in_use(); }
 
   bool fence_kernels(int device) noexcept override {

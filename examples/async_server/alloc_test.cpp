@@ -251,6 +251,15 @@ class device_not_counted final : public evr::device::backend {
     not_counted off;
     return b_.load_fence_kernels(d);
   }
+  std::error_code enqueue_signal(int d, native_stream s,
+                                 const evr::signal_ref& ref) noexcept override {
+    not_counted off;
+    return b_.enqueue_signal(d, s, ref);
+  }
+  std::error_code load_signal_kernel(int d) noexcept override {
+    not_counted off;
+    return b_.load_signal_kernel(d);
+  }
   std::vector<int> devices_in_use() noexcept override {
     not_counted off;
     return b_.devices_in_use();

@@ -2,9 +2,11 @@
 //
 // State, shared by the pool object and every slot handed out (a shared_ptr: slots are taken per
 // lane, not per wait, so the reference count is off the hot path): the blocks of slot memory,
-// and per slot how many signals were armed when it was given back. Everything under `mutex`.
+// and per slot how many signals were armed when it was given back. Everything under `mutex`;
+// growth under `grow_mutex` (a block is made without `mutex`: see add_block).
 #include <evr/pool/signal_pool.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <utility>
@@ -14,6 +16,14 @@
 
 namespace evr {
 namespace detail {
+namespace {
+/// Capacity for `n` elements, grown geometrically (an exact reserve per batch would copy the
+/// vector at every batch).
+template <class T>
+void make_room(std::vector<T>& v, std::size_t n) {
+  if (v.capacity() < n) v.reserve(std::max(n, 2 * v.capacity()));
+}
+}  // namespace
 
 struct signal_pool_state {
   signal_pool_state(device::backend& b, int d, std::size_t n)
@@ -24,6 +34,7 @@ struct signal_pool_state {
   const int device;
   const std::size_t batch;
   mutable std::mutex mutex;
+  std::mutex grow_mutex;  // one growth at a time; taken before `mutex`, never inside it
   std::vector<device::signal_block> blocks;  // slot i is in blocks[i / batch] at i % batch
   std::vector<std::uint64_t> armed;          // per slot: armed when it was last given back
   std::vector<std::size_t> free;             // slots given back (some may await signals)
@@ -47,25 +58,30 @@ struct signal_pool_state {
     }
     return npos;
   }
-  /// (mutex) Blocks of slots, all free, until the pool has at least `slots`. Room in the
-  /// vectors is made before each block, so that nothing throws once a block is allocated (it
-  /// would be lost) and release() never allocates (free has room for every slot).
-  std::error_code grow_to(std::size_t slots) noexcept {
+  /// (mutex) Slots made so far.
+  std::size_t made() const noexcept { return blocks.size() * batch; }
+  /// (grow_mutex, not mutex) One more block of slots, all free. The block is made without
+  /// `mutex`: a device's first block loads the signal kernel, which waits for the device's
+  /// running kernels, and release() and the slots' other users must not wait with it. Room in
+  /// the vectors is made before the block is added, so that nothing throws once it is in (and
+  /// release() never allocates: free has room for every slot); if that room cannot be had, the
+  /// block, which no kernel has seen yet, is freed.
+  std::error_code add_block() noexcept {
+    device::signal_block b;
+    if (auto ec = backend.allocate_signal_block(device, batch, b)) return ec;
+    std::lock_guard<std::mutex> lock(mutex);
+    const std::size_t first = made();
     try {
-      while (blocks.size() * batch < slots) {
-        const std::size_t first = blocks.size() * batch;
-        blocks.reserve(blocks.size() + 1);
-        armed.reserve(first + batch);
-        free.reserve(first + batch);
-        device::signal_block b;
-        if (auto ec = backend.allocate_signal_block(device, batch, b)) return ec;
-        blocks.push_back(b);
-        armed.resize(first + batch, 0);
-        for (std::size_t i = first + batch; i-- > first;) free.push_back(i);
-      }
+      make_room(blocks, blocks.size() + 1);
+      make_room(armed, first + batch);
+      make_room(free, first + batch);
     } catch (const std::bad_alloc&) {
+      backend.free_signal_block(b);
       return std::make_error_code(std::errc::not_enough_memory);
     }
+    blocks.push_back(b);
+    armed.resize(first + batch, 0);
+    for (std::size_t i = first + batch; i-- > first;) free.push_back(i);
     return {};
   }
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
@@ -197,20 +213,26 @@ signal_slot signal_pool::acquire() {
 signal_slot signal_pool::acquire(std::error_code& ec) noexcept {
   ec.clear();
   signal_slot s;
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  std::size_t i = state_->take_free();
-  if (i == detail::signal_pool_state::npos) {
-    ec = state_->grow_to(state_->blocks.size() * state_->batch + 1);
-    if (ec) return s;
-    i = state_->take_free();
+  if (take_free_slot(s)) return s;
+  std::lock_guard<std::mutex> growing(state_->grow_mutex);
+  // Another thread may have made a block meanwhile, and others may take this one's slots first.
+  while (!take_free_slot(s)) {
+    if ((ec = state_->add_block())) return s;
   }
+  return s;
+}
+
+bool signal_pool::take_free_slot(signal_slot& s) noexcept {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  const std::size_t i = state_->take_free();
+  if (i == detail::signal_pool_state::npos) return false;
   s.state_ = state_;
   s.index_ = i;
   s.word_ = state_->word(i);
   s.armed_ = state_->armed[i];
   s.ref_ = state_->blocks[i / state_->batch].ref(i % state_->batch);
   ++state_->in_use;
-  return s;
+  return true;
 }
 
 void signal_pool::reserve(std::size_t slots) {
@@ -220,8 +242,14 @@ void signal_pool::reserve(std::size_t slots) {
 }
 
 void signal_pool::reserve(std::size_t slots, std::error_code& ec) noexcept {
+  ec.clear();
+  std::lock_guard<std::mutex> growing(state_->grow_mutex);
+  while (!ec && made_slots() < slots) ec = state_->add_block();
+}
+
+std::size_t signal_pool::made_slots() const noexcept {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  ec = state_->grow_to(slots);
+  return state_->made();
 }
 
 int signal_pool::device() const noexcept { return state_->device; }

@@ -157,15 +157,16 @@ class Reactor:
 
     def prepare_device(self, device: Optional[int] = None) -> None:
         """Makes ready on ``device`` (None: the calling thread's current device) what this
-        reactor's waits there will use, so that neither a wait nor :meth:`signal_slot` has to:
-        with the ``fence`` and ``adaptive`` strategies, the device's first signal slots and evr's
-        signal kernel; with ``kernel_fences`` as well, evr's fence kernel (a reactor made while
-        the process already used a device loaded that one there). Blocks until the device's
-        running kernels have ended (CUDA's load waits for them), with the GIL released, so call
-        it before launching kernels that wait for the host. Raises EvrError for a device that
-        does not exist, and when the device cannot have the fence kernel (a GPU before compute
-        capability 9.0; CudaError for a CUDA failure); its waits then record events past the
-        stream limit. With the ``poll`` and ``host_func`` strategies it only checks the index."""
+        reactor's waits there will use, so that neither a wait nor the first
+        :meth:`signal_slot` has to: with the ``fence`` and ``adaptive`` strategies, the device's
+        first batch of signal slots (64) and evr's signal kernel; with ``kernel_fences`` as well,
+        evr's fence kernel (a reactor made while the process already used a device loaded that
+        one there). Blocks until the device's running kernels have ended (CUDA's load waits for
+        them), with the GIL released, so call it before launching kernels that wait for the
+        host. Raises EvrError for a device that does not exist, and when the device cannot have
+        the fence kernel (a GPU before compute capability 9.0; its waits then record events past
+        the stream limit); CudaError when a slot or a kernel cannot be made (out of memory, a
+        CUDA failure). With the ``poll`` and ``host_func`` strategies it only checks the index."""
         if device is not None and (not isinstance(device, int) or isinstance(device, bool)):
             raise TypeError(f"evr.Reactor.prepare_device: device must be an int or None, got "
                             f"{type(device).__name__}")

@@ -86,14 +86,17 @@ bool serves_signal_slots(const reactor_options& o) {
   return detail::strategy_traits::of(o.strategy).fence_markers;
 }
 
-/// The device's first batch of signal slots, made now (on CUDA the signal kernel is loaded with
-/// it), so that taking a slot later neither allocates nor loads. A backend without signal slots:
-/// nothing to make.
-std::error_code make_first_signal_slots(pool_set& pools, int device) noexcept {
+/// The device's first batch of signal slots, made now, and the signal kernel loaded (the batch
+/// loads it on CUDA, but cannot report a failed load), so that taking a slot later neither
+/// allocates nor loads. A backend without signal slots: nothing to make.
+std::error_code make_first_signal_slots(device::backend& backend, pool_set& pools,
+                                        int device) noexcept {
   std::error_code ec;
   signal_pool* signals = pools.signals(device, ec);
   if (signals != nullptr) signals->reserve(1, ec);
-  return ec == errc::unsupported ? std::error_code{} : ec;
+  if (ec == errc::unsupported) return {};
+  if (!ec) ec = backend.load_signal_kernel(device);
+  return ec;
 }
 
 /// With kernel_fences: loads the fence kernel on the devices the process already uses, here,
@@ -153,7 +156,7 @@ std::error_code reactor::prepare_device(int device) noexcept {
   // From a host function a load or an allocation would wait for the stream work that includes it.
   if (backend.in_host_func()) return make_error_code(errc::called_from_host_func);
   std::error_code ec;
-  if (signals) ec = make_first_signal_slots(core_->pools(), device);
+  if (signals) ec = make_first_signal_slots(backend, core_->pools(), device);
   if (fence_kernels) {
     const std::error_code loaded = backend.load_fence_kernels(device);
     if (!ec) ec = loaded;

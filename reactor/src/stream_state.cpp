@@ -91,6 +91,9 @@ std::error_code fence_allocator::allocate(int device, std::uint64_t*& host,
   if (devices_.size() <= static_cast<std::size_t>(device)) devices_.resize(device + 1);
   per_device& d = devices_[device];
   if (d.used_in_last == block_words) {
+    // Room first (may throw bad_alloc): a push_back that threw after the allocation would lose
+    // the block.
+    if (d.blocks.size() == d.blocks.capacity()) d.blocks.reserve(2 * d.blocks.size() + 1);
     device::fence_block block;
     if (auto ec = backend_.allocate_fence_block(device, block_words, block)) return ec;
     d.blocks.push_back(block);

@@ -95,6 +95,13 @@ class forwarding_backend : public device::backend {
   std::error_code load_fence_kernels(int d) noexcept override {
     return inner_.load_fence_kernels(d);
   }
+  std::error_code enqueue_signal(int d, device::native_stream s,
+                                 const signal_ref& ref) noexcept override {
+    return inner_.enqueue_signal(d, s, ref);
+  }
+  std::error_code load_signal_kernel(int d) noexcept override {
+    return inner_.load_signal_kernel(d);
+  }
   std::vector<int> devices_in_use() noexcept override { return inner_.devices_in_use(); }
   bool fence_kernels(int d) noexcept override { return inner_.fence_kernels(d); }
   std::error_code write_fence_by_kernel(int d, device::native_stream s, std::uint64_t address,

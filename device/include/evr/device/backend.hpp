@@ -232,6 +232,15 @@ class backend {
     (void)s;
     return make_error_code(errc::unsupported);
   }
+  /// Loads evr's signal kernel (enqueue_signal's) on `device` and returns once it is loaded, or
+  /// why it cannot be. Blocks as load_fence_kernels does (a load waits for the device's running
+  /// kernels); never from a host function. A device's first allocate_signal_block loads it too,
+  /// but cannot say that the load failed (the slots serve the user's own kernels without it).
+  /// The default: {} (nothing to load).
+  virtual std::error_code load_signal_kernel(int device) noexcept {
+    (void)device;
+    return {};
+  }
 
   // --- threads -------------------------------------------------------------------------------
   /// Makes `device` current for the calling thread (cudaSetDevice).

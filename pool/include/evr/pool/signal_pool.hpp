@@ -121,7 +121,8 @@ struct signal_pool_stats {
   std::size_t waiting = 0;  ///< given back with signals still to land (not reused until they do)
 };
 
-/// The signal slots of one device: made in batches on first need, reused. Thread-safe.
+/// The signal slots of one device: made in batches on first need or ahead (reserve), reused.
+/// Thread-safe.
 /// Errors: evr::error, or std::error_code with the non-throwing acquire().
 class signal_pool {
  public:
@@ -137,12 +138,14 @@ class signal_pool {
   signal_slot acquire();
   /// Same, never throws: an empty slot and `ec` set on failure.
   signal_slot acquire(std::error_code& ec) noexcept;
-  /// Makes batches until the pool has made at least `slots` slots (handed out or free), so that
-  /// acquiring that many makes nothing. On CUDA the first batch of a device also loads evr's
-  /// signal kernel there; a load waits for the device's running kernels to end and holds up other
-  /// threads' CUDA calls meanwhile, and the batch's zeroing may queue behind them. So make the
-  /// slots (or call reactor::prepare_device) before launching kernels that wait for the host.
-  /// Throws evr::error as acquire() does; the batches made before a failure stay.
+  /// Makes batches until the pool has made at least `slots` slots (handed out, free, or given
+  /// back with signals still to land), so that taking that many from a fresh pool makes nothing.
+  /// On CUDA the first batch of a device also loads evr's signal kernel there; a load waits for
+  /// the device's running kernels to end and holds up other threads' CUDA calls meanwhile, and
+  /// the batch's zeroing may queue behind them. So make the slots (or call
+  /// reactor::prepare_device) before launching kernels that wait for the host. A batch is made
+  /// without the lock that acquire() and release() take for the free list: only other growth
+  /// waits for it. Throws evr::error as acquire() does; the batches made before a failure stay.
   void reserve(std::size_t slots);
   /// Same, never throws: `ec` set on failure.
   void reserve(std::size_t slots, std::error_code& ec) noexcept;
@@ -151,6 +154,9 @@ class signal_pool {
   signal_pool_stats stats() const noexcept;  ///< a snapshot
 
  private:
+  /// A free slot whose signals all landed, into `s`; false when there is none.
+  bool take_free_slot(signal_slot& s) noexcept;
+  std::size_t made_slots() const noexcept;
   std::shared_ptr<detail::signal_pool_state> state_;
 };
 
