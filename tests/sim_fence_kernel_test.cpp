@@ -17,6 +17,7 @@
 #include <evr/sim/device.hpp>
 
 #include "support/helpers.hpp"
+#include "support/host_func_call.hpp"
 
 using namespace std::chrono_literals;
 using evr::test::quick_options;
@@ -329,21 +330,9 @@ TEST_CASE("fence kernel: poll and host_func load nothing; a host function may no
   evr::sim::device fresh(one_device_unused);
   evr::reactor r(fresh, with_kernel_fences(evr::strategy::fence));
   evr::stream st(fresh, 0);
-  struct call {
-    evr::reactor* r;
-    std::error_code seen;
-    std::atomic<bool> ran{false};
-  } c{&r, {}, {}};
-  REQUIRE_FALSE(fresh.launch_host_func(
-      st.native(),
-      [](void* p) {
-        auto* k = static_cast<call*>(p);
-        k->seen = k->r->prepare_device(0);  // the load would wait for this very host function
-        k->ran.store(true, std::memory_order_release);
-      },
-      &c));
-  REQUIRE(wait_until([&] { return c.ran.load(std::memory_order_acquire); }));
-  CHECK(c.seen == evr::errc::called_from_host_func);
+  // The load would wait for the host function it is called from.
+  CHECK(evr::test::call_in_host_func(fresh, st, [&] { return r.prepare_device(0); }) ==
+        evr::errc::called_from_host_func);
   CHECK(fresh.counters().fence_kernel_loads == 0);
   CHECK(r.prepare_device(0) == std::error_code{});  // from an ordinary thread it loads
   CHECK(fresh.fence_kernels(0));

@@ -17,6 +17,7 @@
 
 #include "support/forwarding_backend.hpp"
 #include "support/helpers.hpp"
+#include "support/host_func_call.hpp"
 
 using evr::test::quick_options;
 using evr::test::wait_until;
@@ -167,21 +168,9 @@ TEST_CASE("signal slots ahead: prepare_device from a host function is refused an
   counting_blocks be(sim);
   evr::reactor r(be, quick_options(evr::strategy::fence));  // kernel_fences off: signals alone
   evr::stream st(sim, 0);
-  struct call {
-    evr::reactor* r;
-    std::error_code seen;
-    std::atomic<bool> ran{false};
-  } c{&r, {}, {}};
-  REQUIRE_FALSE(sim.launch_host_func(
-      st.native(),
-      [](void* p) {
-        auto* k = static_cast<call*>(p);
-        k->seen = k->r->prepare_device(0);  // an allocation or a load would wait for it
-        k->ran.store(true, std::memory_order_release);
-      },
-      &c));
-  REQUIRE(wait_until([&] { return c.ran.load(std::memory_order_acquire); }));
-  CHECK(c.seen == evr::errc::called_from_host_func);
+  // An allocation or a load would wait for the host function it is called from.
+  CHECK(evr::test::call_in_host_func(sim, st, [&] { return r.prepare_device(0); }) ==
+        evr::errc::called_from_host_func);
   CHECK(be.made == 0);
   CHECK(r.prepare_device(0) == std::error_code{});
   CHECK(be.made == 1);
