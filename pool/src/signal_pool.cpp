@@ -60,6 +60,11 @@ struct signal_pool_state {
   }
   /// (mutex) Slots made so far.
   std::size_t made() const noexcept { return blocks.size() * batch; }
+  /// The same, taking `mutex`.
+  std::size_t made_locked() const noexcept {
+    std::lock_guard<std::mutex> lock(mutex);
+    return made();
+  }
   /// (grow_mutex, not mutex) One more block of slots, all free. The block is made without
   /// `mutex`: a device's first block loads the signal kernel, which waits for the device's
   /// running kernels, and release() and the slots' other users must not wait with it. Room in
@@ -244,12 +249,7 @@ void signal_pool::reserve(std::size_t slots) {
 void signal_pool::reserve(std::size_t slots, std::error_code& ec) noexcept {
   ec.clear();
   std::lock_guard<std::mutex> growing(state_->grow_mutex);
-  while (!ec && made_slots() < slots) ec = state_->add_block();
-}
-
-std::size_t signal_pool::made_slots() const noexcept {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->made();
+  while (!ec && state_->made_locked() < slots) ec = state_->add_block();
 }
 
 int signal_pool::device() const noexcept { return state_->device; }
@@ -257,7 +257,7 @@ int signal_pool::device() const noexcept { return state_->device; }
 signal_pool_stats signal_pool::stats() const noexcept {
   std::lock_guard<std::mutex> lock(state_->mutex);
   signal_pool_stats st;
-  st.slots = state_->blocks.size() * state_->batch;
+  st.slots = state_->made();
   st.in_use = state_->in_use;
   for (std::size_t i : state_->free) st.waiting += state_->settled(i) ? 0 : 1;
   return st;

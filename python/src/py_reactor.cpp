@@ -203,7 +203,7 @@ py_signal_slot py_reactor::signal_slot(py::object self, py::object owner, int de
     evr::signal_pool* pool = r_->pools().signals(device, ec);
     if (pool != nullptr) slot = pool->acquire(ec);
   }
-  if (ec || !slot) raise(ec ? ec : evr::make_error_code(evr::errc::invalid_argument));
+  if (ec) raise(ec);  // no pool or no slot: each says why
   return py_signal_slot{std::move(self), std::move(owner), std::move(slot)};
 }
 

@@ -14,25 +14,18 @@ __device__ std::uint64_t global_timer_ns() {
   return t;
 }
 
-__global__ void gate_kernel(const volatile int* flag) {
-  while (*flag == 0) {
-#if __CUDA_ARCH__ >= 700
-    __nanosleep(100);  // fewer PCIe reads while closed; opening is still seen within ~1 µs
-#endif
-  }
-}
-
-__global__ void gate_with_limit_kernel(const volatile int* flag, std::uint64_t limit_ns,
-                                       volatile int* timed_out) {
+/// Spins until `*flag != 0`; with a `timed_out` word, gives up after `limit_ns` and sets it.
+__global__ void gate_kernel(const volatile int* flag, std::uint64_t limit_ns,
+                            volatile int* timed_out) {
   const std::uint64_t start = global_timer_ns();
   while (*flag == 0) {
-    if (global_timer_ns() - start > limit_ns) {
+    if (timed_out != nullptr && global_timer_ns() - start > limit_ns) {
       *timed_out = 1;
       __threadfence_system();
       return;
     }
 #if __CUDA_ARCH__ >= 700
-    __nanosleep(100);
+    __nanosleep(100);  // fewer PCIe reads while closed; opening is still seen within ~1 µs
 #endif
   }
 }
@@ -108,7 +101,7 @@ cudaError_t finish_launch(cudaError_t scope_status) {
 
 cudaError_t launch_gate(cudaStream_t stream, const volatile int* flag) {
   stream_device_scope scope(stream);
-  if (scope.status() == cudaSuccess) gate_kernel<<<1, 1, 0, stream>>>(flag);
+  if (scope.status() == cudaSuccess) gate_kernel<<<1, 1, 0, stream>>>(flag, 0, nullptr);
   return finish_launch(scope.status());
 }
 
@@ -116,8 +109,7 @@ cudaError_t launch_gate_with_limit(cudaStream_t stream, const volatile int* flag
                                    unsigned milliseconds, volatile int* timed_out) {
   stream_device_scope scope(stream);
   if (scope.status() == cudaSuccess)
-    gate_with_limit_kernel<<<1, 1, 0, stream>>>(flag, std::uint64_t{milliseconds} * 1000000u,
-                                                timed_out);
+    gate_kernel<<<1, 1, 0, stream>>>(flag, std::uint64_t{milliseconds} * 1000000u, timed_out);
   return finish_launch(scope.status());
 }
 

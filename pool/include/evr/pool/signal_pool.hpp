@@ -156,7 +156,6 @@ class signal_pool {
  private:
   /// A free slot whose signals all landed, into `s`; false when there is none.
   bool take_free_slot(signal_slot& s) noexcept;
-  std::size_t made_slots() const noexcept;
   std::shared_ptr<detail::signal_pool_state> state_;
 };
 
