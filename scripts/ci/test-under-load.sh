@@ -8,15 +8,23 @@
 #   scripts/ci/test-under-load.sh tsan 10 -R evr_   # anything after <runs> goes to ctest
 #
 # Builds the preset once (scripts/test.sh <preset> -N: configure, build, list the tests), then
-# starts one busy loop per core (plain shells spinning, at the tests' own priority, killed on
-# exit) and runs `ctest --preset <preset> --output-on-failure` <runs> times beside them. Each
-# run's output is kept in build/<preset>/under-load/run-<i>.log. At the end it prints a summary:
+# starts one load process per core (by default a busy loop: a plain shell spinning, at the
+# tests' own priority, killed on exit) and runs `ctest --preset <preset> --output-on-failure`
+# <runs> times beside them. Each run's output is kept in build/<preset>/under-load/run-<i>.log.
+# At the end it prints a summary:
 # each run's result and time, then every case that failed — the ctest test, and inside it the
 # doctest test case with its first failed assertion, or the pytest test — with the number of
 # runs it failed in.
 #
+# Busy loops take the cores but leave the caches and the memory bus alone. A compiler does not:
+# with EVR_LOAD_KIND=compile each load process compiles one of the preset's test files again and
+# again instead (as a CI machine that builds the next change beside the tests). The predictive
+# scout case failed a CI run beside a parallel build, and passed this script's runs beside busy
+# loops; beside a build its first attempt missed 4 times in 25.
+#
 # Environment:
-#   EVR_LOAD_SPINNERS=N  busy loops beside the tests (default: nproc; 0: no load, for comparison)
+#   EVR_LOAD_SPINNERS=N  load processes beside the tests (default: nproc; 0: no load)
+#   EVR_LOAD_KIND=K      spin (default: busy loops) or compile (compilers, as said above)
 #   EVR_LOAD_NO_BUILD=1  use the build folder as it is (built earlier)
 #   EVR_JOBS, EVR_SKIP_DEPS, EVR_FRESH, EVR_BOOST_ROOT: as for scripts/test.sh (the build)
 #
@@ -31,7 +39,7 @@ shift 2 || shift $# || true
 case "$preset" in
   release | dev | sim-only | boost | asan | tsan | gpu) ;;
   -h | --help)
-    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -45,6 +53,11 @@ if ! [[ "$runs" =~ ^[0-9]+$ ]] || [[ "$runs" -lt 1 ]]; then
 fi
 cores="$(nproc 2>/dev/null || echo 2)"
 spinners="${EVR_LOAD_SPINNERS:-$cores}"
+load_kind="${EVR_LOAD_KIND:-spin}"
+if [[ "$load_kind" != spin && "$load_kind" != compile ]]; then
+  echo "test-under-load.sh: EVR_LOAD_KIND must be spin or compile, not '$load_kind'" >&2
+  exit 2
+fi
 name="test-under-load.sh $preset"
 step() { echo "==> [$name] $*"; }
 
@@ -66,12 +79,25 @@ if [[ "$preset" == tsan ]]; then
   fi
 fi
 
-# The competing load: one busy loop per core, same priority as the tests. Killed on any exit.
+# The competing load: one process per core, same priority as the tests, each in a process group
+# of its own (a compiler it started goes with it). Killed on any exit.
+load_command='while :; do :; done'
+load_dir="build/$preset/under-load-objects"
+if [[ "$load_kind" == compile ]]; then
+  # The build's own command for one test file, its object and depfile sent elsewhere.
+  compile="$(ninja -C "build/$preset" -t commands tests/evr_tests 2>/dev/null |
+    grep -m1 '/sim_reactor_test\.cpp\.o ' || true)"
+  [[ -n "$compile" ]] ||
+    { echo "test-under-load.sh: no compile command for tests/sim_reactor_test.cpp in build/$preset" >&2; exit 2; }
+  compile="$(sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//; s/ -o [^ ]+/ -o "$out"/' <<<"$compile")"
+  mkdir -p "$load_dir"
+  load_command="cd build/$preset && while :; do $compile >/dev/null 2>&1; done"
+fi
 spinner_pids=()
 stop_load() {
   local pid
   for pid in "${spinner_pids[@]}"; do
-    kill "$pid" 2>/dev/null || true
+    kill -- "-$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
   done
   for pid in "${spinner_pids[@]}"; do
     wait "$pid" 2>/dev/null || true
@@ -81,19 +107,20 @@ stop_load() {
 trap stop_load EXIT
 trap 'exit 130' INT TERM
 for ((i = 0; i < spinners; i++)); do
-  bash -c 'while :; do :; done' &
+  out="$PWD/$load_dir/load-$i.o" setsid bash -c "$load_command" &
   spinner_pids+=($!)
 done
 
 logs="build/$preset/under-load"
 rm -rf "$logs"
 mkdir -p "$logs"
-step "$runs runs of ctest --preset $preset $*, beside $spinners busy loops on $cores cores (logs: $logs)"
+load_name="$([[ $load_kind == spin ]] && echo "busy loops" || echo "compilers")"
+step "$runs runs of ctest --preset $preset $*, beside $spinners $load_name on $cores cores (logs: $logs)"
 results=()
 failed_runs=0
 for ((run = 1; run <= runs; run++)); do
   for pid in "${spinner_pids[@]}"; do
-    kill -0 "$pid" 2>/dev/null || { echo "test-under-load.sh: a busy loop died" >&2; exit 1; }
+    kill -0 "$pid" 2>/dev/null || { echo "test-under-load.sh: a load process died" >&2; exit 1; }
   done
   start=$SECONDS
   rc=0
@@ -105,7 +132,7 @@ for ((run = 1; run <= runs; run++)); do
 done
 stop_load
 
-step "summary: $runs runs, $failed_runs failed; $spinners busy loops on $cores cores"
+step "summary: $runs runs, $failed_runs failed; $spinners $load_name on $cores cores"
 printf '  %s\n' "${results[@]}"
 # Each failed case with the runs it failed in. ctest --output-on-failure prints a failed test's
 # output after its status line; inside it doctest names the case ("TEST CASE:  ...") before its
