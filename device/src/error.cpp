@@ -92,6 +92,12 @@ class cuda_category_impl final : public std::error_category {
     text += ' ';
     text += std::to_string(value);
     text += ')';
+    // The runtime gives this answer also where no driver is installed at all (a machine without a
+    // GPU): the code cannot tell the two apart, the probe can.
+    if (value == cuda_value::insufficient_driver)
+      text +=
+          "; CUDA says this also when no NVIDIA driver is installed: "
+          "evr::device::probe_cuda() (Python: evr.cuda_status()) says which";
     return text;
   }
 };
