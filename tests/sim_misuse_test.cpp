@@ -110,20 +110,6 @@ struct owned_op : result {
 
 }  // namespace
 
-TEST_CASE(
-    "misuse: CUDA's 'insufficient driver', also its answer without any driver, names the probe") {
-  // A program built with CUDA that runs where no NVIDIA driver is installed gets
-  // cudaErrorInsufficientDriver from its first CUDA call (evr::stream's constructor, say), which
-  // reads as if a driver were there but old. The message says so and names what tells them apart.
-  namespace cuda_value = evr::cuda_value;
-  const std::string driver = evr::make_cuda_error(cuda_value::insufficient_driver).message();
-  CHECK(contains(driver, "cudaErrorInsufficientDriver 35"));
-  CHECK(contains(driver, "no NVIDIA driver is installed"));
-  CHECK(contains(driver, "evr::device::probe_cuda()"));
-  CHECK(contains(driver, "evr.cuda_status()"));
-  CHECK_FALSE(contains(evr::make_cuda_error(cuda_value::no_device).message(), "probe_cuda"));
-}
-
 TEST_CASE("misuse: waiting on a never-recorded event") {
   scene sc;
   // An evr::event knows it was never recorded: refused with a clear error (CUDA would report it
