@@ -89,7 +89,7 @@ if [[ "$load_kind" == compile ]]; then
     grep -m1 '/sim_reactor_test\.cpp\.o ' || true)"
   [[ -n "$compile" ]] ||
     { echo "test-under-load.sh: no compile command for tests/sim_reactor_test.cpp in build/$preset" >&2; exit 2; }
-  compile="$(sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//; s/ -o [^ ]+/ -o "$out"/' <<<"$compile")"
+  compile="$(sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//; s/ -o [^ ]+/ -o "$load_object"/' <<<"$compile")"
   mkdir -p "$load_dir"
   load_command="cd build/$preset && while :; do $compile >/dev/null 2>&1; done"
 fi
@@ -107,7 +107,7 @@ stop_load() {
 trap stop_load EXIT
 trap 'exit 130' INT TERM
 for ((i = 0; i < spinners; i++)); do
-  out="$PWD/$load_dir/load-$i.o" setsid bash -c "$load_command" &
+  load_object="$PWD/$load_dir/load-$i.o" setsid bash -c "$load_command" &
   spinner_pids+=($!)
 done
 
