@@ -1,7 +1,9 @@
 // Soak on the simulated device: many reactor lifetimes, each served by 16 submitting threads over
-// 64 streams of 2 simulated devices, with random strategies, random cancellation through both
-// front ends, device-signalled waits (fence and adaptive), and a stop() at a random point while
-// waits are pending. Asserts, per lifetime:
+// 64 streams of 2 simulated devices, with random strategies, random markers (fence words only;
+// past a stream limit events or evr's fence kernel, the kernel made ready on one device in the
+// middle of a lifetime; a small pending-fence budget), random cancellation through both front
+// ends, device-signalled waits (fence and adaptive), and a stop() at a random point while waits
+// are pending. Asserts, per lifetime:
 // every wait completes exactly once (successes + aborts + errors + refusals == attempts, each
 // wait's own counter == 1), the reactor's counters agree, the marker pool balances; across
 // lifetimes: the heap does not grow after warm-up.
@@ -73,6 +75,35 @@ std::uint64_t rss_kib() {
   return 0;
 }
 
+/// Which markers a round's waits get (reactor_options): fence words on every stream (the simulated
+/// device's default, no stream limit), or past 8 streams a device events or evr's fence kernel;
+/// now and then a pending-fence budget small enough to be met.
+struct marker_mix {
+  std::size_t max_fence_streams = 0;
+  bool kernel_fences = false;
+  std::size_t max_pending_fences = 512;
+
+  static marker_mix random(std::mt19937_64& rng) {
+    marker_mix m;
+    const auto kind = rng() % 3;  // 0: no limit, 1: events past it, 2: the fence kernel past it
+    if (kind != 0) m.max_fence_streams = 8;
+    m.kernel_fences = kind == 2;
+    if (rng() % 4 == 0) m.max_pending_fences = 24;
+    return m;
+  }
+  void apply(evr::reactor_options& o) const {
+    o.max_fence_streams = max_fence_streams;
+    o.kernel_fences = kernel_fences;
+    o.max_pending_fences = max_pending_fences;
+  }
+  std::string describe() const {
+    return (max_fence_streams == 0 ? std::string("fence words")
+            : kernel_fences        ? "fence kernel past 8 streams"
+                                   : "events past 8 streams") +
+           ", " + std::to_string(max_pending_fences) + " pending fences";
+  }
+};
+
 /// Outcome bookkeeping of one reactor lifetime ("round").
 struct round_record {
   explicit round_record(std::size_t n) : calls(n) {}
@@ -137,7 +168,14 @@ TEST_CASE(
   constexpr int tail_waits = 8;  // waits behind a long kernel, submitted right before stop()
 
   std::mt19937_64 rng(seed);
-  evr::sim::device sim(evr::sim::options{.devices = devices, .mode = evr::sim::run_mode::threaded});
+  // The fence kernel as on a GPU: ready on a device once loaded, and the process "uses" device 0
+  // only, so a reactor's constructor loads it there and device 1 gets it from the first
+  // prepare_device(1), made while that round's waits are being submitted.
+  evr::sim::device sim(evr::sim::options{.devices = devices,
+                                         .mode = evr::sim::run_mode::threaded,
+                                         .fence_kernels = true,
+                                         .fence_kernels_after_load = true,
+                                         .devices_in_use = 1});
   std::vector<evr::stream> ss;
   for (int i = 0; i < streams; ++i) ss.emplace_back(sim, i % devices);
 
@@ -147,6 +185,7 @@ TEST_CASE(
   std::uint64_t grand_ok = 0, grand_aborted = 0, grand_refused = 0, grand_cancels = 0;
   std::uint64_t grand_lost = 0, grand_duplicated = 0;
   std::uint64_t grand_host_passes = 0, grand_host_completions = 0;  // the last hop (io threads)
+  std::uint64_t grand_fence_kernels = 0, grand_event_markers = 0;   // markers past the limit
   std::array<std::uint64_t, 8> rounds_of{};  // lifetimes per strategy (indexed by its value)  //
                                              // waits completed 0 times, or more than once
   std::vector<std::uint64_t> heap_after, rss_after;
@@ -157,6 +196,8 @@ TEST_CASE(
     const evr::strategy strat = order[round % order.size()];
     ++rounds_of[static_cast<std::size_t>(strat)];
     auto opts = quick_options(strat);
+    const marker_mix markers = marker_mix::random(rng);
+    markers.apply(opts);
     opts.shutdown_drain = std::chrono::microseconds(rng() % 3000);  // short: waits are aborted
     // Stop somewhere in the last quarter of the submissions (racing them), or after all of them.
     const std::uint64_t stop_at =
@@ -165,6 +206,9 @@ TEST_CASE(
     CAPTURE(round);
     CAPTURE(std::string(evr::to_string(strat)));
     CAPTURE(stop_at);
+    CAPTURE(markers.describe());
+    // Device 1's prepare_device comes somewhere in the first half of the submissions.
+    const std::uint64_t prepare_at = rng() % (attempts / 2 + 1);
 
     round_record rec(attempts + tail_waits);
     std::atomic<std::uint64_t> started{0};  // submissions attempted so far
@@ -268,7 +312,11 @@ TEST_CASE(
         });
       }
 
-      // stop() at the chosen point, with waits surely pending: a few behind a long kernel.
+      // Device 1 prepared while the submitters run, then stop() at the chosen point, with waits
+      // surely pending: a few behind a long kernel.
+      while (started.load(std::memory_order_relaxed) < std::min(prepare_at, stop_at))
+        std::this_thread::sleep_for(50us);
+      CHECK_FALSE(r.prepare_device(1));
       while (started.load(std::memory_order_relaxed) < std::min<std::uint64_t>(stop_at, attempts))
         std::this_thread::sleep_for(50us);
       for (int k = 0; k < tail_waits; ++k) {
@@ -319,6 +367,23 @@ TEST_CASE(
       CHECK(ps.in_use <= rec.aborted.load());
       // host_func never uses events; fence and adaptive only past max_pending_fences per device.
       if (strat == evr::strategy::host_func) CHECK(ps.created == 0);
+      // Past the stream limit, fence and adaptive record events, or launch the fence kernel where
+      // it is ready (device 0 from the start); poll and host_func never load it.
+      const auto c_end = sim.counters();
+      const std::uint64_t kernels = c_end.fence_kernels_enqueued - c0.fence_kernels_enqueued;
+      const bool fences = strat == evr::strategy::fence || strat == evr::strategy::adaptive;
+      if (fences && markers.max_fence_streams != 0) {
+        if (markers.kernel_fences) {
+          CHECK(kernels > 0);
+        } else {
+          CHECK(ps.created > 0);
+        }
+      }
+      if (!fences || !markers.kernel_fences) CHECK(kernels == 0);
+      if (!fences) CHECK(c_end.fence_kernel_loads == c0.fence_kernel_loads);
+      grand_fence_kernels += kernels;
+      if (fences && markers.max_fence_streams != 0 && !markers.kernel_fences)
+        grand_event_markers += ps.created;
 
       grand_ok += rec.ok;
       grand_aborted += rec.aborted;
@@ -353,14 +418,17 @@ TEST_CASE(
   std::printf(
       "soak summary: %llu waits, %llu completed exactly once, lost %llu, duplicated %llu, in %.1f "
       "s; %llu reactor lifetimes (%s) x %d threads x %d streams, stop() at random points; "
-      "%llu found by the io threads' own passes (%llu passes); seed %llu\n",
+      "%llu found by the io threads' own passes (%llu passes); past the stream limit %llu fence "
+      "kernels, %llu pooled events; seed %llu\n",
       static_cast<unsigned long long>(waits),
       static_cast<unsigned long long>(waits - grand_lost - grand_duplicated),
       static_cast<unsigned long long>(grand_lost),
       static_cast<unsigned long long>(grand_duplicated), seconds,
       static_cast<unsigned long long>(rounds), per_strategy.c_str(), threads, streams,
       static_cast<unsigned long long>(grand_host_completions),
-      static_cast<unsigned long long>(grand_host_passes), static_cast<unsigned long long>(seed));
+      static_cast<unsigned long long>(grand_host_passes),
+      static_cast<unsigned long long>(grand_fence_kernels),
+      static_cast<unsigned long long>(grand_event_markers), static_cast<unsigned long long>(seed));
   std::fflush(stdout);
   CHECK(grand_lost == 0);
   CHECK(grand_duplicated == 0);
