@@ -3,11 +3,13 @@ random strategy and runs two event loops (asyncio's, and uvloop's where installe
 their tasks wait on shared streams with work of fixed and of jittered lengths (so that the loops'
 polling windows open), on events, on signal tickets and through ``wait_future``, gather some
 waits, cancel some (the task, the future, ``wait_for``'s timeout) at random moments, and a third
-loop is closed with waits pending. The reactor is shut down at a random point while waits are in
-flight. Asserted for every wait: it ends exactly once, as success (never before the work it waits
-for: an event recorded behind that work is done), cancellation, timeout or ReactorStopped, with no
-other exception; no loop reports an unhandled error; afterwards every loop and the reactor have
-nothing in flight and the reactor's counts add up.
+loop is closed with waits pending. In a quarter of the rounds the device faults (a sticky fault)
+at a random point. The reactor is shut down at a random point while waits are in flight. Asserted
+for every wait: it ends exactly once, as success (never before the work it waits for: an event
+recorded behind that work is done), cancellation, timeout, ReactorStopped (only once the shutdown
+has begun) or CudaError (only once the device has faulted), with no other exception; no loop
+reports an unhandled error; afterwards every loop and the reactor have nothing in flight and the
+reactor's counts add up.
 
 Size: ``EVR_PY_SOAK_ROUNDS`` rounds (default 6, a few seconds). ``EVR_PY_SOAK_SEED=N`` replays a
 run's random choices (not the threads' interleavings); the seed is printed."""
@@ -28,7 +30,7 @@ STRATEGIES = ("adaptive", "fence", "poll", "host_func")
 LENGTHS = (0.0, 20e-6, 200e-6, 1e-3)  # seconds of work a stream's kernels take
 TASKS_PER_LOOP = 12
 WAITS_PER_TASK = 40
-OUTCOMES = ("ok", "cancelled", "timeout", "stopped")
+OUTCOMES = ("ok", "cancelled", "timeout", "stopped", "fault")
 
 
 class Ledger:
@@ -79,10 +81,14 @@ class Round:
         self.streams = [(self.dev.stream(), rng.choice(LENGTHS)) for _ in range(6)]
         self.ledger = Ledger()
         self.stopping = threading.Event()  # set just before the reactor's shutdown
+        self.faulty = rng.random() < 0.25  # the device faults at a random point of the round
+        self.faulted = threading.Event()  # set just before the fault is injected
         self.signals = self.strategy in ("adaptive", "fence")
 
     def describe(self):
-        return f"strategy {self.strategy}, stream lengths {[length for _, length in self.streams]}"
+        lengths = [length for _, length in self.streams]
+        return (f"strategy {self.strategy}, stream lengths {lengths}"
+                f"{', a fault' if self.faulty else ''}")
 
     # --- one wait, in one of several shapes ------------------------------------------------
     def launch(self, rng, stream, length):
@@ -118,6 +124,9 @@ class Round:
         except evr.ReactorStopped:
             self.expect_stopped(wait_id)
             return
+        except evr.CudaError as e:  # the launch, or the wait on a device that had failed
+            self.expect_fault(wait_id, e)
+            return
         how = rng.random()
         try:
             if how < 0.1:
@@ -139,13 +148,24 @@ class Round:
             self.ledger.record(wait_id, "cancelled")
         except evr.ReactorStopped:
             self.expect_stopped(wait_id)
+        except evr.CudaError as e:
+            self.expect_fault(wait_id, e)
         except Exception as e:  # noqa: BLE001 - any other outcome is the failure to report
             self.ledger.error(f"wait {wait_id}: {type(e).__name__}: {e}")
             self.ledger.record(wait_id, "error")
         else:
             self.ledger.record(wait_id, "ok")
-            if not behind.query():
-                self.ledger.error(f"wait {wait_id} completed before the work it waits for")
+            self.check_done(wait_id, behind)
+
+    def check_done(self, wait_id, behind):
+        """A wait that succeeded: the work before it is done (a faulted device may say so by
+        failing the query instead)."""
+        try:
+            done = behind.query()
+        except evr.CudaError:
+            done = self.faulted.is_set()
+        if not done:
+            self.ledger.error(f"wait {wait_id} completed before the work it waits for")
 
     @staticmethod
     async def awaited(fut):
@@ -164,6 +184,11 @@ class Round:
         self.ledger.record(wait_id, "stopped")
         if not self.stopping.is_set():
             self.ledger.error(f"wait {wait_id}: ReactorStopped before the shutdown")
+
+    def expect_fault(self, wait_id, error):
+        self.ledger.record(wait_id, "fault")
+        if not self.faulted.is_set():
+            self.ledger.error(f"wait {wait_id}: {error} before the device faulted")
 
     # --- the loops ---------------------------------------------------------------------------
     async def task(self, seed):
@@ -214,7 +239,7 @@ class Round:
 
         try:
             loop.run_until_complete(start_and_leave())
-        except evr.ReactorStopped:
+        except (evr.ReactorStopped, evr.CudaError):
             pass
         finally:
             loop.close()
@@ -229,13 +254,22 @@ def run_round(seed, uvloop):
         t.start()
     if rng.random() < 0.5:
         r.abandon_a_loop()
-    # Shut down once a random share of the waits has ended (or all of them have).
+    # A fault, then the shutdown, each once a random share of the waits has ended (or all have).
     total = 2 * TASKS_PER_LOOP * WAITS_PER_TASK
+    fault_after = rng.randrange(total // 8, total // 2)
     stop_after = rng.randrange(total // 4, total * 5 // 4)
     deadline = time.monotonic() + 60
-    while (len(r.ledger.outcomes) < stop_after and any(t.is_alive() for t in threads)
-           and time.monotonic() < deadline):
-        time.sleep(0.001)
+
+    def until_ended(n):
+        while (len(r.ledger.outcomes) < n and any(t.is_alive() for t in threads)
+               and time.monotonic() < deadline):
+            time.sleep(0.001)
+
+    if r.faulty and fault_after < stop_after:
+        until_ended(fault_after)
+        r.faulted.set()
+        r.dev.inject_fault(0)
+    until_ended(stop_after)
     r.stopping.set()
     r.reactor.shutdown()
     for t in threads:
@@ -274,7 +308,8 @@ def test_soak_random_waits_cancellation_and_shutdown(spin_restored):
         m = settled(r.reactor)
         assert m["in_flight"] == 0, where
         assert m["completed"] + m["cancelled"] + m["failed"] == m["submitted"], (where, m)
-        assert m["failed"] == 0, (where, m)
+        if not r.faulted.is_set():
+            assert m["failed"] == 0 and r.ledger.count("fault") == 0, (where, m)
         for outcome in OUTCOMES:
             totals[outcome] += r.ledger.count(outcome)
         windows += r.ledger.windows
