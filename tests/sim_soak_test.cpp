@@ -1,9 +1,9 @@
 // Soak on the simulated device: many reactor lifetimes, each served by 16 submitting threads over
 // 64 streams of 2 simulated devices, with random strategies, random markers (fence words only;
-// past a stream limit events or evr's fence kernel, the kernel made ready on one device in the
-// middle of a lifetime; a small pending-fence budget), random cancellation through both front
-// ends, device-signalled waits (fence and adaptive), and a stop() at a random point while waits
-// are pending. Asserts, per lifetime:
+// past a stream limit events or evr's fence kernel, the kernel made ready on device 1 in the
+// middle of the first such lifetime; a small pending-fence budget), random cancellation through
+// both front ends, device-signalled waits (fence and adaptive), and a stop() at a random point
+// while waits are pending. Asserts, per lifetime:
 // every wait completes exactly once (successes + aborts + errors + refusals == attempts, each
 // wait's own counter == 1), the reactor's counters agree, the marker pool balances; across
 // lifetimes: the heap does not grow after warm-up.

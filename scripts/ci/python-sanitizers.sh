@@ -52,10 +52,11 @@ runtime_of() {  # the sanitizer runtimes to preload, for a build kind
 for kind in "${kinds[@]}"; do
   build="build/py-$kind"
   echo "==> [python-sanitizers.sh] $kind: building the module in $build"
+  mkdir -p "$build"
   cmake --preset "$kind" -B "$build" -DEVR_BUILD_PYTHON=ON -DEVR_BUILD_TESTS=OFF \
-    -DEVR_BUILD_EXAMPLES=OFF -DEVR_BUILD_BENCH=OFF -DPython3_EXECUTABLE="$python" >"$build.configure.log" 2>&1 ||
+    -DEVR_BUILD_EXAMPLES=OFF -DEVR_BUILD_BENCH=OFF -DPython3_EXECUTABLE="$python" >"$build/configure.log" 2>&1 ||
     {
-      tail -20 "$build.configure.log"
+      tail -20 "$build/configure.log"
       exit 1
     }
   cmake --build "$build" -j "$jobs" --target evr_python
@@ -65,11 +66,11 @@ for kind in "${kinds[@]}"; do
   # report, which fails the run. Reports go to files ($build/report.<pid>): pytest captures the
   # tests' stderr, and a report that ends the process would be lost with it.
   root="$PWD"
-  cat pool/tsan-suppressions.txt python/tsan-suppressions.txt >"$build/tsan-suppressions.txt"
+  { cat pool/tsan-suppressions.txt; echo; cat python/tsan-suppressions.txt; } >"$build/tsan-suppressions.txt"
   rm -f "$build"/report.*
   rc=0
   (
-    cd python/tests
+    cd python/tests || exit 1
     LD_PRELOAD="$(runtime_of "$kind")" \
       ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$root/$build/report" \
       UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$root/$build/report" \
