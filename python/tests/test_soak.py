@@ -20,8 +20,6 @@ import random
 import threading
 import time
 
-import pytest
-
 import evr
 import evr.sim
 from loop_helpers import settled
@@ -279,13 +277,7 @@ def run_round(seed, uvloop):
     return r
 
 
-@pytest.fixture
-def spin_restored():
-    yield
-    evr.set_loop_spin(200e-6)
-
-
-def test_soak_random_waits_cancellation_and_shutdown(spin_restored):
+def test_soak_random_waits_cancellation_and_shutdown(spin_default):
     seed = int(os.environ.get("EVR_PY_SOAK_SEED", random.randrange(2**32)))
     rounds = int(os.environ.get("EVR_PY_SOAK_ROUNDS", "6"))
     print(f"python soak: {rounds} rounds, seed {seed} (EVR_PY_SOAK_SEED to replay)")
